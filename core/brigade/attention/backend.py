@@ -1,0 +1,106 @@
+"""The attention-backend interface that every backend (reference, Triton, vendor) implements (book ch. 5, 6).
+
+The model runner builds one AttentionMetadata per step. Each attention layer calls its backend's
+``forward``, which first writes the step's new K/V into the paged cache through ``slot_mapping`` and
+then attends over each request's context through its row of ``block_table``.
+
+Layout of the paged KV cache of one layer: ``[2, num_blocks, block_size, num_kv_heads, head_size]``
+(index 0 holds K, 1 holds V). Token ``t`` of request ``r`` lives in block ``block_table[r, t // block_size]``
+at offset ``t % block_size``; its flat slot is ``block_id * block_size + offset``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Per-step inputs shared by all layers. Requests are laid out back to back in the token dimension.
+
+    Invariant: requests are ordered decodes first (query_len == 1), then prefills (query_len > 1);
+    ``num_decodes`` counts the former.
+    """
+
+    num_reqs: int
+    num_actual_tokens: int  # tokens in this step (before any CUDA-graph padding)
+    max_query_len: int
+    max_seq_len: int
+    num_decodes: int  # leading requests with exactly one query token
+    query_start_loc: torch.Tensor  # [num_reqs + 1] int32, prefix sums of query lengths (device)
+    seq_lens: torch.Tensor  # [num_reqs] int32, context + new tokens of each request (device)
+    block_table: torch.Tensor  # [num_reqs, max_num_blocks_per_req] int32 (device)
+    slot_mapping: torch.Tensor  # [num_tokens] int64, flat KV slot of each new token; -1 = skip (device)
+    query_start_loc_cpu: torch.Tensor  # [num_reqs + 1] int32 (host copy)
+    seq_lens_cpu: torch.Tensor  # [num_reqs] int32 (host copy)
+
+
+@dataclass(slots=True)
+class AttentionContext:
+    """What an attention layer needs in one forward pass: the step's metadata and every layer's KV cache.
+
+    Passed explicitly down the model's forward (no module-level globals).
+    """
+
+    metadata: AttentionMetadata
+    kv_caches: list[torch.Tensor]  # one [2, num_blocks, block_size, num_kv_heads, head_size] per layer
+
+
+class AttentionBackend(ABC):
+    """A paged-attention implementation for one layer shape.
+
+    Subclasses declare what they support through the class attributes; ``validate`` turns a refusal into
+    a one-line reason. An empty tuple means "any".
+    """
+
+    name: ClassVar[str]
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32, torch.float16, torch.bfloat16)
+    supported_block_sizes: ClassVar[tuple[int, ...]] = ()
+    supported_head_sizes: ClassVar[tuple[int, ...]] = ()
+    supported_devices: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float):
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.num_kv_heads = num_kv_heads
+        self.scale = scale
+
+    @classmethod
+    def kv_cache_shape(cls, num_blocks: int, block_size: int, num_kv_heads: int,
+                       head_size: int) -> tuple[int, ...]:
+        """Shape of one layer's KV cache tensor."""
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    @classmethod
+    def validate(cls, *, head_size: int, dtype: torch.dtype, block_size: int, device_type: str) -> str | None:
+        """Return None when this backend can run the combination, else a one-line reason why not."""
+        if cls.supported_devices and device_type not in cls.supported_devices:
+            return f"{cls.name} runs on {', '.join(cls.supported_devices)}, not {device_type}"
+        if cls.supported_dtypes and dtype not in cls.supported_dtypes:
+            names = ", ".join(str(d).removeprefix("torch.") for d in cls.supported_dtypes)
+            return f"{cls.name} supports dtypes {names}, not {str(dtype).removeprefix('torch.')}"
+        if cls.supported_block_sizes and block_size not in cls.supported_block_sizes:
+            return f"{cls.name} supports block sizes {list(cls.supported_block_sizes)}, not {block_size}"
+        if cls.supported_head_sizes and head_size not in cls.supported_head_sizes:
+            return f"{cls.name} supports head sizes {list(cls.supported_head_sizes)}, not {head_size}"
+        return None
+
+    @abstractmethod
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                metadata: AttentionMetadata) -> torch.Tensor:
+        """Write this step's K/V into ``kv_cache`` at ``slot_mapping``, then attend causally.
+
+        Args:
+            query: [num_tokens, num_heads, head_size]
+            key, value: [num_tokens, num_kv_heads, head_size]
+            kv_cache: [2, num_blocks, block_size, num_kv_heads, head_size], updated in place.
+            metadata: the step's AttentionMetadata; only the first ``num_actual_tokens`` rows are real.
+
+        Returns:
+            [num_tokens, num_heads, head_size], same dtype as query. Rows past num_actual_tokens are
+            unspecified.
+        """

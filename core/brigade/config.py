@@ -1,0 +1,182 @@
+"""Configuration: small dataclasses, one per component, composed into BrigadeConfig (book ch. 1)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message says what is wrong and what would be right, in one line."""
+
+
+_DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32")
+
+
+@dataclass
+class ModelConfig:
+    """What model to run and how its weights and tokenizer are read."""
+
+    model: str = ""
+    """Path of an HF-format directory (config.json, *.safetensors, tokenizer.json)."""
+    tokenizer: str | None = None
+    """Tokenizer directory; defaults to model."""
+    served_model_name: str | None = None
+    """The name clients use; defaults to the model path's basename."""
+    dtype: str = "auto"
+    """auto (the config's torch_dtype on GPU, float32 on CPU), bfloat16, float16 or float32."""
+    max_model_len: int | None = None
+    """Longest prompt plus output, in tokens; defaults to the config's max_position_embeddings."""
+    seed: int = 0
+    """Seed for dummy weights and unseeded random sampling."""
+    load_format: str = "auto"
+    """auto, safetensors, gguf or dummy (random weights from config.json alone)."""
+    generation_config: str = "auto"
+    """auto reads generation_config.json defaults; none ignores it; or a directory."""
+    chat_template: str | None = None
+    """A Jinja chat template (text or file) to use instead of the tokenizer's."""
+    quantization: str | None = None
+    """A quantization method name registered by a plugin."""
+    enforce_eager: bool = False
+    """Never capture CUDA graphs."""
+    io_processor_plugin: str | None = None
+    """Name of an IO-processor plugin to apply to requests and outputs."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ConfigError(f"--dtype {self.dtype!r} is not known; use one of auto, bfloat16, float16, float32")
+        if self.load_format not in ("auto", "safetensors", "gguf", "dummy"):
+            raise ConfigError(f"--load-format {self.load_format!r} is not known; use auto, safetensors, gguf or dummy")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"--max-model-len must be a positive integer, got {self.max_model_len}")
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or os.path.basename(os.path.normpath(self.model)) or self.model
+
+
+@dataclass
+class CacheConfig:
+    """The paged KV cache: block size, memory budget and prefix caching (book ch. 2, 4, 12)."""
+
+    block_size: int | None = None
+    """Tokens per KV block; None lets the platform choose (16 on most)."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of device memory Brigade may use for weights, activations and KV cache (GPU only)."""
+    kv_cache_memory_gib: float | None = None
+    """KV pool size in GiB; overrides profiling. On the CPU it defaults to 1 GiB."""
+    num_gpu_blocks_override: int | None = None
+    """Force this many KV blocks (tests use it to force preemption)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks across requests sharing a prefix (chained block hashes)."""
+    cache_dtype: str = "auto"
+    """KV cache dtype: auto (the model dtype) or a name a plugin registers (fp8...)."""
+    prefix_caching_hash_algo: str = "sha256"
+    """sha256 (cryptographic, seed may be fixed) or builtin (Python hash with a random seed)."""
+
+    def __post_init__(self) -> None:
+        if self.block_size is not None and (self.block_size < 1 or self.block_size & (self.block_size - 1)):
+            raise ConfigError(f"--block-size must be a power of two such as 16, got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
+            raise ConfigError(f"--kv-cache-memory must be a positive number of GiB, got {self.kv_cache_memory_gib}")
+
+
+@dataclass
+class SchedulerConfig:
+    """Continuous batching limits per step (book ch. 4)."""
+
+    max_num_seqs: int = 256
+    """Most requests running at once."""
+    max_num_batched_tokens: int | None = None
+    """Token budget per step; defaults to max(8192, max_model_len) when chunked prefill is on."""
+    enable_chunked_prefill: bool = True
+    """Split long prompts across steps and mix them with decodes."""
+    long_prefill_token_threshold: int = 0
+    """Cap on one prefill chunk's tokens per step; 0 disables it."""
+    policy: str = "fcfs"
+    """fcfs or priority."""
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"--max-num-seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ConfigError(f"--max-num-batched-tokens must be at least 1, got {self.max_num_batched_tokens}")
+        if self.policy not in ("fcfs", "priority"):
+            raise ConfigError(f"--scheduling-policy {self.policy!r} is not known; use fcfs or priority")
+
+
+@dataclass
+class ParallelConfig:
+    """How the model is spread over devices (book ch. 8)."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    """uni, mp or ray; None picks uni for one device and mp for more."""
+    worker_cls: str = "auto"
+    """Dotted path of the Worker class; the platform sets it in check_and_update_config."""
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.distributed_executor_backend not in (None, "uni", "mp", "ray"):
+            raise ConfigError(f"--distributed-executor-backend {self.distributed_executor_backend!r} "
+                              "is not known; use uni, mp or ray")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+@dataclass
+class CompilationConfig:
+    """Optimization level and CUDA graphs (book ch. 10, 14). Flags set by the user win over the level."""
+
+    level: int = 2
+    """-O0 none, -O1 compile only, -O2 compile + decode CUDA graphs (default), -O3 adds larger capture sizes."""
+    cudagraph_capture_sizes: list[int] | None = None
+    """Decode batch sizes to capture; None derives them from level and max_num_seqs."""
+    use_cudagraph: bool | None = None
+    """None follows the level."""
+
+
+@dataclass
+class KVTransferConfig:
+    """--kv-transfer-config: which KV connector plugin moves KV blocks between instances (book ch. 9)."""
+
+    kv_connector: str
+    kv_role: str = "kv_both"
+    kv_connector_extra_config: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kv_role not in ("kv_producer", "kv_consumer", "kv_both"):
+            raise ConfigError(f"kv_role {self.kv_role!r} is not known; use kv_producer, kv_consumer or kv_both")
+
+
+@dataclass
+class BrigadeConfig:
+    """Everything one engine needs. Each component receives only its own sub-config."""
+
+    model_config: ModelConfig
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
+    kv_transfer_config: KVTransferConfig | None = None
+    attention_backend: str | None = None
+    """Name of a registered attention backend; None lets the platform choose."""
+    device: str = "auto"
+    """Platform device type, filled in from the active platform."""
+
+    def compute_hash(self) -> str:
+        """A hash of every field that changes the compute graph (for compile caches)."""
+        factors = dataclasses.asdict(self)
+        return hashlib.sha256(json.dumps(factors, sort_keys=True, default=str).encode()).hexdigest()[:16]
