@@ -1,0 +1,164 @@
+"""ModelRunner: turns a SchedulerOutput into one forward pass and one sampling call (book ch. 5).
+
+It keeps its own copy of every scheduled request (token ids, block table, sampler state) and updates it
+from the scheduler's diffs. It decides *how* to run the batch, never *who* runs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from brigade.attention.backend import AttentionBackend, AttentionContext
+from brigade.config import BrigadeConfig
+from brigade.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from brigade.engine.messages import LogprobsLists
+from brigade.sample.metadata import SamplingRequestState, build_sampling_metadata
+from brigade.sample.sampler import Sampler
+from brigade.worker.input_batch import CachedRequestState, build_step_inputs
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    """Owns the model, the KV cache tensors, the sampler, and the runner-side request states."""
+
+    def __init__(self, config: BrigadeConfig, device: torch.device, dtype: torch.dtype,
+                 attn_backend: type[AttentionBackend], hf_config):
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self.attn_backend = attn_backend
+        self.hf_config = hf_config
+        self.block_size = config.cache_config.block_size
+        self.model: torch.nn.Module | None = None
+        self.kv_caches: list[torch.Tensor] = []
+        self.sampler = Sampler()
+        self.requests: dict[str, CachedRequestState] = {}
+        self.pin_memory = device.type == "cuda"
+
+    # ---- set-up ---------------------------------------------------------------------------------
+    def load_model(self) -> None:
+        from brigade.model_executor.loader import load_model
+
+        self.model = load_model(self.config.model_config, self.hf_config, dtype=self.dtype, device=self.device,
+                                attn_backend=self.attn_backend)
+        self.vocab_size = self.hf_config.vocab_size
+
+    def kv_cache_bytes_per_block(self, cache_dtype: torch.dtype | None = None) -> int:
+        """Bytes one block takes across all layers (K and V)."""
+        head_size, num_kv_heads, num_layers = self._kv_shape()
+        shape = self.attn_backend.kv_cache_shape(1, self.block_size, num_kv_heads, head_size)
+        numel = 1
+        for d in shape:
+            numel *= d
+        elem = torch.empty((), dtype=cache_dtype or self.dtype).element_size()
+        return numel * elem * num_layers
+
+    def _kv_shape(self) -> tuple[int, int, int]:
+        cfg = self.hf_config
+        head_size = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        return head_size, num_kv_heads, cfg.num_hidden_layers
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate one paged KV tensor per layer, laid out as the attention backend asks."""
+        head_size, num_kv_heads, num_layers = self._kv_shape()
+        shape = self.attn_backend.kv_cache_shape(num_blocks, self.block_size, num_kv_heads, head_size)
+        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
+
+    # ---- one step -------------------------------------------------------------------------------
+    def _update_states(self, scheduler_output: SchedulerOutput) -> None:
+        for req_id in scheduler_output.finished_req_ids | scheduler_output.preempted_req_ids:
+            self.requests.pop(req_id, None)
+        for new in scheduler_output.scheduled_new_reqs:
+            params = new.sampling_params
+            generator = None
+            if params.seed is not None:
+                generator = torch.Generator(device=self.device)
+                generator.manual_seed(params.seed)
+            token_ids = list(new.token_ids)
+            sampling = SamplingRequestState(params=params, prompt_token_ids=token_ids[:new.num_prompt_tokens],
+                                            output_token_ids=token_ids[new.num_prompt_tokens:],
+                                            generator=generator, eos_token_id=new.eos_token_id)
+            self.requests[new.req_id] = CachedRequestState(
+                req_id=new.req_id, token_ids=token_ids, num_prompt_tokens=new.num_prompt_tokens,
+                block_ids=list(new.block_ids), num_computed_tokens=new.num_computed_tokens, sampling=sampling)
+        cached = scheduler_output.scheduled_cached_reqs
+        for req_id, new_blocks, num_computed in zip(cached.req_ids, cached.new_block_ids,
+                                                    cached.num_computed_tokens):
+            state = self.requests[req_id]
+            state.block_ids.extend(new_blocks)
+            state.num_computed_tokens = num_computed
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run the scheduled tokens through the model and sample for requests that reach their end."""
+        self._update_states(scheduler_output)
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput.make_empty()
+        num_scheduled = scheduler_output.num_scheduled_tokens
+        # Decodes first: the attention metadata splits the batch by one count.
+        order = sorted(num_scheduled, key=lambda rid: num_scheduled[rid] != 1)
+        states = [self.requests[rid] for rid in order]
+        inputs = build_step_inputs(states, [num_scheduled[rid] for rid in order], block_size=self.block_size,
+                                   device=self.device, pin_memory=self.pin_memory)
+        ctx = AttentionContext(metadata=inputs.metadata, kv_caches=self.kv_caches)
+        hidden = self.model(inputs.input_ids, inputs.positions, ctx)
+        sampled: dict[str, list[int]] = {}
+        logprobs: dict[str, LogprobsLists] = {}
+        if inputs.sampling_req_ids:
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            rows = [self.requests[rid].sampling for rid in inputs.sampling_req_ids]
+            metadata = build_sampling_metadata(rows, vocab_size=logits.shape[-1], device=self.device)
+            out = self.sampler(logits, metadata)
+            token_ids = out.sampled_token_ids.tolist()
+            for rid, tok in zip(inputs.sampling_req_ids, token_ids):
+                state = self.requests[rid]
+                state.token_ids.append(tok)
+                state.sampling.output_token_ids.append(tok)
+                sampled[rid] = [tok]
+            if out.logprobs is not None:
+                self._collect_logprobs(inputs.sampling_req_ids, out.logprobs, logprobs)
+        for rid, n in num_scheduled.items():
+            self.requests[rid].num_computed_tokens += n
+        return ModelRunnerOutput(req_ids=order, sampled_token_ids=[sampled.get(rid, []) for rid in order],
+                                 logprobs=logprobs)
+
+    def _collect_logprobs(self, req_ids: list[str], tensors, into: dict[str, LogprobsLists]) -> None:
+        ids = tensors.token_ids.tolist()
+        lps = tensors.logprobs.tolist()
+        ranks = tensors.ranks.tolist()
+        for row, rid in enumerate(req_ids):
+            k = self.requests[rid].sampling.params.logprobs
+            if k is None:
+                continue
+            into[rid] = LogprobsLists(token_ids=[ids[row][:k + 1]], logprobs=[lps[row][:k + 1]],
+                                      ranks=[ranks[row]])
+
+    # ---- profiling ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def profile_run(self, num_tokens: int, num_reqs: int) -> None:
+        """One forward pass of ``num_reqs`` dummy prompts totalling ``num_tokens`` (peak activation memory).
+
+        Uses a throwaway KV cache just large enough for the batch; the logits of every request are made,
+        as in a real step.
+        """
+        num_reqs = max(1, min(num_reqs, num_tokens))
+        per_req = num_tokens // num_reqs
+        blocks_per_req = -(-per_req // self.block_size)
+        generator = torch.Generator().manual_seed(0)
+        states = [CachedRequestState(
+            req_id=str(i), token_ids=torch.randint(0, self.hf_config.vocab_size, (per_req,),
+                                                   generator=generator).tolist(),
+            num_prompt_tokens=per_req, block_ids=list(range(i * blocks_per_req, (i + 1) * blocks_per_req)),
+            num_computed_tokens=0, sampling=None) for i in range(num_reqs)]
+        inputs = build_step_inputs(states, [per_req] * num_reqs, block_size=self.block_size, device=self.device)
+        head_size, num_kv_heads, num_layers = self._kv_shape()
+        shape = self.attn_backend.kv_cache_shape(num_reqs * blocks_per_req, self.block_size, num_kv_heads,
+                                                 head_size)
+        kv = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
+        hidden = self.model(inputs.input_ids, inputs.positions,
+                            AttentionContext(metadata=inputs.metadata, kv_caches=kv))
+        self.model.compute_logits(hidden[inputs.logits_indices])
