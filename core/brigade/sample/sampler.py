@@ -1,0 +1,113 @@
+"""Sampler: turns a step's logits into one token id per request, in the order of book ch. 7.
+
+Order (DESIGN.md "Sampler order"; the order is the semantics):
+  1. logprobs from the raw logits;          2. cast to fp32;
+  3. masks: allowed tokens, bad words, grammar bitmask;
+  4. processors that are not argmax-invariant (logit_bias, min_tokens, plugins);
+  5. penalties (repetition, frequency, presence);
+  6. greedy shortcut (argmax) for greedy rows;   7. temperature;
+  8. argmax-invariant processors (min_p);        9. top-k / top-p;
+  10. random draw (exponential race; seeded rows use their own generator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from brigade.sample.logits_processors import BUILTIN_LOGITS_PROCESSORS, LogitsProcessor
+from brigade.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
+from brigade.sample.metadata import SamplingMetadata
+from brigade.sample.penalties import apply_penalties
+from brigade.sample.structured import apply_grammar_bitmask
+from brigade.sample.topk_topp import apply_top_k_top_p, random_sample
+
+__all__ = ["Sampler", "SamplerOutput"]
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    """What one sampling step produces.
+
+    Attributes:
+        sampled_token_ids: [B] int64, one token per row.
+        logprobs: raw-logit logprobs of the sampled token and the top ``max_num_logprobs``, or None
+            when no row asked for logprobs.
+    """
+
+    sampled_token_ids: torch.Tensor
+    logprobs: LogprobsTensors | None
+
+
+class Sampler(nn.Module):
+    """Stateless sampler: all per-batch state comes in the SamplingMetadata (book ch. 7).
+
+    Args:
+        extra_logits_processors: processor classes contributed by plugins. Built-in classes in it are
+            ignored (they always run, at their fixed place), so the whole registry may be passed.
+            Each class runs at the stage its ``is_mask`` / ``is_argmax_invariant`` flags select, after
+            the built-ins of that stage.
+    """
+
+    def __init__(self, extra_logits_processors: Sequence[type[LogitsProcessor]] = ()) -> None:
+        super().__init__()
+        builtins = list(BUILTIN_LOGITS_PROCESSORS.values())
+        classes = builtins + [c for c in dict.fromkeys(extra_logits_processors) if c not in builtins]
+        self.mask_processors = [c for c in classes if c.is_mask]
+        self.non_argmax_invariant_processors = [c for c in classes
+                                                if not c.is_mask and not c.is_argmax_invariant]
+        self.argmax_invariant_processors = [c for c in classes if c.is_argmax_invariant and not c.is_mask]
+
+    def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        """Sample one token per row.
+
+        Args:
+            logits: [B, V] in the model dtype; not modified.
+            metadata: the step's SamplingMetadata with B rows.
+
+        Returns: SamplerOutput with [B] int64 ids and, if any row asked, LogprobsTensors with
+        ``max_num_logprobs + 1`` columns.
+        """
+        # (1) Logprobs must describe the model's distribution, so they are taken before any change.
+        raw_logprobs = compute_logprobs(logits) if metadata.max_num_logprobs is not None else None
+        # (2) fp32 from here on; copy=True so the caller's tensor is never written.
+        logits = logits.to(torch.float32, copy=True)
+        # (3) Masks.
+        logits = self._apply_processors(logits, metadata, self.mask_processors)
+        if metadata.grammar_bitmask is not None:
+            logits = apply_grammar_bitmask(logits, metadata.grammar_bitmask)
+        # (4) Processors that can change the argmax.
+        logits = self._apply_processors(logits, metadata, self.non_argmax_invariant_processors)
+        # (5) Penalties, before the greedy pick and before temperature (book ch. 7, Q1).
+        if metadata.penalties is not None:
+            logits = apply_penalties(logits, metadata.penalties)
+        sampled = self._sample(logits, metadata)  # (6)-(10)
+        logprobs = None
+        if raw_logprobs is not None:
+            logprobs = gather_logprobs(raw_logprobs, metadata.max_num_logprobs, sampled)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+    def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """Steps 6-10: greedy argmax, temperature, argmax-invariant processors, top-k/top-p, draw."""
+        greedy = None if metadata.all_random else logits.argmax(dim=-1)
+        if metadata.all_greedy:
+            return greedy
+        assert metadata.temperature is not None
+        logits.div_(metadata.temperature.unsqueeze(1))
+        logits = self._apply_processors(logits, metadata, self.argmax_invariant_processors)
+        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
+        sampled = random_sample(logits.softmax(dim=-1), metadata.generators)
+        if greedy is None:
+            return sampled
+        return torch.where(metadata.is_greedy, greedy, sampled)
+
+    @staticmethod
+    def _apply_processors(logits: torch.Tensor, metadata: SamplingMetadata,
+                          classes: list[type[LogitsProcessor]]) -> torch.Tensor:
+        for cls in classes:
+            if any(cls.needs(p) for p in metadata.params):
+                logits = cls(metadata).apply(logits)
+        return logits

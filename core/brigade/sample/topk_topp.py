@@ -1,0 +1,70 @@
+"""Top-k / top-p truncation and the sync-free random draw of the Sampler (book ch. 7).
+
+One sort-based implementation serves the whole batch: rows that do not use top-k carry k = V and rows
+that do not use top-p carry p = 1, which keep every token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["apply_top_k_top_p", "random_sample"]
+
+_NEG_INF = float("-inf")
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
+                      top_p: torch.Tensor | None) -> torch.Tensor:
+    """Set to -inf every token outside the row's top-k and outside its top-p nucleus.
+
+    Args:
+        logits: [B, V] f32, already divided by temperature.
+        top_k: [B] int64 in [1, V] (V = off) or None.
+        top_p: [B] f32 in (0, 1] (1 = off) or None.
+
+    Returns: [B, V] f32 (a new tensor when a truncation applies, else ``logits``).
+
+    Top-k keeps tokens whose logit is at least the k-th largest (ties with it are kept). Top-p
+    (Holtzman et al. 2019) keeps the smallest set of most likely tokens whose mass reaches p, computed
+    after top-k; the most likely token is always kept.
+    """
+    if top_k is None and top_p is None:
+        return logits
+    vocab_size = logits.shape[-1]
+    sorted_logits, sorted_ids = logits.sort(dim=-1, descending=False)  # [B, V] ascending
+    if top_k is not None:
+        kth_position = (vocab_size - top_k).clamp(0, vocab_size - 1).unsqueeze(1)  # [B, 1]
+        kth_value = sorted_logits.gather(1, kth_position)
+        sorted_logits.masked_fill_(sorted_logits < kth_value, _NEG_INF)
+    if top_p is not None:
+        # Ascending cumulative mass: a token is dropped when it and every less likely token together
+        # hold no more than 1 - p, i.e. the tokens above it already reach p.
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= (1.0 - top_p).unsqueeze(1)
+        drop[:, -1] = False
+        sorted_logits.masked_fill_(drop, _NEG_INF)
+    return torch.empty_like(logits).scatter_(1, sorted_ids, sorted_logits)
+
+
+def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """Draw one token per row from ``probs`` without a device-to-host sync.
+
+    Args:
+        probs: [B, V] f32 probabilities (modified in place).
+        generators: row -> generator for seeded rows; other rows use the default generator.
+
+    Returns: [B] int64 sampled ids.
+
+    The exponential race (as vLLM does, instead of torch.multinomial which syncs): with
+    E_i ~ Exp(1), argmax_i p_i / E_i is distributed as Categorical(p). A seeded row draws its E from
+    its own generator, so its sample depends only on its generator and its own probabilities,
+    not on its position in the batch or on the other rows.
+    """
+    race = torch.empty_like(probs)
+    if len(generators) < probs.shape[0]:
+        race.exponential_()
+    for row, generator in generators.items():
+        race[row].exponential_(generator=generator)
+    # An exact 0 draw would make 0/0 = NaN for a masked token, and argmax favours NaN.
+    race.clamp_min_(torch.finfo(race.dtype).tiny)
+    return probs.div_(race).argmax(dim=-1)
