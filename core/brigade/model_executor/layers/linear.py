@@ -1,0 +1,134 @@
+"""Linear layers: plain, merged (gate_up) and QKV, each loading HF's separate projections into one matrix.
+
+Merging q/k/v and gate/up into one matrix turns three (two) GEMMs into one per layer, the largest
+easy win of a decode step. HF checkpoints store the projections separately, so the merged layers'
+``weight_loader`` copies each one into its slice of the output dimension. The storage and the
+product itself belong to the layer's ``LinearMethod`` (see ``linear_method``), which quantization
+plugins replace. No tensor parallelism here: every layer holds the full matrix.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from brigade.model_executor.layers.linear_method import LinearMethod, UnquantizedLinearMethod
+from brigade.model_executor.weight_utils import default_weight_loader, set_weight_attrs
+
+
+class LinearBase(nn.Module):
+    """``y = x @ W.T + b`` with ``W`` stored however ``quant_method`` chooses.
+
+    Invariant: ``output_sizes`` lists the out_features of each merged shard; the output is their
+    concatenation, and shard ``i`` starts at ``sum(output_sizes[:i])``.
+    """
+
+    def __init__(self, input_size: int, output_sizes: list[int], *, bias: bool, dtype: torch.dtype,
+                 quant_method: LinearMethod | None, shard_ids: list[str] | list[int] | None):
+        super().__init__()
+        self.input_size = input_size
+        self.output_sizes = list(output_sizes)
+        self.output_size = sum(output_sizes)
+        self.shard_ids = shard_ids
+        self.quant_method = quant_method or UnquantizedLinearMethod()
+        self.quant_method.create_weights(self, input_size=input_size, output_sizes=self.output_sizes,
+                                         dtype=dtype)
+        if bias:
+            b = nn.Parameter(torch.empty(self.output_size, dtype=dtype), requires_grad=False)
+            set_weight_attrs(b, {"output_dim": 0})
+            self.register_parameter("bias", b)
+        else:
+            self.bias = None
+        for param in self.parameters(recurse=False):
+            attrs = {"weight_loader": self.weight_loader}
+            if shard_ids is not None:
+                attrs["shard_ids"] = tuple(shard_ids)
+            set_weight_attrs(param, attrs)
+
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor,
+                      shard_id: str | int | None = None) -> None:
+        """Copy a whole checkpoint tensor into ``param`` (plain layers have no shards)."""
+        if shard_id is not None:
+            raise ValueError(f"{type(self).__name__} has no shards, got shard {shard_id!r}")
+        default_weight_loader(param, loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Args: x [num_tokens, input_size]. Returns [num_tokens, output_size] in x's dtype."""
+        return self.quant_method.apply(self, x, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in={self.input_size}, out={self.output_sizes}, bias={self.bias is not None}, "
+                f"method={type(self.quant_method).__name__}")
+
+
+class Linear(LinearBase):
+    """A single projection (o_proj, down_proj)."""
+
+    def __init__(self, input_size: int, output_size: int, *, bias: bool = False, dtype: torch.dtype,
+                 quant_method: LinearMethod | None = None):
+        super().__init__(input_size, [output_size], bias=bias, dtype=dtype, quant_method=quant_method,
+                         shard_ids=None)
+
+
+class MergedColumnLinear(LinearBase):
+    """Several projections of the same input stacked along the output dimension (gate_up_proj).
+
+    Shard ids are the integer positions 0, 1, ... of ``output_sizes``.
+    """
+
+    def __init__(self, input_size: int, output_sizes: list[int], *, bias: bool = False, dtype: torch.dtype,
+                 quant_method: LinearMethod | None = None):
+        super().__init__(input_size, output_sizes, bias=bias, dtype=dtype, quant_method=quant_method,
+                         shard_ids=list(range(len(output_sizes))))
+
+    def shard_index(self, shard_id: str | int) -> int:
+        """Position of ``shard_id`` in ``output_sizes``. Raises ValueError for an unknown id."""
+        if self.shard_ids is None or shard_id not in self.shard_ids:
+            raise ValueError(f"{type(self).__name__} has shards {self.shard_ids}, not {shard_id!r}")
+        return self.shard_ids.index(shard_id)
+
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor,
+                      shard_id: str | int | None = None) -> None:
+        """Copy one projection's checkpoint tensor into its slice of the merged parameter.
+
+        Raises:
+            ValueError: ``shard_id`` is missing or unknown, or the tensor does not fit the slice.
+        """
+        if shard_id is None:
+            # A checkpoint that already stores the merged matrix (e.g. re-saved by Brigade).
+            default_weight_loader(param, loaded_weight)
+            return
+        index = self.shard_index(shard_id)
+        output_dim = getattr(param, "output_dim", 0)
+        if output_dim is None:
+            # Per-shard scalars (a quantized method's per-tensor scales): stored [num_shards].
+            default_weight_loader(param.data[index], loaded_weight)
+            return
+        pack_factor = getattr(param, "pack_factor", 1)
+        offset = sum(self.output_sizes[:index]) // pack_factor
+        size = self.output_sizes[index] // pack_factor
+        target = param.data.narrow(output_dim, offset, size)
+        if tuple(target.shape) != tuple(loaded_weight.shape):
+            raise ValueError(f"shard {shard_id!r} of shape {tuple(loaded_weight.shape)} does not fit its "
+                             f"slice of shape {tuple(target.shape)}")
+        target.copy_(loaded_weight)
+
+
+class QKVLinear(MergedColumnLinear):
+    """Query, key and value projections in one matrix, shards ``"q"``, ``"k"``, ``"v"`` (GQA-aware).
+
+    Output layout: ``[num_heads * head_size | num_kv_heads * head_size | num_kv_heads * head_size]``.
+    """
+
+    def __init__(self, hidden_size: int, head_size: int, num_heads: int, num_kv_heads: int, *,
+                 bias: bool = False, dtype: torch.dtype, quant_method: LinearMethod | None = None):
+        sizes = [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size]
+        LinearBase.__init__(self, hidden_size, sizes, bias=bias, dtype=dtype, quant_method=quant_method,
+                            shard_ids=["q", "k", "v"])
+        self.head_size = head_size
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+
+    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Split the merged output [T, q + 2 * kv] into q [T, H*D], k [T, Hkv*D], v [T, Hkv*D] (views)."""
+        return qkv.split(self.output_sizes, dim=-1)

@@ -1,0 +1,90 @@
+"""LinearMethod and QuantizationConfig: the seam through which quantization plugins change linear layers (book ch. 11).
+
+A linear layer does not own its weight format. It asks its ``LinearMethod`` to create the parameters
+(``create_weights``), to finish them once the checkpoint is read (``process_weights_after_loading``:
+repacking, transposing, computing scales) and to compute the product (``apply``). The default,
+``UnquantizedLinearMethod``, keeps one ``[out_features, in_features]`` weight in the model dtype.
+
+A quantization plugin registers a ``QuantizationConfig`` subclass under its method name
+(``register_quantization_methods``). The loader builds it with ``from_hf_config`` and the model hands
+it to every linear layer, which calls ``get_linear_method(prefix)``. Parameters a method creates must
+carry the attributes listed in ``weight_utils`` (``output_dim``, ``pack_factor``) so the merged
+layers' weight loaders can place each checkpoint shard; their names are the checkpoint's names
+relative to the layer (``weight``, ``weight_scale``, ``qzeros``...), so HF names map onto them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from brigade.model_executor.weight_utils import set_weight_attrs
+
+
+class LinearMethod(ABC):
+    """How one linear layer stores its weight and computes ``x @ W.T + b``."""
+
+    @abstractmethod
+    def create_weights(self, layer: nn.Module, *, input_size: int, output_sizes: list[int],
+                       dtype: torch.dtype) -> None:
+        """Register the layer's parameters on ``layer`` (on the default device).
+
+        Args:
+            layer: the linear layer; set attributes with ``layer.register_parameter``.
+            input_size: in_features.
+            output_sizes: out_features of each merged shard (one entry for a plain linear layer);
+                the merged output is their concatenation in this order.
+            dtype: the model dtype (activations).
+        """
+
+    @abstractmethod
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """Args: x [num_tokens, input_size] in the model dtype. Returns [num_tokens, sum(output_sizes)]."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Turn checkpoint-format parameters into kernel format; called once after all weights are loaded."""
+
+
+class UnquantizedLinearMethod(LinearMethod):
+    """A dense ``[sum(output_sizes), input_size]`` weight in the model dtype, applied with ``F.linear``."""
+
+    def create_weights(self, layer: nn.Module, *, input_size: int, output_sizes: list[int],
+                       dtype: torch.dtype) -> None:
+        weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=dtype), requires_grad=False)
+        set_weight_attrs(weight, {"output_dim": 0})
+        layer.register_parameter("weight", weight)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+
+class QuantizationConfig(ABC):
+    """A quantization method's settings for one model; plugins subclass it and register the class."""
+
+    name: str = "unspecified"
+
+    @classmethod
+    @abstractmethod
+    def from_hf_config(cls, hf_config: Any) -> QuantizationConfig:
+        """Build from the model's HF config (its ``quantization_config`` dict, when the checkpoint has one).
+
+        Raises ValueError when the checkpoint cannot be run with this method.
+        """
+
+    @abstractmethod
+    def get_linear_method(self, prefix: str) -> LinearMethod | None:
+        """The method for the linear layer named ``prefix`` (e.g. ``model.layers.0.mlp.down_proj``).
+
+        Returns None to leave that layer unquantized.
+        """
+
+
+def get_linear_method(quant_config: QuantizationConfig | None, prefix: str) -> LinearMethod:
+    """The quantization config's method for ``prefix``, falling back to ``UnquantizedLinearMethod``."""
+    if quant_config is None:
+        return UnquantizedLinearMethod()
+    return quant_config.get_linear_method(prefix) or UnquantizedLinearMethod()

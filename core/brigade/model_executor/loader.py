@@ -1,0 +1,132 @@
+"""Model loading: read the HF config, pick the architecture's class, build it on the device, fill its weights (book ch. 11).
+
+The class comes from the model registry (``brigade.plugins.registries.models``), so plugin packages
+can add or override architectures. Weights come from the directory's safetensors files (streamed,
+one tensor at a time) or, with ``load_format="dummy"``, from a seeded random generator, which lets
+benchmarks run a large model's shape from ``config.json`` alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from brigade.attention.backend import AttentionBackend
+from brigade.config import ConfigError, ModelConfig
+from brigade.model_executor.weight_utils import initialize_dummy_weights, safetensors_weights_iterator
+
+logger = logging.getLogger(__name__)
+
+
+def get_hf_config(model_path: str) -> Any:
+    """Read ``config.json`` of an HF-format directory with transformers' AutoConfig (no remote code).
+
+    Raises:
+        ConfigError: the path is not a directory holding a config.json that transformers can read.
+    """
+    from transformers import AutoConfig  # heavy; only the processes that build models need it
+
+    if not os.path.isfile(os.path.join(model_path, "config.json")):
+        raise ConfigError(f"model {model_path!r} is not a directory with a config.json; Brigade loads local "
+                          "HF-format directories (nothing is fetched from a hub)")
+    try:
+        return AutoConfig.from_pretrained(model_path, trust_remote_code=False)
+    except ValueError as e:
+        raise ConfigError(f"cannot read the config of {model_path!r}: {e}") from e
+
+
+def get_model_class(hf_config: Any) -> type[nn.Module]:
+    """The registered class of the first of ``hf_config.architectures`` that is registered.
+
+    Raises:
+        ConfigError: the config names no architecture, or none of them is registered.
+    """
+    models = _model_registry()
+    architectures = list(getattr(hf_config, "architectures", None) or [])
+    if not architectures:
+        raise ConfigError("the model's config.json has no 'architectures' entry, so its class is unknown")
+    for arch in architectures:
+        if arch in models.names():
+            return models.get(arch)
+    raise ConfigError(f"architecture {', '.join(architectures)} is not supported; installed: "
+                      f"{', '.join(sorted(models.names()))}")
+
+
+class _BuiltinModels:
+    """TEMPORARY stand-in for ``registries.models`` until brigade.plugins provides it; remove then."""
+
+    def names(self) -> list[str]:
+        return ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"]
+
+    def get(self, architecture: str) -> type[nn.Module]:
+        from brigade.model_executor.models.llama import LlamaForCausalLM
+
+        return LlamaForCausalLM
+
+
+def _model_registry() -> Any:
+    try:
+        from brigade.plugins import registries
+    except ImportError:
+        return _BuiltinModels()
+    return registries.models
+
+
+def get_quant_config(model_config: ModelConfig, hf_config: Any) -> Any | None:
+    """The quantization config object for this model, or None.
+
+    The method is ``--quantization`` when given, else the checkpoint's own
+    ``quantization_config["quant_method"]``. Its registered class builds itself with
+    ``from_hf_config(hf_config)`` (see ``layers/linear_method.QuantizationConfig``).
+    """
+    name = model_config.quantization
+    checkpoint_quant = getattr(hf_config, "quantization_config", None)
+    if name is None and isinstance(checkpoint_quant, dict):
+        name = checkpoint_quant.get("quant_method")
+    if name is None:
+        return None
+    from brigade.plugins import registries
+
+    return registries.quantization_methods.get(name).from_hf_config(hf_config)
+
+
+def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype, device: torch.device,
+               attn_backend: type[AttentionBackend]) -> nn.Module:
+    """Build the model on ``device`` in ``dtype`` and load its weights; returns it in eval mode.
+
+    ``load_format``: "auto"/"safetensors" stream ``*.safetensors`` from ``model_config.model``;
+    "dummy" draws random weights seeded by ``model_config.seed``. Quantization methods get their
+    ``process_weights_after_loading`` call after either.
+
+    Raises:
+        ConfigError: unsupported architecture or load format.
+        ValueError: the checkpoint does not match the model (missing or unexpected tensors).
+        FileNotFoundError: no safetensors files.
+    """
+    model_cls = get_model_class(hf_config)
+    quant_config = get_quant_config(model_config, hf_config)
+    with torch.device(device):
+        # The default device places parameters and binds CustomOps to the device's kernels.
+        kwargs = {"dtype": dtype, "attn_backend": attn_backend}
+        if quant_config is not None:
+            kwargs["quant_config"] = quant_config
+        model = model_cls(hf_config, **kwargs)
+    fmt = model_config.load_format
+    if fmt == "dummy":
+        initialize_dummy_weights(model, model_config.seed)
+    elif fmt in ("auto", "safetensors"):
+        with torch.no_grad():
+            loaded = model.load_weights(safetensors_weights_iterator(model_config.model))
+        logger.info("loaded %d tensors from %s", len(loaded), model_config.model)
+    else:
+        raise ConfigError(f"--load-format {fmt} is not supported by the model loader yet; convert the "
+                          "checkpoint to an HF safetensors directory (scripts/fetch_model.py does for GGUF)")
+    for module in model.modules():
+        quant_method = getattr(module, "quant_method", None)
+        if quant_method is not None:
+            quant_method.process_weights_after_loading(module)
+    return model.eval()

@@ -1,0 +1,257 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2) over the paged-attention interface (book ch. 5).
+
+One code path serves the three architectures; they differ only in config values:
+
+* Qwen2 has biases on q/k/v (and never on o_proj); Llama has ``attention_bias`` (all four) and
+  ``mlp_bias``; Mistral has neither.
+* ``head_dim`` is read from the config when present (Mistral-Nemo, Qwen), else hidden / heads.
+* ``sliding_window`` (Mistral v0.1, some Qwen2) is ignored: attention is full. Outputs are exact for
+  sequences no longer than the window; a warning says so when a config asks for a window.
+
+Tokens of all requests of a step are concatenated in one dimension (``[num_tokens, ...]``); the
+attention backend alone knows where each request starts, through ``ctx.metadata``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from brigade.attention.backend import AttentionBackend, AttentionContext
+from brigade.model_executor.layers.activation import SiluAndMul
+from brigade.model_executor.layers.attention import Attention
+from brigade.model_executor.layers.layernorm import RMSNorm
+from brigade.model_executor.layers.linear import Linear, MergedColumnLinear, QKVLinear
+from brigade.model_executor.layers.linear_method import QuantizationConfig, get_linear_method
+from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope_parameters
+from brigade.model_executor.layers.vocab import LMHead, VocabEmbedding
+from brigade.model_executor.weight_utils import default_weight_loader
+
+logger = logging.getLogger(__name__)
+
+# HF projection name -> (Brigade merged parameter's module, shard id)
+_STACKED_PARAMS: tuple[tuple[str, str, str | int], ...] = (
+    (".q_proj.", ".qkv_proj.", "q"),
+    (".k_proj.", ".qkv_proj.", "k"),
+    (".v_proj.", ".qkv_proj.", "v"),
+    (".gate_proj.", ".gate_up_proj.", 0),
+    (".up_proj.", ".gate_up_proj.", 1),
+)
+# Checkpoint tensors that are not weights: precomputed RoPE tables some exporters save.
+_SKIPPED = re.compile(r"rotary_emb\.(inv_freq|cos_cached|sin_cached)$")
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))`` with gate and up in one GEMM."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, *, bias: bool, dtype: torch.dtype,
+                 quant_config: QuantizationConfig | None, prefix: str):
+        super().__init__()
+        self.gate_up_proj = MergedColumnLinear(
+            hidden_size, [intermediate_size, intermediate_size], bias=bias, dtype=dtype,
+            quant_method=get_linear_method(quant_config, f"{prefix}.gate_up_proj"))
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype,
+                                quant_method=get_linear_method(quant_config, f"{prefix}.down_proj"))
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Args: x [T, hidden]. Returns [T, hidden]."""
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    """Self-attention block: fused QKV projection, rotary embedding, paged attention, output projection."""
+
+    def __init__(self, config: Any, *, layer_idx: int, rotary_emb: RotaryEmbedding, head_size: int,
+                 dtype: torch.dtype, attn_backend: type[AttentionBackend],
+                 quant_config: QuantizationConfig | None, prefix: str):
+        super().__init__()
+        hidden_size = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_size = head_size
+        qkv_bias, o_bias = _attention_biases(config)
+        self.qkv_proj = QKVLinear(hidden_size, head_size, self.num_heads, self.num_kv_heads, bias=qkv_bias,
+                                  dtype=dtype, quant_method=get_linear_method(quant_config, f"{prefix}.qkv_proj"))
+        self.o_proj = Linear(self.num_heads * head_size, hidden_size, bias=o_bias, dtype=dtype,
+                             quant_method=get_linear_method(quant_config, f"{prefix}.o_proj"))
+        self.rotary_emb = rotary_emb  # shared by all layers: one cos/sin table per model
+        self.attn = Attention(self.num_heads, head_size, self.num_kv_heads, scale=head_size ** -0.5,
+                              layer_idx=layer_idx, backend_cls=attn_backend)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """Args: positions [T] int64, hidden_states [T, hidden]. Returns [T, hidden]."""
+        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden_states))  # [T, H*D], [T, Hkv*D], [T, Hkv*D]
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, ctx))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``, with the adds fused into the norms."""
+
+    def __init__(self, config: Any, *, layer_idx: int, rotary_emb: RotaryEmbedding, head_size: int,
+                 dtype: torch.dtype, attn_backend: type[AttentionBackend],
+                 quant_config: QuantizationConfig | None, prefix: str):
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
+        self.self_attn = LlamaAttention(config, layer_idx=layer_idx, rotary_emb=rotary_emb, head_size=head_size,
+                                        dtype=dtype, attn_backend=attn_backend, quant_config=quant_config,
+                                        prefix=f"{prefix}.self_attn")
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, bias=bool(getattr(config, "mlp_bias", False)),
+                            dtype=dtype, quant_config=quant_config, prefix=f"{prefix}.mlp")
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
+                ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (this layer's output, running residual); their sum is the HF layer's output."""
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states, ctx)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and the final norm."""
+
+    def __init__(self, config: Any, *, dtype: torch.dtype, attn_backend: type[AttentionBackend],
+                 quant_config: QuantizationConfig | None, prefix: str = "model"):
+        super().__init__()
+        head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        rope = get_rope_parameters(config)
+        rotary_emb = RotaryEmbedding(head_size, int(head_size * rope.partial_rotary_factor),
+                                     config.max_position_embeddings, rope, is_neox_style=True)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList([
+            LlamaDecoderLayer(config, layer_idx=i, rotary_emb=rotary_emb, head_size=head_size, dtype=dtype,
+                              attn_backend=attn_backend, quant_config=quant_config, prefix=f"{prefix}.layers.{i}")
+            for i in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        hidden_states = self.embed_tokens(input_ids)  # [T, hidden]
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual, ctx)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    """A Llama-family causal LM (also registered as MistralForCausalLM and Qwen2ForCausalLM).
+
+    Parameter names follow HF's with q/k/v merged into ``qkv_proj`` and gate/up into ``gate_up_proj``;
+    ``load_weights`` does the mapping. Layer ``i`` uses ``ctx.kv_caches[i]``.
+    """
+
+    def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type[AttentionBackend],
+                 quant_config: QuantizationConfig | None = None):
+        super().__init__()
+        self.config = hf_config
+        self.dtype = dtype
+        _warn_sliding_window(hf_config)
+        self.model = LlamaModel(hf_config, dtype=dtype, attn_backend=attn_backend, quant_config=quant_config)
+        self.lm_head = LMHead(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype)
+        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.tie_to(self.model.embed_tokens)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """Run every layer on the step's tokens.
+
+        Args:
+            input_ids: [T] int64 token ids of all scheduled tokens, requests back to back.
+            positions: [T] int64 absolute position of each token in its request.
+            ctx: the step's attention metadata and one KV cache per layer.
+
+        Returns:
+            [T, hidden_size] final-norm hidden states in the model dtype.
+        """
+        return self.model(input_ids, positions, ctx)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Args: hidden_states [N, hidden] (usually each request's last token). Returns [N, vocab], model dtype."""
+        return self.lm_head(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load HF-named checkpoint tensors into the merged parameters.
+
+        Skips precomputed RoPE tables and, with tied embeddings, ``lm_head.weight`` (the head shares
+        the embedding). Returns the set of checkpoint names that were loaded.
+
+        Raises:
+            ValueError: a checkpoint tensor matches no parameter, does not fit its parameter, or a
+                parameter (or one shard of a merged one) received no tensor at all.
+        """
+        params = dict(self.named_parameters())
+        loaded_names: set[str] = set()
+        filled: dict[str, set[str | int | None]] = {}
+        for hf_name, tensor in weights:
+            if _SKIPPED.search(hf_name) or (self.tie_word_embeddings and hf_name == "lm_head.weight"):
+                continue
+            name, shard_id = _to_brigade_name(hf_name)
+            param = params.get(name)
+            if param is None:
+                raise ValueError(f"checkpoint tensor {hf_name!r} matches no parameter of {type(self).__name__} "
+                                 f"(looked for {name!r}); is this checkpoint for another architecture?")
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            try:
+                if shard_id is None:
+                    loader(param, tensor)
+                else:
+                    loader(param, tensor, shard_id)
+            except ValueError as e:
+                raise ValueError(f"cannot load {hf_name!r}: {e}") from None
+            loaded_names.add(hf_name)
+            filled.setdefault(name, set()).add(shard_id)
+        _check_complete(params, filled)
+        return loaded_names
+
+
+def _to_brigade_name(hf_name: str) -> tuple[str, str | int | None]:
+    for hf_part, merged_part, shard_id in _STACKED_PARAMS:
+        if hf_part in hf_name:
+            return hf_name.replace(hf_part, merged_part), shard_id
+    return hf_name, None
+
+
+def _check_complete(params: dict[str, nn.Parameter], filled: dict[str, set[str | int | None]]) -> None:
+    missing = []
+    for name, param in params.items():
+        seen = filled.get(name)
+        if seen is None:
+            missing.append(name)
+            continue
+        expected = getattr(param, "shard_ids", None)
+        if expected is not None and None not in seen:
+            missing.extend(f"{name} (shard {s!r})" for s in expected if s not in seen)
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise ValueError(f"the checkpoint lacks {len(missing)} weight(s): {shown}")
+
+
+def _attention_biases(config: Any) -> tuple[bool, bool]:
+    """(q/k/v bias, o_proj bias). Qwen2 configs have no attention_bias but always bias q/k/v."""
+    if getattr(config, "model_type", None) == "qwen2":
+        return True, False
+    bias = bool(getattr(config, "attention_bias", False))
+    return bias, bias
+
+
+def _warn_sliding_window(config: Any) -> None:
+    window = getattr(config, "sliding_window", None)
+    if window is None or getattr(config, "use_sliding_window", True) is False:
+        return
+    if window < config.max_position_embeddings:
+        logger.warning("%s asks for sliding-window attention (window %d); Brigade attends to the full "
+                       "context, so outputs differ from the reference past %d tokens",
+                       type(config).__name__, window, window)
