@@ -176,7 +176,60 @@ class BrigadeConfig:
     device: str = "auto"
     """Platform device type, filled in from the active platform."""
 
+    def resolve(self, hf_config) -> None:
+        """Fill in what depends on the model's config.json: max_model_len and the step token budget.
+
+        Raises ConfigError when --max-model-len exceeds the model's max_position_embeddings.
+        """
+        limit = getattr(hf_config, "max_position_embeddings", None)
+        mc = self.model_config
+        if mc.max_model_len is None:
+            mc.max_model_len = limit or 2048
+        elif limit is not None and mc.max_model_len > limit:
+            raise ConfigError(f"--max-model-len {mc.max_model_len} exceeds the model's "
+                              f"max_position_embeddings ({limit}); use at most {limit}")
+        sc = self.scheduler_config
+        if sc.max_num_batched_tokens is None:
+            sc.max_num_batched_tokens = 8192 if sc.enable_chunked_prefill else max(8192, mc.max_model_len)
+        if not sc.enable_chunked_prefill and sc.max_num_batched_tokens < mc.max_model_len:
+            raise ConfigError(f"--max-num-batched-tokens {sc.max_num_batched_tokens} is below --max-model-len "
+                              f"{mc.max_model_len}; without chunked prefill it must be at least that")
+
     def compute_hash(self) -> str:
         """A hash of every field that changes the compute graph (for compile caches)."""
         factors = dataclasses.asdict(self)
         return hashlib.sha256(json.dumps(factors, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+_SUB_CONFIGS = {"model_config": ModelConfig, "cache_config": CacheConfig, "scheduler_config": SchedulerConfig,
+                "parallel_config": ParallelConfig, "compilation_config": CompilationConfig}
+
+
+def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
+    """Build a BrigadeConfig from flat keyword arguments named like the sub-configs' fields.
+
+    ``LLM(model, dtype="float32", block_size=16, max_num_seqs=8)`` routes each name to its sub-config;
+    ``attention_backend`` and ``kv_transfer_config`` (a dict) go to BrigadeConfig itself.
+
+    Raises:
+        TypeError: for a name no sub-config has.
+        ConfigError: for a bad value.
+    """
+    parts: dict[str, dict[str, Any]] = {name: {} for name in _SUB_CONFIGS}
+    parts["model_config"]["model"] = model
+    top: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key in ("attention_backend",):
+            top[key] = value
+            continue
+        if key == "kv_transfer_config":
+            top[key] = value if value is None or isinstance(value, KVTransferConfig) else KVTransferConfig(**value)
+            continue
+        for part, cls in _SUB_CONFIGS.items():
+            if key in {f.name for f in dataclasses.fields(cls)}:
+                parts[part][key] = value
+                break
+        else:
+            known = sorted(f.name for cls in _SUB_CONFIGS.values() for f in dataclasses.fields(cls))
+            raise TypeError(f"unknown engine argument {key!r}; known: {', '.join(known)}")
+    return BrigadeConfig(**{part: cls(**parts[part]) for part, cls in _SUB_CONFIGS.items()}, **top)

@@ -31,7 +31,7 @@ class Scheduler:
                  num_blocks: int):
         self.config = scheduler_config
         self.max_model_len = max_model_len
-        self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens or max(8192, max_model_len)
+        self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens or 8192
         assert cache_config.block_size is not None, "the platform must set the block size"
         self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
                                                cache_config.enable_prefix_caching,

@@ -1,0 +1,106 @@
+"""InputProcessor: the front end's turn from a user prompt to EngineCoreRequests (book ch. 3).
+
+It tokenizes, validates every parameter against the model (so a bad request is refused before it is
+queued), turns bad words into token ids, and fans ``n > 1`` out into one engine request per sequence.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from brigade.engine.messages import EngineCoreRequest
+from brigade.sampling_params import InvalidParamError, SamplingParams
+
+
+def child_request_id(request_id: str, index: int, n: int) -> str:
+    """The engine-side id of sequence ``index`` of a request with ``n`` sequences."""
+    return request_id if n == 1 else f"{index}_{request_id}"
+
+
+class InputProcessor:
+    """Validates and tokenizes requests for one model.
+
+    Args:
+        tokenizer: the model's HF tokenizer.
+        max_model_len: prompt plus output must fit in this many tokens.
+        vocab_size: the model's vocabulary (token ids must be below it).
+    """
+
+    def __init__(self, tokenizer, max_model_len: int, vocab_size: int):
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.eos_token_id = tokenizer.eos_token_id
+
+    def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        """Return (text or None, token ids). Raises InvalidParamError for an empty or out-of-vocab prompt."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidParamError("prompt must not be empty", param="prompt")
+            return prompt, self.tokenizer.encode(prompt)
+        token_ids = list(prompt)
+        if not token_ids:
+            raise InvalidParamError("prompt must not be empty", param="prompt")
+        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidParamError(f"prompt token ids must be in [0, {self.vocab_size}); got {bad[:5]}",
+                                    param="prompt")
+        return None, token_ids
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Check the request fits the model. Raises InvalidParamError naming the parameter."""
+        num_prompt = len(prompt_token_ids)
+        if num_prompt >= self.max_model_len:
+            raise InvalidParamError(
+                f"the prompt has {num_prompt} tokens, which leaves no room in the model's maximum context "
+                f"length of {self.max_model_len} tokens", param="prompt")
+        wanted = params.max_tokens if params.max_tokens is not None else 1
+        if num_prompt + wanted > self.max_model_len:
+            raise InvalidParamError(
+                f"this model's maximum context length is {self.max_model_len} tokens; the request asks for "
+                f"{num_prompt} prompt tokens plus {wanted} output tokens", param="max_tokens")
+        for name, ids in (("logit_bias", list(params.logit_bias or {})),
+                          ("allowed_token_ids", params.allowed_token_ids or []),
+                          ("stop_token_ids", params.stop_token_ids)):
+            bad = [t for t in ids if not 0 <= int(t) < self.vocab_size]
+            if bad:
+                raise InvalidParamError(f"{name} has token ids outside [0, {self.vocab_size}): {bad[:5]}",
+                                        param=name)
+
+    def bad_words_token_ids(self, words: list[str]) -> list[list[int]]:
+        """Token-id sequences of each bad word, with and without a leading space (as it appears mid-text)."""
+        sequences: list[list[int]] = []
+        for word in words:
+            for variant in (word, " " + word.lstrip()):
+                ids = self.tokenizer.encode(variant, add_special_tokens=False)
+                if ids and ids not in sequences:
+                    sequences.append(ids)
+        return sequences
+
+    def process(self, prompt: str | list[int], params: SamplingParams, request_id: str, *,
+                priority: int = 0, cache_salt: str | None = None,
+                arrival_time: float | None = None) -> tuple[str | None, list[int], list[EngineCoreRequest]]:
+        """Tokenize, validate and fan out one request.
+
+        Returns:
+            (prompt text or None, prompt token ids, one EngineCoreRequest per sequence). Child i has
+            ``seed + i`` when a seed is given, so the n samples differ yet are reproducible.
+        Raises:
+            InvalidParamError: the request cannot run on this model.
+        """
+        text, token_ids = self.tokenize(prompt)
+        self.validate(token_ids, params)
+        if params.bad_words:
+            params = msgspec.structs.replace(params, bad_words_token_ids=self.bad_words_token_ids(params.bad_words))
+        arrival = time.time() if arrival_time is None else arrival_time
+        children = []
+        for i in range(params.n):
+            child_params = msgspec.structs.replace(
+                params, n=1, seed=None if params.seed is None else params.seed + i)
+            children.append(EngineCoreRequest(
+                request_id=child_request_id(request_id, i, params.n), prompt_token_ids=token_ids,
+                sampling_params=child_params, eos_token_id=self.eos_token_id, arrival_time=arrival,
+                priority=priority, cache_salt=cache_salt))
+        return text, token_ids, children

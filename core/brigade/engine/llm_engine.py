@@ -1,0 +1,59 @@
+"""LLMEngine: the synchronous front end over an in-process EngineCore, used by the offline LLM class."""
+
+from __future__ import annotations
+
+from brigade.config import BrigadeConfig
+from brigade.engine.core import EngineCore
+from brigade.engine.input_processor import InputProcessor
+from brigade.engine.output_processor import OutputProcessor
+from brigade.outputs import RequestOutput
+from brigade.sampling_params import SamplingParams
+from brigade.tokenizer import get_tokenizer
+
+
+class LLMEngine:
+    """Adds requests and steps the engine; each ``step()`` returns the RequestOutputs it produced."""
+
+    def __init__(self, config: BrigadeConfig):
+        self.config = config
+        self.core = EngineCore(config)
+        self.tokenizer = get_tokenizer(config.model_config)
+        vocab_size = self.core.executor.hf_config.vocab_size
+        self.input_processor = InputProcessor(self.tokenizer, config.model_config.max_model_len, vocab_size)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._step_outputs: list[RequestOutput] = []
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
+                    priority: int = 0, cache_salt: str | None = None) -> None:
+        """Validate and queue a request. Raises InvalidParamError for bad input."""
+        text, token_ids, children = self.input_processor.process(prompt, params, request_id, priority=priority,
+                                                                 cache_salt=cache_salt)
+        self.output_processor.add_request(request_id, text, token_ids, params, [c.request_id for c in children],
+                                          children[0].arrival_time, self._step_outputs.append)
+        for child in children:
+            self.core.add_request(child)
+
+    def abort_request(self, request_id: str) -> None:
+        self.core.abort_requests(self.output_processor.abort_request(request_id))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; returns the outputs it produced (per the requests' output kinds)."""
+        engine_outputs = self.core.step()
+        processed = self.output_processor.process_outputs(engine_outputs.outputs, engine_outputs.timestamp or None)
+        if processed.reqs_to_abort:
+            self.core.abort_requests(processed.reqs_to_abort)
+        outputs, self._step_outputs = self._step_outputs, []
+        return outputs
+
+    def get_kv_cache_stats(self) -> dict:
+        from brigade.engine.messages import UtilityMethod
+
+        return self.core.call_utility(UtilityMethod.GET_KV_CACHE_STATS)
+
+    def reset_prefix_cache(self) -> bool:
+        from brigade.engine.messages import UtilityMethod
+
+        return self.core.call_utility(UtilityMethod.RESET_PREFIX_CACHE)

@@ -1,0 +1,44 @@
+"""Tokenizer loading and chat templates, through transformers (never fetched from a hub)."""
+
+from __future__ import annotations
+
+import os
+
+from brigade.config import ModelConfig
+
+
+def get_tokenizer(model_config: ModelConfig):
+    """Load the model's fast tokenizer from its directory.
+
+    Raises:
+        ValueError: when the directory has no usable tokenizer.
+    """
+    from transformers import AutoTokenizer
+
+    path = model_config.tokenizer or model_config.model
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot load a tokenizer from {path!r}: {exc}") from exc
+    if model_config.chat_template is not None:
+        template = model_config.chat_template
+        if os.path.isfile(template):
+            with open(template, encoding="utf-8") as f:
+                template = f.read()
+        tokenizer.chat_template = template
+    return tokenizer
+
+
+def apply_chat_template(tokenizer, messages: list[dict], *, add_generation_prompt: bool = True,
+                        tools: list[dict] | None = None, chat_template: str | None = None,
+                        continue_final_message: bool = False) -> str:
+    """Render a conversation to the prompt text with the tokenizer's (or the given) Jinja template.
+
+    Raises:
+        ValueError: the model has no chat template and none was given.
+    """
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the model has no chat template; pass --chat-template")
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         tools=tools, chat_template=chat_template,
+                                         continue_final_message=continue_final_message)
