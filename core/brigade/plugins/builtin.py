@@ -15,9 +15,12 @@ LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 """HF architectures served by brigade.model_executor.models.llama (same block, different configs)."""
 
 BUILTIN_LOGITS_PROCESSORS = {
-    "min_p": "brigade.sample.logits_processors:MinPLogitsProcessor",
+    # name -> class in brigade.sample.logits_processors (each class's ``name`` attribute says the same).
+    "allowed_token_ids": "brigade.sample.logits_processors:AllowedTokenIdsLogitsProcessor",
+    "bad_words": "brigade.sample.logits_processors:BadWordsLogitsProcessor",
     "logit_bias": "brigade.sample.logits_processors:LogitBiasLogitsProcessor",
     "min_tokens": "brigade.sample.logits_processors:MinTokensLogitsProcessor",
+    "min_p": "brigade.sample.logits_processors:MinPLogitsProcessor",
 }
 
 
