@@ -1,0 +1,175 @@
+"""Split-KV paged decode attention (flash-decoding) in Triton (book ch. 6; Dao et al., "Flash-Decoding
+for long-context inference", 2023).
+
+A decode request has one query token per head but a long context. One program per
+``(request, kv head, split)`` runs an online softmax over one contiguous chunk of the request's
+context, reading K/V through the block table, for all ``num_heads // num_kv_heads`` query heads that
+share the KV head at once (GQA: each K/V row is loaded once for the whole group). A second kernel merges
+the per-split partial results with their log-sum-exp weights. With one split the first kernel writes
+the output directly and the merge is skipped.
+
+CUDA graphs: the launch grid is ``(num_decodes, num_kv_heads, num_splits)`` and every per-request
+quantity (context length, chunk bounds) is read on the device, so a graph captured for one
+``(num_decodes, num_splits)`` replays correctly for any context lengths. Keep ``num_splits`` fixed
+while capturing (``TritonAttentionBackend.decode_num_splits``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
+    scale_log2,
+    stride_q_t, stride_q_h, stride_out_t, stride_out_h,
+    stride_cache_block, stride_cache_tok, stride_cache_h, stride_bt_r,
+    stride_mid_r, stride_mid_h, stride_mid_s,
+    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
+    HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + req)
+    # Each split owns a BLOCK_N-aligned chunk of this request's context; trailing splits may be empty.
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    group = tl.arange(0, GROUP_P2)
+    heads = kv_head * GROUP + group  # the query heads served by this KV head
+    head_mask = group < GROUP
+    dims = tl.arange(0, HEAD_P2)
+    dim_mask = dims < HEAD_SIZE
+    q = tl.load(q_ptr + req.to(tl.int64) * stride_q_t + heads[:, None] * stride_q_h + dims[None, :],
+                mask=head_mask[:, None] & dim_mask[None, :], other=0.0)  # [G, D]
+
+    m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_P2], tl.float32)
+    acc = tl.zeros([GROUP_P2, HEAD_P2], tl.float32)
+    bt_row = block_table_ptr + req.to(tl.int64) * stride_bt_r
+    head_off = kv_head * stride_cache_h
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        pos_mask = pos < end
+        block = tl.load(bt_row + pos // BLOCK_SIZE, mask=pos_mask, other=0).to(tl.int64)
+        row = block * stride_cache_block + (pos % BLOCK_SIZE) * stride_cache_tok + head_off  # [N]
+        kv_mask = pos_mask[:, None] & dim_mask[None, :]
+        k = tl.load(k_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [G, N], log2 units
+        s = tl.where(pos_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # An empty split (or a zero-length padding request) has l_i == 0: emit zeros and weight -inf.
+    has_any = l_i > 0
+    o = acc / tl.where(has_any, l_i, 1.0)[:, None]
+    out_mask = head_mask[:, None] & dim_mask[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + req.to(tl.int64) * stride_out_t + heads[:, None] * stride_out_h + dims[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        mid = req.to(tl.int64) * stride_mid_r + heads * stride_mid_h + split * stride_mid_s  # [G]
+        tl.store(mid_o_ptr + mid[:, None] * HEAD_P2 + dims[None, :], o, mask=out_mask)
+        lse = tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf"))
+        tl.store(mid_lse_ptr + mid, lse, mask=head_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    mid_o_ptr, mid_lse_ptr, out_ptr,
+    stride_out_t, stride_out_h, stride_mid_r, stride_mid_h, stride_mid_s,
+    HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+):
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLITS_P2)
+    dims = tl.arange(0, HEAD_P2)
+    split_mask = splits < NUM_SPLITS
+    mid = req.to(tl.int64) * stride_mid_r + head * stride_mid_h + splits * stride_mid_s  # [S]
+    lse = tl.load(mid_lse_ptr + mid, mask=split_mask, other=float("-inf"))
+    lse_max = tl.max(lse, 0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # all splits empty: weights all 0
+    w = tl.exp2(lse - lse_max)  # [S]
+    o = tl.load(mid_o_ptr + mid[:, None] * HEAD_P2 + dims[None, :],
+                mask=split_mask[:, None] & (dims[None, :] < HEAD_SIZE), other=0.0)  # [S, D]
+    total = tl.sum(w, 0)
+    out = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + req.to(tl.int64) * stride_out_t + head * stride_out_h + dims,
+             out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_SIZE)
+
+
+def choose_num_splits(num_decodes: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
+                      block_n: int = 64, max_splits: int = 32) -> int:
+    """Pick how many context chunks each decode request is split into.
+
+    Enough ``(request, kv head, split)`` programs to give every SM about two, but no split shorter than
+    two ``block_n`` tiles (shorter ones cost more in merging than they gain in parallelism).
+    All inputs are host integers, so this never synchronizes with the device.
+    """
+    programs = max(1, num_decodes * num_kv_heads)
+    wanted = -(-2 * num_sms // programs)
+    useful = max(1, -(-max_seq_len // (2 * block_n)))
+    return max(1, min(wanted, useful, max_splits))
+
+
+def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                     seq_lens: torch.Tensor, out: torch.Tensor, *, num_decodes: int, num_splits: int,
+                     scale: float, block_n: int = 64, num_warps: int = 4, num_stages: int = 2) -> None:
+    """Paged attention for ``num_decodes`` single-token requests, written into ``out[:num_decodes]``.
+
+    Args:
+        query: [num_tokens, num_heads, head_size]; row i is the query of decode request i.
+        kv_cache: [2, num_blocks, block_size, num_kv_heads, head_size].
+        block_table: [num_reqs, max_blocks] int32; seq_lens: [num_reqs] int32 (context + this token).
+        out: [num_tokens, num_heads, head_size], same dtype as query.
+        num_decodes: requests (and leading query rows) to process; num_splits: context chunks per request.
+        scale: softmax scale (usually head_size ** -0.5).
+        block_n, num_warps, num_stages: tile tuning knobs (tokens per inner step, Triton launch options).
+    """
+    if num_decodes == 0:
+        return
+    _, _, block_size, num_kv_heads, head_size = kv_cache.shape
+    num_heads = query.shape[1]
+    group = num_heads // num_kv_heads
+    head_p2 = triton.next_power_of_2(head_size)
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    precision = "ieee" if query.dtype == torch.float32 else "tf32"
+    if num_splits > 1:
+        mid_o = torch.empty((num_decodes, num_heads, num_splits, head_p2), dtype=torch.float32,
+                            device=query.device)
+        mid_lse = torch.empty((num_decodes, num_heads, num_splits), dtype=torch.float32, device=query.device)
+    else:
+        mid_o = mid_lse = out  # unused by the kernel when NUM_SPLITS == 1
+    mid_strides = (num_heads * num_splits, num_splits, 1)
+    _decode_split_kernel[(num_decodes, num_kv_heads, num_splits)](
+        query, k_cache, v_cache, block_table, seq_lens, out, mid_o, mid_lse,
+        scale * LOG2E,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
+        *mid_strides,
+        BLOCK_SIZE=block_size, GROUP=group, GROUP_P2=max(16, triton.next_power_of_2(group)),
+        HEAD_SIZE=head_size, HEAD_P2=head_p2, BLOCK_N=block_n, NUM_SPLITS=num_splits,
+        DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
+    )
+    if num_splits > 1:
+        _decode_merge_kernel[(num_decodes, num_heads)](
+            mid_o, mid_lse, out, out.stride(0), out.stride(1), *mid_strides,
+            HEAD_SIZE=head_size, HEAD_P2=head_p2, NUM_SPLITS=num_splits,
+            SPLITS_P2=triton.next_power_of_2(num_splits), num_warps=4,
+        )
+
+
+__all__ = ["choose_num_splits", "decode_attention"]

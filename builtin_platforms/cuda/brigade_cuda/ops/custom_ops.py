@@ -1,0 +1,61 @@
+"""Binds the Triton ops to the model layers' ``CustomOp`` seam for the "cuda" device type (book ch. 11).
+
+``register_cuda_ops()`` registers one adapter per op with ``CustomOp.register_impl("cuda", fn)``. Call it
+once per process before the model is built (the CUDA platform's worker start-up); layers built
+afterwards on a CUDA device run these kernels, layers built earlier keep ``forward_native``. Each
+adapter has the same contract as the layer's ``forward_native`` and falls back to it for the rare
+layouts the kernels do not address (so results never depend on which path ran, only speed does).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from brigade_cuda.ops.activation import silu_and_mul
+from brigade_cuda.ops.layernorm import fused_add_rms_norm, rms_norm
+from brigade_cuda.ops.rotary import rotary_embedding
+
+
+def rms_norm_cuda(layer, x: torch.Tensor, residual: torch.Tensor | None = None
+                  ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``RMSNorm`` on CUDA: same contract as ``RMSNorm.forward_native``; updates x/residual in place."""
+    weight = layer.weight
+    same_dtype = weight.dtype == x.dtype and (residual is None or residual.dtype == x.dtype)
+    if not same_dtype or x.dim() != 2 or x.stride(-1) != 1 or (residual is not None and (
+            residual.shape != x.shape or residual.stride(-1) != 1)):
+        return layer.forward_native(x, residual)  # mixed dtypes promote differently; keep native math
+    if residual is None:
+        return rms_norm(x, weight, layer.variance_epsilon)
+    return fused_add_rms_norm(x, residual, weight, layer.variance_epsilon)
+
+
+def silu_and_mul_cuda(layer, x: torch.Tensor) -> torch.Tensor:
+    """``SiluAndMul`` on CUDA: same contract as ``SiluAndMul.forward_native``."""
+    if x.stride(-1) != 1 or x.shape[-1] % 2:
+        return layer.forward_native(x)
+    flat = x.reshape(-1, x.shape[-1])
+    return silu_and_mul(flat).reshape(*x.shape[:-1], x.shape[-1] // 2)
+
+
+def rotary_embedding_cuda(layer, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``RotaryEmbedding`` on CUDA: same contract as its ``forward_native``; rotates in place."""
+    if query.stride(-1) != 1 or key.stride(-1) != 1:
+        return layer.forward_native(positions, query, key)
+    return rotary_embedding(positions, query, key, layer.head_size, layer.cos_sin_cache,
+                            is_neox_style=layer.is_neox_style)
+
+
+def register_cuda_ops() -> None:
+    """Register the Triton adapters for device type "cuda"; calling it again is a no-op.
+
+    Raises:
+        ValueError: another plugin already registered a different "cuda" implementation of one op.
+    """
+    from brigade.model_executor.layers.activation import SiluAndMul
+    from brigade.model_executor.layers.layernorm import RMSNorm
+    from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding
+
+    RMSNorm.register_impl("cuda", rms_norm_cuda)
+    SiluAndMul.register_impl("cuda", silu_and_mul_cuda)
+    RotaryEmbedding.register_impl("cuda", rotary_embedding_cuda)
