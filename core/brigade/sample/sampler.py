@@ -92,9 +92,9 @@ class Sampler(nn.Module):
 
     def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         """Steps 6-10: greedy argmax, temperature, argmax-invariant processors, top-k/top-p, draw."""
-        greedy = None if metadata.all_random else logits.argmax(dim=-1)
         if metadata.all_greedy:
-            return greedy
+            return logits.argmax(dim=-1)
+        greedy = None if metadata.all_random else logits.argmax(dim=-1)
         assert metadata.temperature is not None
         logits.div_(metadata.temperature.unsqueeze(1))
         logits = self._apply_processors(logits, metadata, self.argmax_invariant_processors)

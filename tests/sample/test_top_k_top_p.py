@@ -1,0 +1,69 @@
+"""apply_top_k_top_p keeps exactly the reference sets, per row, with disabled rows untouched."""
+
+import math
+
+import torch
+
+from brigade.sample.topk_topp import apply_top_k_top_p, random_sample
+
+
+def reference_keep(row: list[float], k: int, p: float) -> set[int]:
+    order = sorted(range(len(row)), key=lambda i: -row[i])[:k]
+    top = [row[i] for i in order]
+    z = sum(math.exp(x) for x in top)
+    kept, mass = set(), 0.0
+    for i in order:
+        kept.add(i)
+        mass += math.exp(row[i]) / z
+        if mass >= p:
+            break
+    return kept
+
+
+def kept(logits: torch.Tensor) -> list[set[int]]:
+    return [set(torch.nonzero(r > float("-inf")).flatten().tolist()) for r in logits]
+
+
+def test_matches_reference_sets():
+    torch.manual_seed(0)
+    vocab = 40
+    logits = torch.randn(6, vocab) * 2
+    ks = [1, 5, 40, 40, 10, 3]
+    ps = [1.0, 1.0, 0.5, 1.0, 0.8, 0.99]
+    got = apply_top_k_top_p(logits.clone(), torch.tensor(ks), torch.tensor(ps))
+    for row in range(6):
+        assert kept(got[row:row + 1])[0] == reference_keep(logits[row].tolist(), ks[row], ps[row]), row
+    # Kept tokens keep their values; a row with k = V and p = 1 is unchanged.
+    finite = got > float("-inf")
+    assert torch.equal(got[finite], logits[finite])
+    assert torch.equal(got[3], logits[3])
+
+
+def test_top_k_only_and_top_p_only():
+    logits = torch.tensor([[3.0, 1.0, 2.0, 0.0], [math.log(0.5), math.log(0.3), math.log(0.15), math.log(0.05)]])
+    assert kept(apply_top_k_top_p(logits.clone(), torch.tensor([2, 4]), None)) == [{0, 2}, {0, 1, 2, 3}]
+    # p = 0.79: 0.5 + 0.3 reaches it, so exactly two tokens; p = 0.81 needs the third.
+    assert kept(apply_top_k_top_p(logits.clone(), None, torch.tensor([1.0, 0.79]))) == [{0, 1, 2, 3}, {0, 1}]
+    assert kept(apply_top_k_top_p(logits.clone(), None, torch.tensor([0.05, 0.81]))) == [{0}, {0, 1, 2}]
+
+
+def test_no_truncation_returns_input():
+    logits = torch.randn(2, 5)
+    assert apply_top_k_top_p(logits, None, None) is logits
+
+
+def test_exponential_race_follows_the_distribution():
+    torch.manual_seed(1)
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    draws = random_sample(probs.repeat(40000, 1), {})
+    freq = torch.bincount(draws, minlength=5).float() / draws.numel()
+    assert torch.allclose(freq, probs, atol=0.01)
+    assert freq[4] == 0.0  # a zero-probability token is never drawn
+
+
+def test_seeded_rows_use_their_own_generator():
+    probs = torch.softmax(torch.randn(3, 100), dim=-1)
+    a = random_sample(probs.clone(), {1: torch.Generator().manual_seed(5)})
+    torch.manual_seed(123)  # a different global state changes nothing for the seeded row
+    b = random_sample(probs.clone(), {1: torch.Generator().manual_seed(5)})
+    assert a[1] == b[1]
