@@ -111,7 +111,7 @@ def test_real_smollm2_matches_transformers(smollm2_path, hf_reference, paged_ste
     model = load_model(ModelConfig(model=str(smollm2_path)), hf_config, dtype=torch.float32,
                        device=torch.device("cpu"), attn_backend=ReferenceAttentionBackend)
     tok = hf_reference.tokenizer
-    prompts = [tok.encode("The capital of France is"), tok.encode("def fibonacci(n):"), tok.encode("Hi")]
+    prompts = [tok.encode("The capital of France is"), tok.encode("def fibonacci(n):"), tok.encode("Hello, my name is")]
     steps = paged_steps_for(hf_config)
     for i, blocks in enumerate([[7, 1, 12], [3, 20, 9], [25, 14]]):
         steps.add_request(str(i), blocks)

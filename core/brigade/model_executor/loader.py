@@ -42,10 +42,16 @@ def get_hf_config(model_path: str) -> Any:
 def get_model_class(hf_config: Any) -> type[nn.Module]:
     """The registered class of the first of ``hf_config.architectures`` that is registered.
 
+    Architectures come from ``registries.models``, filled by the ``register_models`` hook (the core's
+    builtin plugin registers the Llama family; plugins may add or override).
+
     Raises:
         ConfigError: the config names no architecture, or none of them is registered.
     """
-    models = _model_registry()
+    from brigade.plugins import load_plugins, registries
+
+    load_plugins("engine")  # idempotent; makes the loader usable outside an engine process (tests, tools)
+    models = registries.models
     architectures = list(getattr(hf_config, "architectures", None) or [])
     if not architectures:
         raise ConfigError("the model's config.json has no 'architectures' entry, so its class is unknown")
@@ -54,26 +60,6 @@ def get_model_class(hf_config: Any) -> type[nn.Module]:
             return models.get(arch)
     raise ConfigError(f"architecture {', '.join(architectures)} is not supported; installed: "
                       f"{', '.join(sorted(models.names()))}")
-
-
-class _BuiltinModels:
-    """TEMPORARY stand-in for ``registries.models`` until brigade.plugins provides it; remove then."""
-
-    def names(self) -> list[str]:
-        return ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"]
-
-    def get(self, architecture: str) -> type[nn.Module]:
-        from brigade.model_executor.models.llama import LlamaForCausalLM
-
-        return LlamaForCausalLM
-
-
-def _model_registry() -> Any:
-    try:
-        from brigade.plugins import registries
-    except ImportError:
-        return _BuiltinModels()
-    return registries.models
 
 
 def get_quant_config(model_config: ModelConfig, hf_config: Any) -> Any | None:
@@ -89,8 +75,9 @@ def get_quant_config(model_config: ModelConfig, hf_config: Any) -> Any | None:
         name = checkpoint_quant.get("quant_method")
     if name is None:
         return None
-    from brigade.plugins import registries
+    from brigade.plugins import load_plugins, registries
 
+    load_plugins("engine")
     return registries.quantization_methods.get(name).from_hf_config(hf_config)
 
 

@@ -39,13 +39,14 @@ class RMSNorm(CustomOp):
             The normalized tensor in ``x``'s dtype, or ``(normalized, x + residual)`` when
             ``residual`` is given. Statistics are computed in fp32; the result is cast back to the
             input dtype before the weight multiply, as HF transformers' LlamaRMSNorm does, so bf16
-            outputs round the same way as the reference.
+            outputs round the same way as the reference (bit-identical on the CPU).
         """
         orig_dtype = x.dtype
         x = x.float()
         if residual is not None:
-            x = x + residual.float()
-            residual = x.to(orig_dtype)
+            # Normalize the rounded sum, the tensor an unfused model would see, not the fp32 one.
+            residual = (x + residual.float()).to(orig_dtype)
+            x = residual.float()
         variance = x.pow(2).mean(dim=-1, keepdim=True)
         x = (x * torch.rsqrt(variance + self.variance_epsilon)).to(orig_dtype)
         x = x * self.weight
