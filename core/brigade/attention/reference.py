@@ -82,14 +82,11 @@ class ReferenceAttentionBackend(AttentionBackend):
         q_pos = (seq_lens - query_lens)[:, None] + q_idx[None, :]  # [R, max_q]
         k_pos = torch.arange(keys.shape[1])
         mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & valid.cpu()[:, None, :]  # [R, max_q, S]
-        group = self.num_heads // self.num_kv_heads
         k = keys.transpose(1, 2).to(query.dtype)  # [R, Hkv, S, D]
         v = values.transpose(1, 2).to(query.dtype)
-        if group > 1:
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
         attn = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None].to(device),
-                                              scale=self.scale)  # [R, H, max_q, D]
+                                              scale=self.scale,
+                                              enable_gqa=self.num_heads != self.num_kv_heads)  # [R, H, max_q, D]
         attn = attn.transpose(1, 2)  # [R, max_q, H, D]
         out[rows[q_valid.to(device)]] = attn[q_valid.to(device)]
         return out

@@ -45,7 +45,8 @@ class LLMEngine:
         processed = self.output_processor.process_outputs(engine_outputs.outputs, engine_outputs.timestamp or None)
         if processed.reqs_to_abort:
             self.core.abort_requests(processed.reqs_to_abort)
-        outputs, self._step_outputs = self._step_outputs, []
+        outputs = list(self._step_outputs)
+        self._step_outputs.clear()
         return outputs
 
     def get_kv_cache_stats(self) -> dict:

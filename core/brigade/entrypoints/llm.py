@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import msgspec
 from tqdm import tqdm
 
-from brigade.config import config_from_kwargs
+from brigade.config import BrigadeConfig, config_from_kwargs
 from brigade.engine.llm_engine import LLMEngine
 from brigade.outputs import RequestOutput
 from brigade.sampling_params import RequestOutputKind, SamplingParams
@@ -27,8 +27,18 @@ class LLM:
     """
 
     def __init__(self, model: str, **kwargs):
-        self.config = config_from_kwargs(model, **kwargs)
-        self.engine = LLMEngine(self.config)
+        self._start(config_from_kwargs(model, **kwargs))
+
+    @classmethod
+    def from_config(cls, config: BrigadeConfig) -> LLM:
+        """Build from a complete BrigadeConfig (the CLI's path)."""
+        llm = cls.__new__(cls)
+        llm._start(config)
+        return llm
+
+    def _start(self, config: BrigadeConfig) -> None:
+        self.config = config
+        self.engine = LLMEngine(config)
         self._counter = itertools.count()
 
     def get_tokenizer(self):
