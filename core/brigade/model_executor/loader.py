@@ -112,8 +112,13 @@ def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype,
     else:
         raise ConfigError(f"--load-format {fmt} is not supported by the model loader yet; convert the "
                           "checkpoint to an HF safetensors directory (scripts/fetch_model.py does for GGUF)")
+    process_weights_after_loading(model)
+    return model.eval()
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    """Let every layer's quantization method turn checkpoint-format weights into kernel format."""
     for module in model.modules():
         quant_method = getattr(module, "quant_method", None)
         if quant_method is not None:
             quant_method.process_weights_after_loading(module)
-    return model.eval()

@@ -8,6 +8,8 @@ Parameters carry the metadata their loader needs as plain attributes set by ``se
 * ``output_dim``: which dimension holds output features (0 for ``[out, in]`` weights; quantized
   methods may pack differently), ``None`` for per-shard scalars stored ``[num_shards]``.
 * ``pack_factor``: how many logical output features share one stored element along ``output_dim``.
+* ``required_in_checkpoint``: set False on parameters a quantization method derives itself in
+  ``process_weights_after_loading``, so their absence from the checkpoint is not an error.
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ A platform supplies a faster version by registering a function for its torch dev
 Each op is bound once, at construction, to the implementation registered for the device type the
 model is being built on (``torch.get_default_device()``; the loader builds under
 ``with torch.device(device)``), or to ``forward_native`` when none is registered. Nothing is looked up
-per step. Register before the model is built (from the platform's worker start-up, not at import);
-models built earlier keep the implementation they were bound to.
+per step. Registrations are per process and must happen in the process that builds the model (the
+worker; spawned workers start empty), before ``load_model``, e.g. in the platform's worker start-up,
+never at import time. Models built earlier keep the implementation they were bound to.
 
 The registered function receives the op module first, so it reads the op's own parameters and
 constants (each op's docstring lists them), then the same arguments as ``forward_native``, and must

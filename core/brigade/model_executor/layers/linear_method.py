@@ -79,7 +79,9 @@ class QuantizationConfig(ABC):
     def get_linear_method(self, prefix: str) -> LinearMethod | None:
         """The method for the linear layer named ``prefix`` (e.g. ``model.layers.0.mlp.down_proj``).
 
-        Returns None to leave that layer unquantized.
+        Merged layers are named by their merged module (``...self_attn.qkv_proj``,
+        ``...mlp.gate_up_proj``); the model class's ``packed_modules_mapping`` lists the HF
+        projections each one holds. Returns None to leave that layer unquantized.
         """
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -153,6 +153,13 @@ class LlamaForCausalLM(nn.Module):
     ``load_weights`` does the mapping. Layer ``i`` uses ``ctx.kv_caches[i]``.
     """
 
+    # Merged layer -> the HF projections inside it, in shard order. Quantization configs receive the
+    # merged prefix (``...self_attn.qkv_proj``) and use this to match checkpoint names and ignore lists.
+    packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+
     def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type[AttentionBackend],
                  quant_config: QuantizationConfig | None = None):
         super().__init__()
@@ -228,6 +235,8 @@ def _check_complete(params: dict[str, nn.Parameter], filled: dict[str, set[str |
     missing = []
     for name, param in params.items():
         seen = filled.get(name)
+        if seen is None and getattr(param, "required_in_checkpoint", True) is False:
+            continue
         if seen is None:
             missing.append(name)
             continue

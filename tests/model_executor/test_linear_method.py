@@ -1,0 +1,88 @@
+"""The LinearMethod seam, exercised by a small but real weight-only int8 method written here.
+
+The method stores the checkpoint's bf16/fp32 weight, quantizes it per output channel after loading
+(a derived ``weight_scale`` that is not in the checkpoint), and dequantizes in ``apply``. The model
+must load HF shards into it, skip the layers the config leaves alone, and stay close to the
+unquantized logits.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import transformers
+from torch import nn
+
+from brigade.attention.reference import ReferenceAttentionBackend
+from brigade.model_executor.layers.linear_method import LinearMethod, QuantizationConfig
+from brigade.model_executor.loader import get_hf_config, process_weights_after_loading
+from brigade.model_executor.models.llama import LlamaForCausalLM
+from brigade.model_executor.weight_utils import safetensors_weights_iterator, set_weight_attrs
+
+
+class Int8WeightOnlyMethod(LinearMethod):
+    def create_weights(self, layer, *, input_size, output_sizes, dtype):
+        weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=dtype), requires_grad=False)
+        set_weight_attrs(weight, {"output_dim": 0})
+        layer.register_parameter("weight", weight)
+        scale = nn.Parameter(torch.empty(sum(output_sizes), dtype=torch.float32), requires_grad=False)
+        set_weight_attrs(scale, {"output_dim": 0, "required_in_checkpoint": False})
+        layer.register_parameter("weight_scale", scale)
+
+    def process_weights_after_loading(self, layer):
+        w = layer.weight.data.float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+        layer.weight_scale.data.copy_(scale)
+        layer.weight = nn.Parameter(torch.round(w / scale[:, None]).to(torch.int8), requires_grad=False)
+
+    def apply(self, layer, x, bias):
+        w = layer.weight.to(x.dtype) * layer.weight_scale.to(x.dtype)[:, None]
+        return F.linear(x, w, bias)
+
+
+class Int8Config(QuantizationConfig):
+    name = "int8-test"
+
+    def __init__(self):
+        self.prefixes: list[str] = []
+
+    @classmethod
+    def from_hf_config(cls, hf_config):
+        return cls()
+
+    def get_linear_method(self, prefix):
+        self.prefixes.append(prefix)
+        return None if prefix.endswith("o_proj") else Int8WeightOnlyMethod()
+
+
+def test_quantized_linear_method_loads_hf_shards_and_tracks_unquantized(tmp_path, save_random_hf_model,
+                                                                        paged_steps_for):
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      architectures=["LlamaForCausalLM"])
+    path = save_random_hf_model(tmp_path / "m", config)
+    hf_config = get_hf_config(str(path))
+    quant_config = Int8Config.from_hf_config(hf_config)
+    models = {}
+    for name, qc in (("int8", quant_config), ("plain", None)):
+        model = LlamaForCausalLM(hf_config, dtype=torch.float32, attn_backend=ReferenceAttentionBackend,
+                                 quant_config=qc)
+        model.load_weights(safetensors_weights_iterator(str(path)))
+        process_weights_after_loading(model)
+        models[name] = model
+    layer0 = models["int8"].model.layers[0]
+    assert layer0.self_attn.qkv_proj.weight.dtype == torch.int8
+    assert layer0.mlp.gate_up_proj.weight.dtype == torch.int8
+    assert layer0.self_attn.o_proj.weight.dtype == torch.float32  # left unquantized by the config
+    assert "model.layers.1.self_attn.qkv_proj" in quant_config.prefixes
+    assert "model.layers.1.mlp.gate_up_proj" in quant_config.prefixes
+    logits = {}
+    for name, model in models.items():
+        steps = paged_steps_for(hf_config)
+        steps.add_request("a", [6, 2])
+        input_ids, positions, ctx = steps.step([("a", [3, 14, 15, 92, 65, 35])])
+        with torch.inference_mode():
+            logits[name] = model.compute_logits(model(input_ids, positions, ctx))
+    err = (logits["int8"] - logits["plain"]).abs().max().item()
+    scale = logits["plain"].abs().max().item()
+    assert 0 < err < 0.02 * scale  # quantization changed something, but only by rounding noise
