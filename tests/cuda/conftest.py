@@ -69,7 +69,7 @@ def make_paged_batch(query_lens: list[int], context_lens: list[int], *, num_head
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| in float64; NaN anywhere in ``out`` gives inf."""
-    out64, ref64 = out.double(), ref.double()
+    out64, ref64 = out.detach().double(), ref.detach().double()
     if not torch.isfinite(out64).all():
         return float("inf")
     return float((out64 - ref64).norm() / ref64.norm())
@@ -79,3 +79,9 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 def paged_batch_factory():
     """The ``make_paged_batch`` builder."""
     return make_paged_batch
+
+
+@pytest.fixture
+def rel_err():
+    """The ``relative_error`` metric."""
+    return relative_error

@@ -6,7 +6,8 @@ A decode request has one query token per head but a long context. One program pe
 context, reading K/V through the block table, for all ``num_heads // num_kv_heads`` query heads that
 share the KV head at once (GQA: each K/V row is loaded once for the whole group). A second kernel merges
 the per-split partial results with their log-sum-exp weights. With one split the first kernel writes
-the output directly and the merge is skipped.
+the output directly and the merge is skipped. The split count is a runtime argument (only "one or
+more" is compiled in), so varying it from step to step costs no recompilation.
 
 CUDA graphs: the launch grid is ``(num_decodes, num_kv_heads, num_splits)`` and every per-request
 quantity (context length, chunk bounds) is read on the device, so a graph captured for one
@@ -29,9 +30,9 @@ def _decode_split_kernel(
     scale_log2,
     stride_q_t, stride_q_h, stride_out_t, stride_out_h,
     stride_cache_block, stride_cache_tok, stride_cache_h, stride_bt_r,
-    stride_mid_r, stride_mid_h, stride_mid_s,
+    stride_mid_r, stride_mid_h, stride_mid_s, num_splits,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
-    HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     req = tl.program_id(0)
@@ -39,7 +40,7 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + req)
     # Each split owns a BLOCK_N-aligned chunk of this request's context; trailing splits may be empty.
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
@@ -77,7 +78,7 @@ def _decode_split_kernel(
     has_any = l_i > 0
     o = acc / tl.where(has_any, l_i, 1.0)[:, None]
     out_mask = head_mask[:, None] & dim_mask[None, :]
-    if NUM_SPLITS == 1:
+    if SINGLE_SPLIT:
         tl.store(out_ptr + req.to(tl.int64) * stride_out_t + heads[:, None] * stride_out_h + dims[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
@@ -90,14 +91,14 @@ def _decode_split_kernel(
 @triton.jit
 def _decode_merge_kernel(
     mid_o_ptr, mid_lse_ptr, out_ptr,
-    stride_out_t, stride_out_h, stride_mid_r, stride_mid_h, stride_mid_s,
-    HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+    stride_out_t, stride_out_h, stride_mid_r, stride_mid_h, stride_mid_s, num_splits,
+    HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, SPLITS_P2: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_P2)
     dims = tl.arange(0, HEAD_P2)
-    split_mask = splits < NUM_SPLITS
+    split_mask = splits < num_splits
     mid = req.to(tl.int64) * stride_mid_r + head * stride_mid_h + splits * stride_mid_s  # [S]
     lse = tl.load(mid_lse_ptr + mid, mask=split_mask, other=float("-inf"))
     lse_max = tl.max(lse, 0)
@@ -152,23 +153,22 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
                             device=query.device)
         mid_lse = torch.empty((num_decodes, num_heads, num_splits), dtype=torch.float32, device=query.device)
     else:
-        mid_o = mid_lse = out  # unused by the kernel when NUM_SPLITS == 1
+        mid_o = mid_lse = out  # unused by the kernel with a single split
     mid_strides = (num_heads * num_splits, num_splits, 1)
     _decode_split_kernel[(num_decodes, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_table, seq_lens, out, mid_o, mid_lse,
         scale * LOG2E,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
-        *mid_strides,
+        *mid_strides, num_splits,
         BLOCK_SIZE=block_size, GROUP=group, GROUP_P2=max(16, triton.next_power_of_2(group)),
-        HEAD_SIZE=head_size, HEAD_P2=head_p2, BLOCK_N=block_n, NUM_SPLITS=num_splits,
+        HEAD_SIZE=head_size, HEAD_P2=head_p2, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1,
         DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _decode_merge_kernel[(num_decodes, num_heads)](
-            mid_o, mid_lse, out, out.stride(0), out.stride(1), *mid_strides,
-            HEAD_SIZE=head_size, HEAD_P2=head_p2, NUM_SPLITS=num_splits,
-            SPLITS_P2=triton.next_power_of_2(num_splits), num_warps=4,
+            mid_o, mid_lse, out, out.stride(0), out.stride(1), *mid_strides, num_splits,
+            HEAD_SIZE=head_size, HEAD_P2=head_p2, SPLITS_P2=triton.next_power_of_2(num_splits), num_warps=4,
         )
 
 

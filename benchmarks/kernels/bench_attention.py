@@ -1,0 +1,162 @@
+"""Microbenchmark of the Triton paged decode attention: achieved HBM bandwidth against the copy bandwidth
+measured in the same run (Llama-3.1-8B attention shape: 32 query heads, 8 KV heads, head 128, bf16).
+
+Decode attention reads every context token's K and V once, so its floor is
+``bytes(K) + bytes(V)`` over the copy bandwidth; the reported ratio is achieved / copy bandwidth.
+Times are medians of ``triton.testing.do_bench``, which flushes the L2 cache before each repeat, so
+small cases (batch 1, 1k context: 4 MiB of KV) are not served from the 60 MB L2.
+
+Usage (on a CUDA machine, from the repository root)::
+
+    PYTHONPATH=core:builtin_platforms/cuda python benchmarks/kernels/bench_attention.py [--json PATH] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+from brigade.attention.backend import AttentionMetadata
+from brigade_cuda.attention import TritonAttentionBackend, choose_num_splits, decode_attention
+from brigade_cuda.attention.prefill import prefill_attention
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, DTYPE = 32, 8, 128, 16, torch.bfloat16
+BATCHES, CONTEXTS = (1, 32, 256), (1024, 4096)
+
+
+def copy_bandwidth(num_bytes: int = 4 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    src = torch.randn(num_bytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3)
+
+
+def decode_case(batch: int, context: int) -> dict:
+    """Random paged decode batch: every request has ``context`` tokens (this step's one included)."""
+    blocks_per_req = triton.cdiv(context, BLOCK_SIZE)
+    num_blocks = batch * blocks_per_req
+    # Shuffled physical blocks: a request's pages are scattered, as after a while of serving.
+    block_table = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(batch, blocks_per_req)
+    kv_cache = torch.randn((2, num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE), device="cuda", dtype=DTYPE)
+    seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    query = torch.randn((batch, NUM_HEADS, HEAD_SIZE), device="cuda", dtype=DTYPE)
+    kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_SIZE * kv_cache.element_size()
+    return dict(block_table=block_table, kv_cache=kv_cache, seq_lens=seq_lens, query=query, kv_bytes=kv_bytes)
+
+
+def bench_decode(case: dict, num_splits: int, rep_ms: int = 200, **tile) -> float:
+    out = torch.empty_like(case["query"])
+    fn = lambda: decode_attention(case["query"], case["kv_cache"], case["block_table"], case["seq_lens"],  # noqa: E731
+                                  out, num_decodes=case["query"].shape[0], num_splits=num_splits,
+                                  scale=HEAD_SIZE ** -0.5, **tile)
+    return do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
+
+
+def bench_backend_forward(case: dict, batch: int, context: int) -> float:
+    """The whole backend decode step (KV write + split kernel + merge), as the model runs it."""
+    qsl = torch.arange(batch + 1, dtype=torch.int32)
+    slots = (case["block_table"][:, -1].long() * BLOCK_SIZE + (context - 1) % BLOCK_SIZE)
+    md = AttentionMetadata(num_reqs=batch, num_actual_tokens=batch, max_query_len=1, max_seq_len=context,
+                           num_decodes=batch, query_start_loc=qsl.cuda(), seq_lens=case["seq_lens"],
+                           block_table=case["block_table"], slot_mapping=slots, query_start_loc_cpu=qsl,
+                           seq_lens_cpu=case["seq_lens"].cpu())
+    kv = torch.randn((batch, NUM_KV_HEADS, HEAD_SIZE), device="cuda", dtype=DTYPE)
+    backend = TritonAttentionBackend(NUM_HEADS, HEAD_SIZE, NUM_KV_HEADS, HEAD_SIZE ** -0.5)
+    return do_bench(lambda: backend.forward(case["query"], kv, kv, case["kv_cache"], md), warmup=25, rep=200,
+                    return_mode="median")
+
+
+def bench_sdpa_peer(batch: int, context: int) -> float:
+    """PyTorch SDPA on contiguous (unpaged) K/V of the same shape: a peer, not a paged kernel."""
+    q = torch.randn((batch, NUM_HEADS, 1, HEAD_SIZE), device="cuda", dtype=DTYPE)
+    k = torch.randn((batch, NUM_KV_HEADS, context, HEAD_SIZE), device="cuda", dtype=DTYPE)
+    v = torch.randn_like(k)
+    return do_bench(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), warmup=25, rep=200,
+                    return_mode="median")
+
+
+def bench_prefill(query_len: int) -> dict:
+    """One causal prefill of ``query_len`` tokens, no prefix: achieved TFLOP/s (4 * q * k / 2 * D * H)."""
+    blocks = triton.cdiv(query_len, BLOCK_SIZE)
+    kv_cache = torch.randn((2, blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE), device="cuda", dtype=DTYPE)
+    block_table = torch.randperm(blocks, device="cuda").to(torch.int32)[None]
+    q = torch.randn((query_len, NUM_HEADS, HEAD_SIZE), device="cuda", dtype=DTYPE)
+    out = torch.empty_like(q)
+    qsl = torch.tensor([0, query_len], dtype=torch.int32, device="cuda")
+    seq = torch.tensor([query_len], dtype=torch.int32, device="cuda")
+    ms = do_bench(lambda: prefill_attention(q, kv_cache, block_table, seq, qsl, out, first_req=0, num_prefills=1,
+                                            max_query_len=query_len, scale=HEAD_SIZE ** -0.5),
+                  warmup=25, rep=200, return_mode="median")
+    flops = 4 * query_len * query_len / 2 * HEAD_SIZE * NUM_HEADS
+    return {"query_len": query_len, "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the raw results here")
+    parser.add_argument("--sweep", action="store_true", help="also sweep split counts and tile configs")
+    args = parser.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    results: dict = {"device": props.name, "num_sms": props.multi_processor_count, "torch": torch.__version__,
+                     "triton": triton.__version__, "python": platform.python_version(),
+                     "shape": {"num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_size": HEAD_SIZE,
+                               "block_size": BLOCK_SIZE, "dtype": str(DTYPE)}, "decode": [], "prefill": []}
+    copies = [copy_bandwidth() for _ in range(3)]
+    copy_bw = statistics.median(copies)
+    results["copy_bandwidth_GBps"] = copy_bw / 1e9
+    print(f"{props.name}: copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write; runs {[round(c / 1e12, 2) for c in copies]})")
+    for batch in BATCHES:
+        for context in CONTEXTS:
+            case = decode_case(batch, context)
+            splits = choose_num_splits(batch, NUM_KV_HEADS, context, props.multi_processor_count)
+            ms = bench_decode(case, splits)
+            row = {"batch": batch, "context": context, "num_splits": splits, "kernel_ms": ms,
+                   "kv_MB": case["kv_bytes"] / 1e6, "kernel_GBps": case["kv_bytes"] / (ms * 1e-3) / 1e9,
+                   "backend_forward_ms": bench_backend_forward(case, batch, context),
+                   "sdpa_contiguous_ms": bench_sdpa_peer(batch, context)}
+            row["fraction_of_copy_bw"] = row["kernel_GBps"] * 1e9 / copy_bw
+            if args.sweep:
+                sweep = {}
+                for s in sorted({1, 2, 4, 8, 16, 32, splits}):
+                    for block_n, warps, stages in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 8, 2)):
+                        key = f"s{s}-n{block_n}-w{warps}-st{stages}"
+                        sweep[key] = bench_decode(case, s, rep_ms=50, block_n=block_n, num_warps=warps,
+                                                  num_stages=stages)
+                best = min(sweep, key=sweep.get)
+                row["sweep_best"] = {"config": best, "ms": sweep[best],
+                                     "GBps": case["kv_bytes"] / (sweep[best] * 1e-3) / 1e9}
+                row["sweep"] = sweep
+            results["decode"].append(row)
+            del case
+            torch.cuda.empty_cache()
+    for query_len in (1024, 4096):
+        results["prefill"].append(bench_prefill(query_len))
+    print(f"\n{'batch':>5} {'ctx':>5} {'splits':>6} {'KV MB':>8} {'kernel us':>9} {'GB/s':>7} {'of copy':>7} "
+          f"{'fwd us':>7} {'sdpa us':>7}" + ("  sweep best" if args.sweep else ""))
+    for r in results["decode"]:
+        line = (f"{r['batch']:>5} {r['context']:>5} {r['num_splits']:>6} {r['kv_MB']:>8.1f} {r['kernel_ms'] * 1e3:>9.1f} "
+                f"{r['kernel_GBps']:>7.0f} {r['fraction_of_copy_bw']:>7.1%} {r['backend_forward_ms'] * 1e3:>7.1f} "
+                f"{r['sdpa_contiguous_ms'] * 1e3:>7.1f}")
+        if args.sweep:
+            b = r["sweep_best"]
+            line += f"  {b['config']} {b['ms'] * 1e3:.1f}us {b['GBps']:.0f}GB/s"
+        print(line)
+    for p in results["prefill"]:
+        print(f"prefill q={p['query_len']}: {p['ms']:.3f} ms, {p['tflops']:.0f} TFLOP/s")
+    results["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
