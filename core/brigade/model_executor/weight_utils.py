@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import glob
 import json
-import logging
 import os
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
-
-logger = logging.getLogger(__name__)
 
 
 def set_weight_attrs(param: torch.Tensor, attrs: dict[str, Any]) -> None:
