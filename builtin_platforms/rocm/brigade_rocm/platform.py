@@ -1,0 +1,49 @@
+"""The rocm platform: AMD GPUs through a HIP build of PyTorch (book ch. 13).
+
+A HIP build exposes AMD GPUs through ``torch.cuda`` with device type "cuda" and speaks RCCL through
+torch.distributed's "nccl" backend, so only detection and the visibility variable differ from CUDA.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from brigade.platforms.interface import Platform
+
+
+class RocmPlatform(Platform):
+    """AMD GPUs: HIP_VISIBLE_DEVICES picks devices, RCCL (as "nccl") between workers, bf16 by default."""
+
+    name: ClassVar[str] = "rocm"
+    device_type: ClassVar[str] = "cuda"  # HIP builds keep torch's "cuda" device type
+    dist_backend: ClassVar[str] = "nccl"  # served by RCCL on ROCm
+    device_control_env_var: ClassVar[str | None] = "HIP_VISIBLE_DEVICES"
+    default_attention_backend: ClassVar[str] = "reference"
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)
+    default_dtype: ClassVar[torch.dtype] = torch.bfloat16
+
+    @classmethod
+    def synchronize(cls) -> None:
+        torch.cuda.synchronize()
+
+    @classmethod
+    def mem_get_info(cls) -> tuple[int, int]:
+        return torch.cuda.mem_get_info()
+
+    @classmethod
+    def empty_cache(cls) -> None:
+        torch.cuda.empty_cache()
+
+    @classmethod
+    def supports_cuda_graphs(cls) -> bool:
+        return True  # HIP graphs
+
+
+def detect_rocm() -> type[Platform] | None:
+    """RocmPlatform when PyTorch is a HIP build (``torch.version.hip`` is set), else None.
+
+    Reads a version string only: no HIP runtime call, so no device context and nothing fork-unsafe.
+    """
+    return RocmPlatform if getattr(torch.version, "hip", None) else None
