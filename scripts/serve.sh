@@ -8,6 +8,9 @@ cd "$ROOT"
 
 "$ROOT/scripts/setup.sh"
 
+# Nothing comes from a model hub at run time (DESIGN.md); fail fast instead of waiting on the network.
+export HF_HUB_OFFLINE=1
+
 HOST=127.0.0.1
 PORT=8000
 MODEL_NAME=SmolLM2-135M-Instruct
