@@ -93,6 +93,10 @@ class AsyncLLM:
                 finished = output.finished
                 yield output
                 if finished:
+                    # With DELTA and n > 1 every sequence's output of the last step reports the parent
+                    # finished; the ones after the first are already queued and must not be dropped.
+                    while not q.empty():
+                        yield q.get_nowait()
                     break
         finally:
             self._queues.pop(request_id, None)

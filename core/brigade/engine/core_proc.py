@@ -92,7 +92,7 @@ class EngineCoreProc:
         else:
             result = self.core.call_utility(message.method)
             self.outputs.put(EngineCoreOutputs(utility_call_id=message.call_id,
-                                               utility_result=msgspec.Raw(msgspec.msgpack.encode(result))))
+                                               utility_result=msgspec.msgpack.encode(result)))
 
     def _drain_inputs(self) -> None:
         while not self.core.has_unfinished_requests():

@@ -100,7 +100,8 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     engine_error: str | None = None
     # Answer to a utility call (see EngineCoreUtility), keyed by call id.
     utility_call_id: int | None = None
-    utility_result: msgspec.Raw | None = None
+    # msgpack bytes of the answer (msgspec cannot decode ``Raw | None``: the union drops the Raw).
+    utility_result: bytes | None = None
 
 
 class EngineCoreRequestType(enum.Enum):
