@@ -1,0 +1,195 @@
+"""Engine flags shared by ``brigade serve``, ``generate`` and ``bench``, and their turn into a BrigadeConfig.
+
+Flag names and defaults follow vLLM's (API.md). Plugin-backed flags (``--quantization``,
+``--attention-backend``, ``--kv-transfer-config``'s connector, ``--io-processor-plugin``) are checked
+against what the installed plugins registered, which is why plugins load before the CLI parses
+(DESIGN.md). A bad value becomes one ConfigError line naming the flag and what would be right.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from brigade.config import (BrigadeConfig, CacheConfig, CompilationConfig, ConfigError, KVTransferConfig,
+                            ModelConfig, ParallelConfig, SchedulerConfig)
+
+DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
+KV_CACHE_DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
+KV_TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config")
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+# Keys of the plugin_choices mapping (brigade.plugins.plugin_choices() returns exactly these).
+PLUGIN_KINDS = ("quantization", "attention_backend", "kv_connector", "io_processor")
+_CHOICES_DEST = "_brigade_plugin_choices"
+
+
+def _installed(names: Sequence[str]) -> str:
+    return ", ".join(names) if names else "none installed"
+
+
+def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str, Sequence[str]] | None = None,
+                    *, positional_model: bool = True) -> None:
+    """Add the engine flags to ``parser``.
+
+    Args:
+        plugin_choices: installed names per plugin kind (``brigade.plugins.plugin_choices()``); they are
+            shown in --help and checked by ``config_from_args``.
+        positional_model: also accept the model as the first positional argument (``brigade serve MODEL``).
+    """
+    choices = {kind: list((plugin_choices or {}).get(kind, ())) for kind in PLUGIN_KINDS}
+    parser.set_defaults(**{_CHOICES_DEST: choices})
+    m = parser.add_argument_group("model")
+    if positional_model:
+        m.add_argument("model_tag", nargs="?", metavar="MODEL", help="HF-format model directory")
+    m.add_argument("--model", help="HF-format model directory (same as the positional MODEL)")
+    m.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
+    m.add_argument("--served-model-name", help="the name clients use (default: the model directory's name)")
+    m.add_argument("--dtype", default="auto", help=f"weights and activations: {', '.join(DTYPE_CHOICES)}")
+    m.add_argument("--max-model-len", type=int, help="longest prompt plus output in tokens")
+    m.add_argument("--seed", type=int, help="seed for dummy weights and unseeded sampling (default 0)")
+    m.add_argument("--load-format", default="auto", help="auto, safetensors, gguf or dummy")
+    m.add_argument("--chat-template", help="Jinja chat template (file or text) replacing the tokenizer's")
+    m.add_argument("--generation-config", default="auto",
+                   help="auto (generation_config.json defaults), none, or a directory")
+    m.add_argument("-q", "--quantization",
+                   help=f"quantization method; installed: {_installed(choices['quantization'])}")
+    m.add_argument("--enforce-eager", action="store_true", help="never capture CUDA graphs")
+    m.add_argument("-O", dest="optimization_level", type=int, metavar="LEVEL",
+                   help="-O0 none, -O1 compile, -O2 compile + CUDA graphs (default), -O3 more capture sizes")
+    m.add_argument("--io-processor-plugin",
+                   help=f"IO processor plugin; installed: {_installed(choices['io_processor'])}")
+    m.add_argument("--attention-backend",
+                   help=f"attention backend; installed: {_installed(choices['attention_backend'])}")
+    c = parser.add_argument_group("KV cache")
+    c.add_argument("--block-size", type=int, help="tokens per KV block (power of two; default: the platform's)")
+    c.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="fraction of GPU memory to use")
+    c.add_argument("--kv-cache-memory", type=float, dest="kv_cache_memory_gib", metavar="GIB",
+                   help="KV cache size in GiB (overrides profiling; CPU default 1)")
+    c.add_argument("--num-gpu-blocks-override", type=int, help="force this many KV blocks")
+    c.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse KV blocks of shared prefixes (default on)")
+    c.add_argument("--prefix-caching-hash-algo", choices=("sha256", "builtin"), default=None)
+    c.add_argument("--kv-cache-dtype", default="auto", help=f"KV cache dtype: {', '.join(KV_CACHE_DTYPE_CHOICES)}")
+    c.add_argument("--kv-transfer-config", metavar="JSON",
+                   help='{"kv_connector": NAME, "kv_role": "kv_producer"|"kv_consumer"|"kv_both", '
+                        f'"kv_connector_extra_config": {{...}}}}; connectors: {_installed(choices["kv_connector"])}')
+    s = parser.add_argument_group("scheduler")
+    s.add_argument("--max-num-seqs", type=int, help="most requests running at once (default 256)")
+    s.add_argument("--max-num-batched-tokens", type=int, help="token budget per step")
+    s.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="split long prompts across steps (default on)")
+    s.add_argument("--long-prefill-token-threshold", type=int, help="cap on one prefill chunk per step")
+    s.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default=None)
+    p = parser.add_argument_group("parallelism")
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1)
+    p.add_argument("-dp", "--data-parallel-size", type=int, default=1)
+    p.add_argument("--distributed-executor-backend", choices=("uni", "mp", "ray"), default=None)
+
+
+def _model_path(args: argparse.Namespace) -> str:
+    positional, flag = getattr(args, "model_tag", None), args.model
+    if positional and flag and positional != flag:
+        raise ConfigError(f"MODEL {positional!r} and --model {flag!r} disagree; give the model once")
+    model = positional or flag
+    if not model:
+        raise ConfigError("no model given; pass an HF-format model directory: brigade serve MODEL")
+    if not os.path.exists(model):
+        raise ConfigError(f"MODEL {model!r} does not exist; pass a local HF-format directory "
+                          "(config.json, *.safetensors, tokenizer.json); nothing is fetched from a hub")
+    return model
+
+
+def _check_choice(flag: str, value: str | None, installed: Sequence[str]) -> None:
+    if value is not None and value not in installed:
+        raise ConfigError(f"{flag} {value!r} is not installed; installed: {_installed(installed)}")
+
+
+def parse_kv_transfer_config(raw: str | None, connectors: Sequence[str]) -> KVTransferConfig | None:
+    """``--kv-transfer-config`` JSON to a KVTransferConfig.
+
+    Raises:
+        ConfigError: bad JSON, unknown keys, an uninstalled connector or an unknown role (one line each).
+    """
+    if raw is None:
+        return None
+    expected = '{"kv_connector": NAME, "kv_role": "kv_both", "kv_connector_extra_config": {}}'
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--kv-transfer-config is not valid JSON ({exc.msg} at column {exc.colno}); "
+                          f"expected {expected}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--kv-transfer-config must be a JSON object; expected {expected}")
+    unknown = sorted(set(data) - set(KV_TRANSFER_KEYS))
+    if unknown:
+        raise ConfigError(f"--kv-transfer-config has unknown keys {unknown}; allowed: {', '.join(KV_TRANSFER_KEYS)}")
+    connector = data.get("kv_connector")
+    if not isinstance(connector, str) or not connector:
+        raise ConfigError(f"--kv-transfer-config needs \"kv_connector\"; installed connectors: "
+                          f"{_installed(connectors)}")
+    if connector not in connectors:
+        raise ConfigError(f"--kv-transfer-config kv_connector {connector!r} is not installed; installed: "
+                          f"{_installed(connectors)}")
+    role = data.get("kv_role", "kv_both")
+    if role not in KV_ROLES:
+        raise ConfigError(f"--kv-transfer-config kv_role {role!r} is not known; use {', '.join(KV_ROLES)}")
+    extra = data.get("kv_connector_extra_config", {})
+    if not isinstance(extra, dict):
+        raise ConfigError("--kv-transfer-config kv_connector_extra_config must be a JSON object")
+    return KVTransferConfig(kv_connector=connector, kv_role=role, kv_connector_extra_config=extra)
+
+
+def _set(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Only the flags the user gave, so each sub-config keeps its own defaults."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
+    """Build the engine's BrigadeConfig from parsed engine flags.
+
+    Raises:
+        ConfigError: one line naming the flag and what would be right.
+    """
+    choices: Mapping[str, Sequence[str]] = getattr(args, _CHOICES_DEST, None) or {}
+    model = _model_path(args)
+    if args.dtype not in DTYPE_CHOICES:
+        raise ConfigError(f"--dtype {args.dtype!r} is not known; use one of {', '.join(DTYPE_CHOICES)}")
+    if args.kv_cache_dtype not in KV_CACHE_DTYPE_CHOICES:
+        raise ConfigError(f"--kv-cache-dtype {args.kv_cache_dtype!r} is not known; use one of "
+                          f"{', '.join(KV_CACHE_DTYPE_CHOICES)}")
+    if args.optimization_level is not None and args.optimization_level not in (0, 1, 2, 3):
+        raise ConfigError(f"-O{args.optimization_level} is not a level; use -O0, -O1, -O2 or -O3")
+    for flag, value, kind in (("--quantization", args.quantization, "quantization"),
+                              ("--attention-backend", args.attention_backend, "attention_backend"),
+                              ("--io-processor-plugin", args.io_processor_plugin, "io_processor")):
+        _check_choice(flag, value, choices.get(kind, ()))
+    if args.num_gpu_blocks_override is not None and args.num_gpu_blocks_override < 1:
+        raise ConfigError(f"--num-gpu-blocks-override must be at least 1, got {args.num_gpu_blocks_override}")
+    model_config = ModelConfig(**_set(dict(
+        model=model, tokenizer=args.tokenizer, served_model_name=args.served_model_name, dtype=args.dtype,
+        max_model_len=args.max_model_len, seed=args.seed, load_format=args.load_format,
+        generation_config=args.generation_config, chat_template=args.chat_template,
+        quantization=args.quantization, enforce_eager=args.enforce_eager or None,
+        io_processor_plugin=args.io_processor_plugin)))
+    cache_config = CacheConfig(**_set(dict(
+        block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_memory_gib=args.kv_cache_memory_gib, num_gpu_blocks_override=args.num_gpu_blocks_override,
+        enable_prefix_caching=args.enable_prefix_caching, cache_dtype=args.kv_cache_dtype,
+        prefix_caching_hash_algo=args.prefix_caching_hash_algo)))
+    scheduler_config = SchedulerConfig(**_set(dict(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        long_prefill_token_threshold=args.long_prefill_token_threshold, policy=args.scheduling_policy)))
+    parallel_config = ParallelConfig(**_set(dict(
+        tensor_parallel_size=args.tensor_parallel_size, pipeline_parallel_size=args.pipeline_parallel_size,
+        data_parallel_size=args.data_parallel_size, distributed_executor_backend=args.distributed_executor_backend)))
+    compilation_config = CompilationConfig(**_set(dict(level=args.optimization_level)))
+    return BrigadeConfig(
+        model_config=model_config, cache_config=cache_config, scheduler_config=scheduler_config,
+        parallel_config=parallel_config, compilation_config=compilation_config,
+        kv_transfer_config=parse_kv_transfer_config(args.kv_transfer_config, choices.get("kv_connector", ())),
+        attention_backend=args.attention_backend)

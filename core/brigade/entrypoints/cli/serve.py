@@ -1,0 +1,109 @@
+"""``brigade serve MODEL``: start the OpenAI-compatible server (flags as in vLLM, API.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from brigade.config import ConfigError
+from brigade.entrypoints.cli.engine_args import add_engine_args, config_from_args
+
+API_KEY_ENV = "BRIGADE_API_KEY"
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def _one_line_error(parser: argparse.ArgumentParser):
+    """argparse's error(), minus the usage block: one line naming the flag, then exit 2."""
+
+    def error(message: str):
+        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+    return error
+
+
+def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = None) -> argparse.ArgumentParser:
+    """Add the ``serve`` sub-command to ``subparsers`` (from ``ArgumentParser.add_subparsers()``).
+
+    Args:
+        plugin_choices: installed plugin names per kind (``brigade.plugins.plugin_choices()``).
+    """
+    parser = subparsers.add_parser(
+        "serve", help="serve a model over the OpenAI-compatible HTTP API",
+        description="Serve MODEL (an HF-format directory) over the OpenAI-compatible HTTP API.")
+    parser.error = _one_line_error(parser)
+    add_server_args(parser)
+    add_engine_args(parser, plugin_choices)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    """The HTTP flags of ``brigade serve``."""
+    h = parser.add_argument_group("server")
+    h.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    h.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    h.add_argument("--api-key", default=None,
+                   help=f"require 'Authorization: Bearer KEY' on /v1/* (also read from ${API_KEY_ENV})")
+    h.add_argument("--uvicorn-log-level", default="info", help=f"one of {', '.join(UVICORN_LOG_LEVELS)}")
+    h.add_argument("--disable-log-requests", action="store_true", help="do not log each request")
+    h.add_argument("--shutdown-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="how long in-flight requests may finish after SIGTERM (default 5)")
+
+
+def settings_from_args(args: argparse.Namespace):
+    """The ServerSettings of parsed ``serve`` flags. Raises ConfigError naming a bad flag."""
+    from brigade.entrypoints.openai.api_server import ServerSettings
+
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    if args.uvicorn_log_level not in UVICORN_LOG_LEVELS:
+        raise ConfigError(f"--uvicorn-log-level {args.uvicorn_log_level!r} is not known; use one of "
+                          f"{', '.join(UVICORN_LOG_LEVELS)}")
+    if args.shutdown_timeout < 0:
+        raise ConfigError(f"--shutdown-timeout must be non-negative seconds, got {args.shutdown_timeout}")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    return ServerSettings(host=args.host, port=args.port, api_key=api_key, uvicorn_log_level=args.uvicorn_log_level,
+                          log_requests=not args.disable_log_requests, shutdown_timeout_s=args.shutdown_timeout)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the server until SIGINT/SIGTERM. Returns 0; exits 2 on a bad flag, 1 if the port is taken or
+    the engine fails to start.
+
+    Plugins are loaded (scope "api") before anything else, so plugin flags resolve and plugin stat
+    loggers and endpoints are available.
+    """
+    from brigade.plugins import load_plugins
+
+    load_plugins("api")
+    try:
+        config = config_from_args(args)
+        settings = settings_from_args(args)
+    except ConfigError as exc:
+        print(f"brigade serve: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    from brigade.entrypoints.openai.api_server import bind_socket, serve_http
+
+    try:
+        sock = bind_socket(settings.host, settings.port)
+    except OSError as exc:
+        print(f"brigade serve: error: cannot listen on {settings.host}:{settings.port} ({exc.strerror}); "
+              "pick another --port or stop the process using it", file=sys.stderr)
+        raise SystemExit(1) from None
+    from brigade.engine.core_client import EngineStartupError
+
+    try:
+        asyncio.run(serve_http(config, settings, sock))
+    except ConfigError as exc:  # raised while the engine resolves the config against the model
+        print(f"brigade serve: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except EngineStartupError as exc:
+        print(f"brigade serve: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    finally:
+        sock.close()
+    return 0

@@ -1,0 +1,232 @@
+"""The OpenAI-compatible HTTP server: a FastAPI app over an AsyncLLM, served by uvicorn (book ch. 3).
+
+The API server process only parses, renders chat templates, tokenizes and streams; the EngineCore runs
+in its own process behind AsyncLLM, so no route ever waits on model work (DESIGN.md). Routes follow
+API.md: /v1/completions, /v1/chat/completions, /v1/models (API key checked on /v1/*), and /health,
+/version, /tokenize, /detokenize, /metrics. Endpoint plugins the operator allowed are mounted last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import socket
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from brigade.config import BrigadeConfig
+from brigade.engine.async_llm import AsyncLLM, EngineDeadError
+from brigade.entrypoints.openai.errors import OpenAIError, install_error_handlers
+from brigade.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                                 TokenizeRequest)
+from brigade.entrypoints.openai.responses import ModelCard, ModelList
+from brigade.entrypoints.openai.serving_base import load_generation_defaults, parse_request
+from brigade.entrypoints.openai.serving_chat import OpenAIServingChat
+from brigade.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from brigade.entrypoints.openai.serving_tokenize import OpenAIServingTokenization
+from brigade.metrics.prometheus import PrometheusStatLogger
+from brigade.metrics.stats import StatLoggerBase
+from brigade.version import __version__
+
+logger = logging.getLogger("brigade.server")
+
+SUPPORTED_TASKS = ("generate",)
+STAT_LOG_INTERVAL_S = 10.0
+KV_STATS_TIMEOUT_S = 5.0
+
+
+@dataclass
+class ServerSettings:
+    """The HTTP side of ``brigade serve`` (the engine side is the BrigadeConfig)."""
+
+    host: str = "0.0.0.0"
+    port: int = 8000
+    api_key: str | None = None
+    """Checked on /v1/* as ``Authorization: Bearer <key>``; None disables the check."""
+    uvicorn_log_level: str = "info"
+    log_requests: bool = True
+    shutdown_timeout_s: float = 5.0
+    """How long in-flight requests may run on after SIGTERM before they are cut."""
+
+
+class APIKeyMiddleware:
+    """Pure ASGI middleware: 401 in OpenAI's shape for /v1/* without the right Bearer key.
+
+    Pure ASGI (not BaseHTTPMiddleware) so streaming bodies and disconnect messages pass through untouched.
+    The comparison is constant-time.
+    """
+
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                error = OpenAIError.unauthorized()
+                response = JSONResponse(error.to_response().model_dump(), status_code=error.status_code,
+                                        headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _plugin_stat_loggers(config: BrigadeConfig) -> list[StatLoggerBase]:
+    """Instantiate every stat logger a loaded plugin registered (``logger_cls(config)``)."""
+    from brigade.plugins import registries
+
+    return [registries.stat_loggers.get(name)(config) for name in registries.stat_loggers.names()]
+
+
+def _mount_endpoint_plugins(app: FastAPI) -> list[str]:
+    """Include the routers of the endpoint plugins the operator allowed (BRIGADE_ENDPOINT_PLUGINS).
+
+    Each factory gets ``app.state`` (``engine_client``, ``api_key``, ...). A factory that fails is fatal:
+    the operator named the plugin, so serving without it would be silent degradation.
+    """
+    from brigade.plugins import registries, select_endpoints
+
+    mounted = []
+    for registration in select_endpoints(SUPPORTED_TASKS):
+        factory = registries.endpoints.get(registration.name)
+        router = factory(app.state)
+        if not isinstance(router, APIRouter):
+            raise TypeError(f"endpoint plugin {registration.name!r} returned {type(router).__name__}, "
+                            "not a fastapi.APIRouter")
+        app.include_router(router)
+        mounted.append(registration.name)
+        logger.info("mounted endpoint plugin %r (%s)", registration.name, registration.source.describe())
+    return mounted
+
+
+def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings) -> FastAPI:
+    """The FastAPI app serving ``engine``. Registers the Prometheus and plugin stat loggers on it.
+
+    Loads the "api" plugin scope (idempotent) for stat logger and endpoint plugins.
+    """
+    from brigade.plugins import load_plugins
+
+    load_plugins("api")
+    served_name = config.model_config.name
+    stat_logger = PrometheusStatLogger(served_name)
+    stat_loggers: list[StatLoggerBase] = [stat_logger, *_plugin_stat_loggers(config)]
+    for sl in stat_loggers:
+        engine.add_stat_logger(sl)
+    tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brigade-tokenizer")
+    common = dict(served_model_name=served_name, tokenizer_executor=tokenizer_executor,
+                  generation_defaults=load_generation_defaults(config.model_config),
+                  log_requests=settings.log_requests)
+    completion = OpenAIServingCompletion(engine, **common)
+    chat = OpenAIServingChat(engine, **common)
+    tokenization = OpenAIServingTokenization(chat)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(_log_periodically(stat_loggers))
+        try:
+            yield
+        finally:
+            task.cancel()
+            tokenizer_executor.shutdown(wait=False)
+
+    app = FastAPI(title="Brigade", version=__version__, lifespan=lifespan)
+    app.state.engine_client = engine
+    app.state.api_key = settings.api_key
+    app.state.config = config
+    app.state.served_model_name = served_name
+    app.state.stat_logger = stat_logger
+    install_error_handlers(app, EngineDeadError)
+    if settings.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            await engine.check_health()
+        except EngineDeadError as exc:
+            return JSONResponse(OpenAIError.engine_dead(str(exc)).to_response().model_dump(), status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        # The gauges come from the last step; when the engine is idle no step runs, so ask it directly.
+        if not engine.errored:
+            stats = await asyncio.wait_for(engine.get_kv_cache_stats(), KV_STATS_TIMEOUT_S)
+            stat_logger.set_kv_cache_blocks(stats["num_free_blocks"], stats["num_total_blocks"])
+        body, content_type = stat_logger.render()
+        return Response(content=body, media_type=content_type)
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=served_name, root=config.model_config.model,
+                                         max_model_len=engine.max_model_len)])
+
+    @app.post("/v1/completions")
+    async def completions(raw_request: Request) -> Response:
+        return await completion.create_completion(await parse_request(raw_request, CompletionRequest), raw_request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(raw_request: Request) -> Response:
+        return await chat.create_chat_completion(await parse_request(raw_request, ChatCompletionRequest),
+                                                 raw_request)
+
+    @app.post("/tokenize")
+    async def tokenize(raw_request: Request) -> Response:
+        result = await tokenization.tokenize(await parse_request(raw_request, TokenizeRequest))
+        return JSONResponse(result.model_dump())
+
+    @app.post("/detokenize")
+    async def detokenize(raw_request: Request) -> Response:
+        result = await tokenization.detokenize(await parse_request(raw_request, DetokenizeRequest))
+        return JSONResponse(result.model_dump())
+
+    _mount_endpoint_plugins(app)
+    return app
+
+
+async def _log_periodically(stat_loggers: list[StatLoggerBase]) -> None:
+    """Call each logger's ``log()`` every STAT_LOG_INTERVAL_S (for loggers that print summaries)."""
+    while True:
+        await asyncio.sleep(STAT_LOG_INTERVAL_S)
+        for sl in stat_loggers:
+            try:
+                sl.log()
+            except Exception:  # a plugin's logger must not stop the others; its failure is reported
+                logger.exception("stat logger %s failed in log()", type(sl).__name__)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind the listening socket before the engine starts, so a busy port fails in a second, not after
+    the model loaded. Raises OSError (e.g. address in use)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve_http(config: BrigadeConfig, settings: ServerSettings, sock: socket.socket) -> None:
+    """Start the engine, serve until SIGINT/SIGTERM, then shut the engine down."""
+    engine = AsyncLLM.from_config(config)
+    try:
+        app = build_app(engine, config, settings)
+        uv_config = uvicorn.Config(app, log_level=settings.uvicorn_log_level,
+                                   timeout_graceful_shutdown=settings.shutdown_timeout_s, lifespan="on")
+        server = uvicorn.Server(uv_config)
+        logger.info("serving %s on http://%s:%d", config.model_config.name, settings.host, settings.port)
+        await server.serve(sockets=[sock])
+    finally:
+        engine.shutdown()

@@ -1,0 +1,144 @@
+"""Errors of the OpenAI-compatible server and the handlers that give every error OpenAI's shape (API.md).
+
+Every error body is ``{"error": {"message", "type", "param", "code"}}``. Status codes: 400 for a bad
+parameter (``param`` names it; FastAPI's 422 is never used), 401 for a bad API key, 404 for an unknown
+model or route, 503 while the engine is dead, 500 only for a bug.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from brigade.entrypoints.openai.responses import ErrorInfo, ErrorResponse
+from brigade.sampling_params import InvalidParamError
+
+logger = logging.getLogger(__name__)
+
+
+class OpenAIError(Exception):
+    """An error the server reports to the client as-is, with its HTTP status and OpenAI fields."""
+
+    def __init__(self, message: str, *, status_code: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: int | str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.type = type
+        self.param = param
+        self.code = code if code is not None else status_code
+
+    def to_response(self) -> ErrorResponse:
+        return ErrorResponse(error=ErrorInfo(message=self.message, type=self.type, param=self.param,
+                                             code=self.code))
+
+    @classmethod
+    def bad_param(cls, message: str, param: str | None) -> "OpenAIError":
+        """400 invalid_request_error naming the field at fault."""
+        return cls(message, status_code=400, param=param)
+
+    @classmethod
+    def not_supported(cls, what: str, param: str) -> "OpenAIError":
+        """400 for a field Brigade parses but does not serve yet (so it is never silently ignored)."""
+        return cls(f"{what} is not supported yet by this server", status_code=400, param=param,
+                   code="not_supported")
+
+    @classmethod
+    def model_not_found(cls, model: str, served: str) -> "OpenAIError":
+        return cls(f"The model {model!r} does not exist; this server serves {served!r}", status_code=404,
+                   param="model", code="model_not_found")
+
+    @classmethod
+    def unauthorized(cls) -> "OpenAIError":
+        return cls("Incorrect or missing API key; send 'Authorization: Bearer <key>'", status_code=401,
+                   code="invalid_api_key")
+
+    @classmethod
+    def engine_dead(cls, reason: str = "") -> "OpenAIError":
+        message = "The engine is not healthy; retry later" + (f" ({reason})" if reason else "")
+        return cls(message, status_code=503, type="server_error", code="engine_unavailable")
+
+
+def from_invalid_param(exc: InvalidParamError) -> OpenAIError:
+    """An engine or SamplingParams range error as a 400 naming the field."""
+    return OpenAIError.bad_param(str(exc), exc.param)
+
+
+def from_validation_error(exc: ValidationError | RequestValidationError) -> OpenAIError:
+    """A pydantic type error as a 400; ``param`` is the top-level field of the first error.
+
+    FastAPI prefixes locations with "body"/"query"; union members show up as extra location parts, so
+    only the top-level field name is reported (e.g. ``stop`` for ``("stop", "list[str]", 0)``).
+    """
+    errors = exc.errors()
+    if not errors:
+        return OpenAIError.bad_param("invalid request", None)
+    first = errors[0]
+    loc = [part for part in first.get("loc", ()) if part not in ("body", "query", "path")]
+    param = str(loc[0]) if loc else None
+    where = ".".join(str(p) for p in loc) or "body"
+    if first.get("type") in ("json_invalid", "model_attributes_type") and not loc:
+        return OpenAIError.bad_param(f"the request body is not a valid JSON object: {first.get('msg')}", None)
+    extra = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return OpenAIError.bad_param(f"{where}: {first.get('msg')}{extra}", param)
+
+
+def error_json(error: OpenAIError) -> JSONResponse:
+    return JSONResponse(status_code=error.status_code, content=error.to_response().model_dump())
+
+
+_STATUS_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                 405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def _status_phrase(status_code: int) -> str:
+    try:
+        return HTTPStatus(status_code).phrase
+    except ValueError:
+        return f"HTTP {status_code}"
+
+
+def install_error_handlers(app: FastAPI, engine_dead_error: type[BaseException] | None = None) -> None:
+    """Route every exception raised by a handler (ours or a plugin's) to an OpenAI-shaped body.
+
+    Args:
+        engine_dead_error: the engine's "core died" exception class, reported as 503.
+    """
+
+    async def on_openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+        return error_json(exc)
+
+    async def on_invalid_param(_: Request, exc: InvalidParamError) -> JSONResponse:
+        return error_json(from_invalid_param(exc))
+
+    async def on_validation(_: Request, exc: RequestValidationError | ValidationError) -> JSONResponse:
+        return error_json(from_validation_error(exc))
+
+    async def on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else _status_phrase(exc.status_code)
+        kind = _STATUS_TYPES.get(exc.status_code, "invalid_request_error" if exc.status_code < 500
+                                 else "server_error")
+        return error_json(OpenAIError(message, status_code=exc.status_code, type=kind))
+
+    async def on_engine_dead(_: Request, exc: BaseException) -> JSONResponse:
+        return error_json(OpenAIError.engine_dead(str(exc)))
+
+    async def on_bug(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("internal error while serving %s %s", request.method, request.url.path)
+        return error_json(OpenAIError(f"internal server error: {type(exc).__name__}: {exc}", status_code=500,
+                                      type="server_error"))
+
+    app.add_exception_handler(OpenAIError, on_openai_error)
+    app.add_exception_handler(InvalidParamError, on_invalid_param)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(ValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    if engine_dead_error is not None:
+        app.add_exception_handler(engine_dead_error, on_engine_dead)
+    app.add_exception_handler(Exception, on_bug)

@@ -1,0 +1,240 @@
+"""Request bodies of the OpenAI-compatible API, as pydantic models (OpenAI fields plus vLLM's extras).
+
+The field names follow OpenAI's reference and vLLM's extra sampling parameters (API.md), so that OpenAI
+SDK clients and vLLM clients send the same bodies here. Unknown fields are kept in ``model_extra`` so the
+server can warn about them instead of rejecting the request (vLLM's behaviour).
+
+Range checks live in SamplingParams.verify, which names the bad field; these models only check types.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from brigade.sampling_params import InvalidParamError, StructuredOutputsParams
+
+
+class OpenAIBaseModel(BaseModel):
+    """Base of every request body: unknown fields are kept (and logged), not rejected."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(OpenAIBaseModel):
+    """``stream_options``: include_usage adds a final chunk with the whole request's usage."""
+
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class ResponseFormat(OpenAIBaseModel):
+    """``response_format``: text (no constraint), json_object, or json_schema {name, schema, strict}."""
+
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: dict[str, Any] | None = None
+
+
+class StructuredOutputsRequest(OpenAIBaseModel):
+    """vLLM's ``structured_outputs`` extra: exactly one of json, regex, choice, grammar."""
+
+    json_: str | dict | bool | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+
+class SamplingFields(OpenAIBaseModel):
+    """The sampling and stopping fields shared by completions and chat completions.
+
+    ``None`` means "not given": the model's generation_config.json default, else SamplingParams' default.
+    """
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    priority: int = 0
+    cache_salt: str | None = None
+
+    def include_usage(self) -> bool:
+        """True when the stream must end with a usage chunk."""
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def to_structured_outputs(self) -> StructuredOutputsParams | None:
+        """The grammar constraint asked for by ``response_format`` or ``structured_outputs``, or None.
+
+        Raises:
+            InvalidParamError: both are given, or structured_outputs names no or several constraints.
+        """
+        wanted = self.response_format is not None and self.response_format.type != "text"
+        if wanted and self.structured_outputs is not None:
+            raise InvalidParamError("give either response_format or structured_outputs, not both",
+                                    param="response_format")
+        if wanted:
+            fmt = self.response_format
+            if fmt.type == "json_object":
+                return StructuredOutputsParams(json_object=True)
+            schema = (fmt.json_schema or {}).get("schema")
+            if schema is None:
+                raise InvalidParamError("response_format json_schema needs json_schema.schema",
+                                        param="response_format")
+            return StructuredOutputsParams(json=schema)
+        if self.structured_outputs is None:
+            return None
+        so = self.structured_outputs
+        params = StructuredOutputsParams(json=so.json_, regex=so.regex, choice=so.choice, grammar=so.grammar)
+        params.kind()  # exactly one constraint, else InvalidParamError
+        return params
+
+    def logit_bias_by_id(self, vocab_size: int) -> dict[int, float] | None:
+        """``logit_bias`` with int keys, checked against the vocabulary and OpenAI's [-100, 100] range.
+
+        Raises:
+            InvalidParamError: a key is not a token id of this model, or a bias is out of range.
+        """
+        if not self.logit_bias:
+            return None
+        out: dict[int, float] = {}
+        for key, bias in self.logit_bias.items():
+            try:
+                token_id = int(key)
+            except ValueError:
+                raise InvalidParamError(f"logit_bias key {key!r} is not a token id", param="logit_bias") from None
+            if not 0 <= token_id < vocab_size:
+                raise InvalidParamError(f"logit_bias token id {token_id} is outside the vocabulary "
+                                        f"[0, {vocab_size})", param="logit_bias")
+            if not -100.0 <= bias <= 100.0:
+                raise InvalidParamError(f"logit_bias value {bias} is outside [-100, 100]", param="logit_bias")
+            out[token_id] = float(bias)
+        return out
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions.
+
+    ``prompt`` is a string, a list of strings (a batch), a list of token ids, or a list of such lists.
+    ``logprobs`` is the number of top candidates per token (0..20); ``echo`` prepends the prompt.
+    """
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    add_special_tokens: bool = True
+    prompt_logprobs: int | None = None
+
+
+class ChatMessage(OpenAIBaseModel):
+    """One message: role and content (a string or a list of parts; only text parts are supported)."""
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    def to_template_dict(self, index: int) -> dict[str, Any]:
+        """This message as the dict a chat template reads; list content is joined text.
+
+        Raises:
+            InvalidParamError: a content part is not text (images, audio... are not supported).
+        """
+        content = self.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise InvalidParamError(f"messages[{index}].content: only text parts are supported, "
+                                            f"got type {part.get('type')!r}", param="messages")
+                texts.append(part["text"])
+            content = "\n".join(texts)
+        out: dict[str, Any] = {"role": self.role, "content": content if content is not None else ""}
+        for key in ("name", "tool_calls", "tool_call_id"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions.
+
+    ``max_completion_tokens`` wins over the deprecated ``max_tokens``; neither means "up to the model's
+    length". ``logprobs`` is a bool and ``top_logprobs`` the number of candidates (0..20).
+    """
+
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def wanted_max_tokens(self) -> tuple[int | None, str]:
+        """(the asked output length or None, the field that asked for it) for error messages."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+
+class TokenizeRequest(OpenAIBaseModel):
+    """POST /tokenize: either ``prompt`` (a string) or ``messages`` (rendered with the chat template)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(OpenAIBaseModel):
+    """POST /detokenize: token ids back to text."""
+
+    model: str | None = None
+    tokens: list[int]
+
+
+def parse_json_body(body: bytes) -> Any:
+    """Decode a request body as JSON.
+
+    Raises:
+        InvalidParamError: the body is empty or not JSON (param None: it is the whole body).
+    """
+    if not body.strip():
+        raise InvalidParamError("the request body is empty; send a JSON object", param=None)
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidParamError(f"the request body is not valid JSON: {exc}", param=None) from None

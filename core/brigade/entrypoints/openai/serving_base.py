@@ -1,0 +1,267 @@
+"""What every OpenAI route shares: model and health checks, tokenizing off the event loop, the length
+check made before queuing, and the mapping from request fields to SamplingParams (book ch. 3, 7)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from brigade.config import ModelConfig
+from brigade.entrypoints.openai.errors import OpenAIError, from_invalid_param, from_validation_error
+from brigade.entrypoints.openai.protocol import SamplingFields, parse_json_body
+from brigade.outputs import CompletionOutput, Logprob, RequestOutput
+from brigade.sampling_params import InvalidParamError, RequestOutputKind, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+MAX_N = 128  # most sequences one request may ask for; more is a denial-of-service risk, not a use case
+_GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def load_generation_defaults(model_config: ModelConfig) -> dict[str, Any]:
+    """Sampling defaults from the model's generation_config.json, as vLLM applies them.
+
+    ``generation_config`` is "auto" (the model directory), "none", or another directory. Only the keys
+    that map onto SamplingParams are kept; a field the client sets always wins over them.
+    """
+    if model_config.generation_config == "none":
+        return {}
+    folder = model_config.model if model_config.generation_config == "auto" else model_config.generation_config
+    path = os.path.join(folder, "generation_config.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        raw = json.load(f)
+    defaults = {k: raw[k] for k in _GENERATION_CONFIG_KEYS if raw.get(k) is not None}
+    if defaults:
+        logger.info("default sampling parameters from %s: %s", path, defaults)
+    return defaults
+
+
+async def parse_request(raw_request: Request, model_cls: type[BaseModel]) -> Any:
+    """Read and validate a JSON body ourselves, so that malformed JSON and bad types are 400s with param.
+
+    Raises:
+        OpenAIError: 400 for an empty, non-JSON or ill-typed body.
+    """
+    try:
+        data = parse_json_body(await raw_request.body())
+        if not isinstance(data, dict):
+            raise InvalidParamError("the request body must be a JSON object", param=None)
+        return model_cls.model_validate(data)
+    except InvalidParamError as exc:
+        raise from_invalid_param(exc) from None
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+@dataclass
+class ChoiceState:
+    """One choice (one of the n sequences of one prompt) accumulated from DELTA outputs."""
+
+    text_parts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def add(self, delta: CompletionOutput) -> None:
+        self.text_parts.append(delta.text)
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs:
+            self.logprobs.extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+            self.stop_reason = delta.stop_reason
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+@dataclass
+class PromptResult:
+    """Everything one prompt produced: its token ids, cached-token count and its n choices."""
+
+    prompt_token_ids: list[int]
+    num_cached_tokens: int = 0
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    choices: dict[int, ChoiceState] = field(default_factory=dict)
+
+    def add(self, output: RequestOutput) -> list[CompletionOutput]:
+        """Fold one DELTA RequestOutput in; returns its per-choice deltas."""
+        self.num_cached_tokens = output.num_cached_tokens
+        if output.prompt_logprobs is not None:
+            self.prompt_logprobs = output.prompt_logprobs
+        for delta in output.outputs:
+            self.choices.setdefault(delta.index, ChoiceState()).add(delta)
+        return list(output.outputs)
+
+    def num_generated_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.choices.values())
+
+
+class OpenAIServing:
+    """Shared state and checks of the OpenAI routes. One instance per route family, per app.
+
+    Args:
+        engine: the AsyncLLM handle (its EngineCore runs in another process).
+        served_model_name: the only ``model`` value accepted.
+        tokenizer_executor: one worker thread; tokenizing and chat-template rendering run there so the
+            event loop keeps streaming other requests (HF fast tokenizers release the GIL).
+        generation_defaults: sampling defaults from generation_config.json.
+        log_requests: log each request's id, prompt length and parameters at INFO.
+    """
+
+    def __init__(self, engine: Any, *, served_model_name: str, tokenizer_executor: ThreadPoolExecutor,
+                 generation_defaults: dict[str, Any], log_requests: bool = True):
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.max_model_len: int = engine.max_model_len
+        self.served_model_name = served_model_name
+        self.tokenizer_executor = tokenizer_executor
+        self.generation_defaults = generation_defaults
+        self.log_requests = log_requests
+        self.vocab_size = len(self.tokenizer)
+
+    # ---- checks --------------------------------------------------------------------------------------
+    def check_request(self, request: BaseModel) -> None:
+        """404 for another model, 503 for a dead engine; warns about fields this server ignores.
+
+        Raises:
+            OpenAIError: 404 or 503.
+        """
+        model = getattr(request, "model", None)
+        if model is not None and model != self.served_model_name:
+            raise OpenAIError.model_not_found(model, self.served_model_name)
+        if getattr(self.engine, "errored", False):
+            raise OpenAIError.engine_dead()
+        if request.model_extra:
+            logger.warning("ignoring unknown request fields: %s", sorted(request.model_extra))
+
+    def check_length(self, num_prompt_tokens: int, max_tokens: int | None, *, prompt_param: str,
+                     max_tokens_param: str) -> int:
+        """The output budget of one prompt, checked against max_model_len before the request is queued.
+
+        Returns:
+            max_tokens, or all the room left when it is None.
+        Raises:
+            OpenAIError: 400 when the prompt leaves no room, or prompt + max_tokens > max_model_len.
+        """
+        room = self.max_model_len - num_prompt_tokens
+        if room < 1:
+            raise OpenAIError.bad_param(
+                f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                f"{num_prompt_tokens} tokens, which leaves no room for output. Shorten the prompt.", prompt_param)
+        if max_tokens is None:
+            return room
+        if max_tokens < 1:
+            raise OpenAIError.bad_param(f"{max_tokens_param} must be at least 1, got {max_tokens}", max_tokens_param)
+        if max_tokens > room:
+            raise OpenAIError.bad_param(
+                f"This model's maximum context length is {self.max_model_len} tokens; you asked for "
+                f"{num_prompt_tokens + max_tokens} ({num_prompt_tokens} in the prompt, {max_tokens} in the "
+                f"output). Reduce the prompt or {max_tokens_param}.", max_tokens_param)
+        return max_tokens
+
+    # ---- tokenizer work, off the event loop --------------------------------------------------------
+    async def run_tokenizer(self, fn, *args, **kwargs):
+        """Run a tokenizer call on the tokenizer thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.tokenizer_executor, lambda: fn(*args, **kwargs))
+
+    async def tokenize(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        return await self.run_tokenizer(
+            lambda: self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def decode_token(self, token_id: int, logprob: Logprob | None = None) -> str:
+        """The text of one token, for logprobs (the detokenizer's text when it sent one)."""
+        if logprob is not None and logprob.decoded_token is not None:
+            return logprob.decoded_token
+        return self.tokenizer.decode([token_id])
+
+    # ---- SamplingParams ------------------------------------------------------------------------------
+    def sampling_params(self, request: SamplingFields, *, max_tokens: int, logprobs: int | None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
+        """Map the request's OpenAI and vLLM fields onto SamplingParams (DELTA output for streams too).
+
+        Raises:
+            OpenAIError: 400 naming the field that is out of range or not supported yet.
+        """
+        if request.to_structured_outputs() is not None:
+            # Parsed and validated, but not wired to the grammar backend yet: refuse, never ignore.
+            param = "structured_outputs" if request.structured_outputs is not None else "response_format"
+            raise OpenAIError.not_supported("structured output (a non-text response_format or structured_outputs)",
+                                            param)
+        if not 1 <= request.n <= MAX_N:
+            raise OpenAIError.bad_param(f"n must be between 1 and {MAX_N}, got {request.n}", "n")
+        given = {k: getattr(request, k) for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                                                    "frequency_penalty", "repetition_penalty")
+                 if getattr(request, k) is not None}
+        fields = {**self.generation_defaults, **given}
+        stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+        try:
+            return SamplingParams(
+                n=request.n, seed=request.seed, max_tokens=max_tokens, min_tokens=request.min_tokens,
+                stop=stop, stop_token_ids=list(request.stop_token_ids or []), ignore_eos=request.ignore_eos,
+                logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                include_stop_str_in_output=request.include_stop_str_in_output,
+                skip_special_tokens=request.skip_special_tokens,
+                spaces_between_special_tokens=request.spaces_between_special_tokens,
+                logit_bias=request.logit_bias_by_id(self.vocab_size),
+                allowed_token_ids=self._checked_token_ids(request.allowed_token_ids, "allowed_token_ids"),
+                bad_words=request.bad_words, output_kind=RequestOutputKind.DELTA, **fields)
+        except InvalidParamError as exc:
+            raise from_invalid_param(exc) from None
+
+    def _checked_token_ids(self, token_ids: list[int] | None, param: str) -> list[int] | None:
+        if token_ids is not None and any(not 0 <= t < self.vocab_size for t in token_ids):
+            raise OpenAIError.bad_param(f"{param} holds ids outside the vocabulary [0, {self.vocab_size})", param)
+        return token_ids
+
+    def check_token_ids(self, token_ids: Sequence[int], param: str) -> None:
+        """400 when a token-id prompt holds an id outside the vocabulary."""
+        self._checked_token_ids(list(token_ids), param)
+
+    # ---- engine --------------------------------------------------------------------------------------
+    def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
+                 request: SamplingFields):
+        """Start one engine request; the iterator yields DELTA RequestOutputs."""
+        if self.log_requests:
+            logger.info("request %s: %d prompt tokens, params=%s", request_id, len(prompt_token_ids), params)
+        return self.engine.generate(prompt_token_ids, params, request_id, priority=request.priority,
+                                    cache_salt=request.cache_salt)
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        for request_id in request_ids:
+            await self.engine.abort(request_id)
+
+    def as_openai_error(self, exc: Exception) -> OpenAIError:
+        """The client-facing form of an error raised while a request ran (stream or not).
+
+        InvalidParamError is the engine refusing the request (400); any error once the engine is marked
+        dead is a 503; anything else is a bug (500, logged with its traceback).
+        """
+        if isinstance(exc, OpenAIError):
+            return exc
+        if isinstance(exc, InvalidParamError):
+            return from_invalid_param(exc)
+        if getattr(self.engine, "errored", False):
+            return OpenAIError.engine_dead(str(exc))
+        logger.error("request failed inside the engine", exc_info=exc)
+        return OpenAIError(f"internal server error: {type(exc).__name__}: {exc}", status_code=500,
+                           type="server_error")
+
+
+def random_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
