@@ -41,6 +41,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()  # told to the runner on the next schedule()
         self.num_preemptions = 0  # since the last make_stats()
+        self.num_preemptions_total = 0  # since start
 
     # ---- requests in and out --------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -156,6 +157,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
+        self.num_preemptions_total += 1
         self.waiting.prepend(request)
 
     # ---- results --------------------------------------------------------------------------------
