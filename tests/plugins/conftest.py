@@ -13,3 +13,11 @@ def plugin_venv(tmp_path_factory) -> PluginVenv:
     venv = make_venv(tmp_path_factory.mktemp("plugin-venv"))
     venv.install(*PROJECT_PLUGINS, *FIXTURE_PLUGINS)
     return venv
+
+
+@pytest.fixture(scope="session")
+def default_run(plugin_venv: PluginVenv):
+    """``brigade plugins --json`` in the session venv with no BRIGADE_* variable set."""
+    result = plugin_venv.plugins()
+    assert result.returncode == 0, result.stderr
+    return result

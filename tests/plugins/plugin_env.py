@@ -2,7 +2,8 @@
 
 The venv is built from the base interpreter without pip (fast), and one .pth file makes the project's
 dependencies (torch, pluggy, pip, setuptools...) and the working tree's ``core/`` importable in it, so
-nothing is downloaded or copied. Plugins then go in with ``pip install --no-deps --no-build-isolation
+nothing is downloaded or copied. The dependencies come through a view of the development site-packages
+that leaves out any Brigade plugin installed there, so only the plugins the tests install are seen. Plugins then go in with ``pip install --no-deps --no-build-isolation
 --no-index -e DIR``: real distributions with real entry points, discovered through importlib.metadata
 exactly as in production. Assertions read ``brigade plugins --json`` run in a subprocess of that venv.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -85,16 +87,42 @@ class PluginVenv:
         return result.json()
 
 
+def _plugin_distributions(site: Path) -> set[str]:
+    """Normalized names of the distributions in ``site`` that declare brigade.* entry points (the core
+    itself excepted): plugins installed in the development environment, hidden from the test venv."""
+    found = set()
+    for info in site.glob("*.dist-info"):
+        entry_points = info / "entry_points.txt"
+        name = re.sub(r"[-_.]+", "_", info.name.removesuffix(".dist-info").rsplit("-", 1)[0]).lower()
+        if name != "brigade" and entry_points.is_file() and "[brigade." in entry_points.read_text():
+            found.add(name)
+    return found
+
+
+def _dependency_view(dev_site: Path, view: Path) -> None:
+    """Symlink every entry of the development site-packages into ``view`` except plugin distributions
+    (their dist-info and editable hooks), so the test venv sees the dependencies but only the plugins the
+    tests install themselves."""
+    hidden = _plugin_distributions(dev_site)
+    view.mkdir()
+    for entry in dev_site.iterdir():
+        key = re.sub(r"[-_.]+", "_", entry.name).lower().removeprefix("_editable_")
+        if any(key.startswith(f"{name}_") or key == name for name in hidden):
+            continue
+        (view / entry.name).symlink_to(entry)
+
+
 def make_venv(root: Path) -> PluginVenv:
     base_python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-    subprocess.run([str(base_python), "-m", "venv", "--without-pip", str(root)], check=True)
-    venv = PluginVenv(root)
+    subprocess.run([str(base_python), "-m", "venv", "--without-pip", str(root / "venv")], check=True)
+    venv = PluginVenv(root / "venv")
     purelib = subprocess.run([venv.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     core_dir = Path(brigade.__file__).resolve().parents[1]
-    dev_site = sysconfig.get_paths()["purelib"]
-    # addsitedir (not a plain path line) so the dev env's own .pth files are processed too.
-    (Path(purelib) / "_brigade_dev.pth").write_text(f"{core_dir}\nimport site; site.addsitedir({dev_site!r})\n")
+    view = root / "dev-site-packages"
+    _dependency_view(Path(sysconfig.get_paths()["purelib"]), view)
+    # addsitedir (not a plain path line) so the dependencies' own .pth files are processed too.
+    (Path(purelib) / "_brigade_dev.pth").write_text(f"{core_dir}\nimport site; site.addsitedir({str(view)!r})\n")
     return venv
 
 

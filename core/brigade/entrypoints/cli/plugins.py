@@ -20,13 +20,13 @@ __all__ = ["add_parser", "collect", "main", "plugin_choices", "render_table", "r
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add the ``plugins`` subcommand to ``subparsers`` and return its parser (``func`` is ``run``)."""
+    """Add the ``plugins`` subcommand to ``subparsers`` and return its parser (``run`` is its handler)."""
     parser = subparsers.add_parser(
         "plugins", help="list installed plugins, their status and the active platform",
         description="List every installed Brigade plugin (name, distribution and version, entry-point group, "
                     "load scope, hooks, status) and the active platform with the reason it was chosen.")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
-    parser.set_defaults(func=run)
+    parser.set_defaults(run=run)
     return parser
 
 
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     add_parser(subparsers)
     try:
         args = parser.parse_args(["plugins", *(sys.argv[1:] if argv is None else argv)])
-        return args.func(args)
+        return args.run(args)
     except PluginLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
