@@ -13,3 +13,4 @@ timeout ${TEST_TIMEOUT:-300} python3 -m pytest tests/cuda -q --tb=short -n ${TES
   | tee "$out/pytest.log" | tail -40
 timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/kernels/bench_attention.py --json "$out/bench_attention.json" \
   ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
+timeout ${OPS_BENCH_TIMEOUT:-60} python3 benchmarks/kernels/bench_ops.py --json "$out/bench_ops.json" 2>&1 | tee "$out/bench_ops.log"

@@ -18,6 +18,30 @@ from brigade_cuda.attention.decode import LOG2E
 
 
 @triton.jit
+def _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr, head_off, dims, dim_mask,
+                 scale_log2, stride_cache_block, stride_cache_tok,
+                 BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """One online-softmax step over keys ``n0 .. n0 + BLOCK_N - 1``; MASKED adds the causal/length mask."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    pos_mask = pos < kv_end
+    block = tl.load(bt_row + pos // BLOCK_SIZE, mask=pos_mask, other=0).to(tl.int64)
+    row = block * stride_cache_block + (pos % BLOCK_SIZE) * stride_cache_tok + head_off  # [N]
+    kv_mask = pos_mask[:, None] & dim_mask[None, :]
+    k = tl.load(k_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [N, D]
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [M, N], log2 units
+    if MASKED:
+        s = tl.where((pos[None, :] <= q_pos[:, None]) & pos_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [N, D]
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
     scale_log2, first_req,
@@ -51,26 +75,19 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_P2], tl.float32)
     bt_row = block_table_ptr + req.to(tl.int64) * stride_bt_r
     head_off = kv_head * stride_cache_h
-    # Keys past the last row of this tile are causally invisible to all of its rows.
+    # Whole tiles before this block's first query position are visible to every row: no mask needed.
+    # Keys past its last row are invisible to all rows. Tiles in between get the causal mask; key 0 is
+    # visible to every row, so each row's running max is finite after the first tile.
+    full_end = (context_len + m_block * BLOCK_M) // BLOCK_N * BLOCK_N
     kv_end = tl.minimum(seq_len, context_len + (m_block + 1) * BLOCK_M)
-    for n0 in range(0, kv_end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        pos_mask = pos < kv_end
-        block = tl.load(bt_row + pos // BLOCK_SIZE, mask=pos_mask, other=0).to(tl.int64)
-        row = block * stride_cache_block + (pos % BLOCK_SIZE) * stride_cache_tok + head_off  # [N]
-        kv_mask = pos_mask[:, None] & dim_mask[None, :]
-        k = tl.load(k_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [N, D]
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [M, N], log2 units
-        # Key 0 is visible to every row, so the first tile gives each row a finite running max.
-        visible = (pos[None, :] <= q_pos[:, None]) & pos_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [N, D]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    for n0 in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
+                                     head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
+                                     BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION)
+    for n0 in range(full_end, kv_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
+                                     head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
+                                     BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION)
 
     o = acc / l_i[:, None]
     tl.store(out_ptr + tok[:, None] * stride_out_t + head * stride_out_h + dims[None, :],
@@ -79,7 +96,8 @@ def _prefill_kernel(
 
 def prefill_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                       seq_lens: torch.Tensor, query_start_loc: torch.Tensor, out: torch.Tensor, *,
-                      first_req: int, num_prefills: int, max_query_len: int, scale: float) -> None:
+                      first_req: int, num_prefills: int, max_query_len: int, scale: float,
+                      tile: tuple[int, int, int, int] | None = None) -> None:
     """Causal paged attention for requests ``first_req .. first_req + num_prefills - 1``.
 
     Args:
@@ -91,6 +109,7 @@ def prefill_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: 
         out: [num_tokens, num_heads, head_size], written at these requests' rows.
         max_query_len: host upper bound on these requests' query lengths (sizes the grid).
         scale: softmax scale.
+        tile: optional ``(block_m, block_n, num_warps, num_stages)`` overriding the defaults (benchmarks).
     """
     if num_prefills == 0:
         return
@@ -99,7 +118,9 @@ def prefill_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: 
     head_p2 = triton.next_power_of_2(head_size)
     # Register/shared-memory budget: halve the tiles for fp32 or very wide heads.
     wide = head_p2 > 128 or query.dtype == torch.float32
-    block_m, block_n = (64, 32) if wide else (64, 64)
+    if tile is None:
+        tile = (64, 32, 8, 2) if wide else (64, 64, 4, 2)
+    block_m, block_n, num_warps, num_stages = tile
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     grid = (num_prefills, num_heads, triton.cdiv(max_query_len, block_m))
@@ -110,5 +131,5 @@ def prefill_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: 
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
         BLOCK_SIZE=block_size, GROUP=num_heads // num_kv_heads, HEAD_SIZE=head_size, HEAD_P2=head_p2,
         BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
-        num_warps=4 if not wide else 8, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )
