@@ -62,6 +62,9 @@ class AttentionBackend(ABC):
     supported_block_sizes: ClassVar[tuple[int, ...]] = ()
     supported_head_sizes: ClassVar[tuple[int, ...]] = ()
     supported_devices: ClassVar[tuple[str, ...]] = ()
+    # True when forward() never syncs with the host and, for a pure-decode batch, its launches depend
+    # only on the metadata's host integers, so decode steps can be captured and replayed.
+    supports_cuda_graphs: ClassVar[bool] = False
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float):
         self.num_heads = num_heads

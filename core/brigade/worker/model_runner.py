@@ -37,6 +37,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.requests: dict[str, CachedRequestState] = {}
         self.pin_memory = device.type == "cuda"
+        self.cuda_graphs = None  # DecodeGraphs once captured
 
     # ---- set-up ---------------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -67,6 +68,24 @@ class ModelRunner:
         head_size, num_kv_heads, num_layers = self._kv_shape()
         shape = self.attn_backend.kv_cache_shape(num_blocks, self.block_size, num_kv_heads, head_size)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
+        self.maybe_capture_cuda_graphs(num_blocks)
+
+    def maybe_capture_cuda_graphs(self, num_blocks: int) -> None:
+        """Capture decode graphs on a CUDA device when the backend allows it and -O/--enforce-eager do."""
+        comp = self.config.compilation_config
+        use = comp.use_cudagraph if comp.use_cudagraph is not None else comp.level >= 2
+        if (self.device.type != "cuda" or self.config.model_config.enforce_eager or not use
+                or not self.attn_backend.supports_cuda_graphs):
+            return
+        from brigade.worker.cuda_graph import DecodeGraphs, default_capture_sizes
+
+        max_seqs = self.config.scheduler_config.max_num_seqs
+        sizes = comp.cudagraph_capture_sizes or default_capture_sizes(max_seqs, comp.level)
+        max_len = self.config.model_config.max_model_len
+        self.cuda_graphs = DecodeGraphs(self.model, self.kv_caches, [s for s in sizes if s <= max(max_seqs, 1)],
+                                        max_blocks_per_req=-(-max_len // self.block_size), max_model_len=max_len,
+                                        device=self.device)
+        self.cuda_graphs.capture()
 
     # ---- one step -------------------------------------------------------------------------------
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
@@ -104,12 +123,10 @@ class ModelRunner:
         states = [self.requests[rid] for rid in order]
         inputs = build_step_inputs(states, [num_scheduled[rid] for rid in order], block_size=self.block_size,
                                    device=self.device, pin_memory=self.pin_memory)
-        ctx = AttentionContext(metadata=inputs.metadata, kv_caches=self.kv_caches)
-        hidden = self.model(inputs.input_ids, inputs.positions, ctx)
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, LogprobsLists] = {}
+        logits = self._forward(inputs)
         if inputs.sampling_req_ids:
-            logits = self.model.compute_logits(hidden[inputs.logits_indices])
             rows = [self.requests[rid].sampling for rid in inputs.sampling_req_ids]
             metadata = build_sampling_metadata(rows, vocab_size=logits.shape[-1], device=self.device)
             out = self.sampler(logits, metadata)
@@ -125,6 +142,17 @@ class ModelRunner:
             self.requests[rid].num_computed_tokens += n
         return ModelRunnerOutput(req_ids=order, sampled_token_ids=[sampled.get(rid, []) for rid in order],
                                  logprobs=logprobs)
+
+    def _forward(self, inputs) -> torch.Tensor | None:
+        """Run the model; return logits [num_sampling_reqs, vocab] (None when nobody samples)."""
+        md = inputs.metadata
+        if self.cuda_graphs is not None and self.cuda_graphs.can_run(md.num_reqs, md.max_query_len):
+            return self.cuda_graphs.run(inputs)[inputs.logits_indices]  # decode: batch rows are token rows
+        hidden = self.model(inputs.input_ids, inputs.positions,
+                            AttentionContext(metadata=md, kv_caches=self.kv_caches))
+        if not inputs.sampling_req_ids:
+            return None
+        return self.model.compute_logits(hidden[inputs.logits_indices])
 
     def _collect_logprobs(self, req_ids: list[str], tensors, into: dict[str, LogprobsLists]) -> None:
         ids = tensors.token_ids.tolist()
