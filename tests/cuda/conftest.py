@@ -85,3 +85,20 @@ def paged_batch_factory():
 def rel_err():
     """The ``relative_error`` metric."""
     return relative_error
+
+
+@pytest.fixture
+def cuda_ops_registered():
+    """Register the Triton ops on the CustomOp seam for one test, and unregister them afterwards."""
+    from brigade.model_executor.layers.activation import SiluAndMul
+    from brigade.model_executor.layers.layernorm import RMSNorm
+    from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding
+    from brigade_cuda.ops.custom_ops import (register_cuda_ops, rms_norm_cuda, rotary_embedding_cuda,
+                                             silu_and_mul_cuda)
+
+    register_cuda_ops()
+    yield
+    for op, impl in ((RMSNorm, rms_norm_cuda), (SiluAndMul, silu_and_mul_cuda),
+                     (RotaryEmbedding, rotary_embedding_cuda)):
+        if op.registered_impl("cuda") is impl:
+            op.unregister_impl("cuda")

@@ -17,7 +17,6 @@ from brigade.model_executor.layers.activation import SiluAndMul  # noqa: E402
 from brigade.model_executor.layers.layernorm import RMSNorm  # noqa: E402
 from brigade.model_executor.layers.rotary_embedding import RopeParameters, RotaryEmbedding  # noqa: E402
 from brigade_cuda.ops import fused_add_rms_norm, register_cuda_ops, rms_norm, rotary_embedding, silu_and_mul  # noqa: E402,E501
-from brigade_cuda.ops.custom_ops import rms_norm_cuda, rotary_embedding_cuda, silu_and_mul_cuda  # noqa: E402
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}
@@ -79,17 +78,6 @@ def test_rotary_embedding_in_place(heads, head_size, rotary_dim, neox, dtype, re
     ref_q3, ref_k3 = rope.forward_native(positions, q3.clone(), k3.clone())
     rotary_embedding(positions, q3, k3, head_size, rope.cos_sin_cache, is_neox_style=neox)
     assert rel_err(q3, ref_q3) < TOL[dtype] and rel_err(k3, ref_k3) < TOL[dtype]
-
-
-@pytest.fixture
-def cuda_ops_registered():
-    """Register the Triton ops on the CustomOp seam for this test only."""
-    register_cuda_ops()
-    yield
-    for op, impl in ((RMSNorm, rms_norm_cuda), (SiluAndMul, silu_and_mul_cuda),
-                     (RotaryEmbedding, rotary_embedding_cuda)):
-        if op.registered_impl("cuda") is impl:
-            op.unregister_impl("cuda")
 
 
 def test_layers_built_on_cuda_run_the_triton_ops(cuda_ops_registered, rel_err):
