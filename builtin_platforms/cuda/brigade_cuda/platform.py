@@ -34,7 +34,7 @@ class CudaPlatform(Platform):
     device_type: ClassVar[str] = "cuda"
     dist_backend: ClassVar[str] = "nccl"
     device_control_env_var: ClassVar[str | None] = "CUDA_VISIBLE_DEVICES"
-    default_attention_backend: ClassVar[str] = "reference"
+    default_attention_backend: ClassVar[str] = "triton"
     default_block_size: ClassVar[int] = 16
     worker_cls: ClassVar[str] = "brigade_cuda.worker.CudaWorker"
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)

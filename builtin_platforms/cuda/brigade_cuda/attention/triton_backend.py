@@ -34,6 +34,7 @@ class TritonAttentionBackend(AttentionBackend):
     supported_block_sizes = (16, 32, 64, 128)
     supported_head_sizes = (64, 80, 96, 128, 256)
     supported_devices = ("cuda",)
+    supports_cuda_graphs = True
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float,
                  decode_num_splits: int | None = None):
