@@ -107,5 +107,5 @@ print(json.dumps({"platform": p.name, "worker": config.parallel_config.worker_cl
     assert out["platform"] == "oot"
     assert out["worker"] == "brigade_oot_platform.worker.OotWorker"
     assert (out["block_size"], out["backend"], out["backend_cls"]) == (32, "oot", "OotAttentionBackend")
-    assert out["cuda"] == ["cuda", "nccl", "torch.bfloat16", True, "reference", "brigade_cuda.worker.CudaWorker"]
+    assert out["cuda"] == ["cuda", "nccl", "torch.bfloat16", True, "triton", "brigade_cuda.worker.CudaWorker"]
     assert out["empty_is_unset"] == [3, None]
