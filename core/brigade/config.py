@@ -45,6 +45,8 @@ class ModelConfig:
     """Never capture CUDA graphs."""
     io_processor_plugin: str | None = None
     """Name of an IO-processor plugin to apply to requests and outputs."""
+    skip_tokenizer_init: bool = False
+    """Load no tokenizer: prompts must be token ids and outputs carry no text (dummy-weight benchmarks)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:

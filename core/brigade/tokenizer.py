@@ -8,13 +8,15 @@ from brigade.config import ModelConfig
 
 
 def get_tokenizer(model_config: ModelConfig):
-    """Load the model's fast tokenizer from its directory.
+    """Load the model's fast tokenizer from its directory (None with ``skip_tokenizer_init``).
 
     Raises:
         ValueError: when the directory has no usable tokenizer.
     """
     from transformers import AutoTokenizer
 
+    if model_config.skip_tokenizer_init:
+        return None
     path = model_config.tokenizer or model_config.model
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from brigade.config import BrigadeConfig
 from brigade.engine.core import prepare_config
 from brigade.engine.core_client import AsyncMPClient, EngineDeadError
-from brigade.engine.input_processor import InputProcessor
+from brigade.engine.input_processor import InputProcessor, eos_token_id
 from brigade.engine.messages import UtilityMethod
 from brigade.engine.output_processor import OutputProcessor
 from brigade.metrics.stats import StatLoggerBase
@@ -36,7 +36,8 @@ class AsyncLLM:
         self.model_config = config.model_config
         self.max_model_len: int = config.model_config.max_model_len
         self.tokenizer = get_tokenizer(config.model_config)
-        self.input_processor = InputProcessor(self.tokenizer, self.max_model_len, self.hf_config.vocab_size)
+        self.input_processor = InputProcessor(self.tokenizer, self.max_model_len, self.hf_config.vocab_size,
+                                              eos_token_id(self.hf_config))
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_loggers: list[StatLoggerBase] = []
         self.client = AsyncMPClient(config)

@@ -23,10 +23,13 @@ class IncrementalDetokenizer:
     """
 
     def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams):
-        self._backend = tokenizer.backend_tokenizer
-        self._stream = DecodeStream(skip_special_tokens=params.skip_special_tokens)
-        for token_id in prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:]:
-            self._stream.step(self._backend, token_id)
+        # Without a tokenizer (or with detokenize=False) the text stays empty; token ids still flow.
+        self._enabled = tokenizer is not None and params.detokenize
+        if self._enabled:
+            self._backend = tokenizer.backend_tokenizer
+            self._stream = DecodeStream(skip_special_tokens=params.skip_special_tokens)
+            for token_id in prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:]:
+                self._stream.step(self._backend, token_id)
         self.params = params
         self.output_text = ""
         self.stop = params.stop
@@ -48,6 +51,9 @@ class IncrementalDetokenizer:
             The stop string that matched (the text is then truncated), or None.
         """
         num_new_chars = 0
+        if not self._enabled:
+            self.num_output_tokens += len(new_token_ids)
+            return None
         for i, token_id in enumerate(new_token_ids):
             self.num_output_tokens += 1
             if skip_last and i == len(new_token_ids) - 1 and not self.params.include_stop_str_in_output:

@@ -14,6 +14,12 @@ from brigade.engine.messages import EngineCoreRequest
 from brigade.sampling_params import InvalidParamError, SamplingParams
 
 
+def eos_token_id(hf_config) -> int | None:
+    """The model config's EOS id (the first one when it lists several), for running without a tokenizer."""
+    eos = getattr(hf_config, "eos_token_id", None)
+    return eos[0] if isinstance(eos, list) and eos else eos
+
+
 def child_request_id(request_id: str, index: int, n: int) -> str:
     """The engine-side id of sequence ``index`` of a request with ``n`` sequences."""
     return request_id if n == 1 else f"{index}_{request_id}"
@@ -28,17 +34,19 @@ class InputProcessor:
         vocab_size: the model's vocabulary (token ids must be below it).
     """
 
-    def __init__(self, tokenizer, max_model_len: int, vocab_size: int):
+    def __init__(self, tokenizer, max_model_len: int, vocab_size: int, eos_token_id: int | None = None):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
-        self.eos_token_id = tokenizer.eos_token_id
+        self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else eos_token_id
 
     def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         """Return (text or None, token ids). Raises InvalidParamError for an empty or out-of-vocab prompt."""
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidParamError("prompt must not be empty", param="prompt")
+            if self.tokenizer is None:
+                raise InvalidParamError("this server runs without a tokenizer; send token ids", param="prompt")
             return prompt, self.tokenizer.encode(prompt)
         token_ids = list(prompt)
         if not token_ids:
@@ -92,7 +100,7 @@ class InputProcessor:
         """
         text, token_ids = self.tokenize(prompt)
         self.validate(token_ids, params)
-        if params.bad_words:
+        if params.bad_words and self.tokenizer is not None:
             params = msgspec.structs.replace(params, bad_words_token_ids=self.bad_words_token_ids(params.bad_words))
         arrival = time.time() if arrival_time is None else arrival_time
         children = []

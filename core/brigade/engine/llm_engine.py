@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from brigade.config import BrigadeConfig
 from brigade.engine.core import EngineCore
-from brigade.engine.input_processor import InputProcessor
+from brigade.engine.input_processor import InputProcessor, eos_token_id
 from brigade.engine.output_processor import OutputProcessor
 from brigade.outputs import RequestOutput
 from brigade.sampling_params import SamplingParams
@@ -19,7 +19,8 @@ class LLMEngine:
         self.core = EngineCore(config)
         self.tokenizer = get_tokenizer(config.model_config)
         vocab_size = self.core.executor.hf_config.vocab_size
-        self.input_processor = InputProcessor(self.tokenizer, config.model_config.max_model_len, vocab_size)
+        self.input_processor = InputProcessor(self.tokenizer, config.model_config.max_model_len, vocab_size,
+                                              eos_token_id(self.core.executor.hf_config))
         self.output_processor = OutputProcessor(self.tokenizer)
         self._step_outputs: list[RequestOutput] = []
 

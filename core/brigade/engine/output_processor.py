@@ -163,13 +163,16 @@ class OutputProcessor:
         elif out.finish_reason is not None:
             seq.finish_reason, seq.stop_reason = str(out.finish_reason), out.stop_reason
 
+    def _decode(self, token_id: int) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode([token_id])
+
     def _convert_logprobs(self, lists: LogprobsLists) -> SampleLogprobs:
         result: SampleLogprobs = []
         for ids, lps, rank in zip(lists.token_ids, lists.logprobs, lists.ranks):
             entry: dict[int, Logprob] = {}
             for j, (tid, lp) in enumerate(zip(ids[1:], lps[1:]), start=1):
-                entry[tid] = Logprob(lp, j, self.tokenizer.decode([tid]))
-            entry[ids[0]] = Logprob(lps[0], rank, self.tokenizer.decode([ids[0]]))
+                entry[tid] = Logprob(lp, j, self._decode(tid))
+            entry[ids[0]] = Logprob(lps[0], rank, self._decode(ids[0]))
             # The chosen token first, then the top-k in rank order.
             result.append({ids[0]: entry.pop(ids[0]), **entry})
         return result

@@ -142,8 +142,13 @@ class PluginManager:
         installed = {BUILTIN_PLUGIN} | {ep.name for g in ALL_GROUPS if not g.endpoint for ep in discover(g)}
         missing = sorted(allow - installed)
         if missing:
+            endpoints = {ep.name for g in ALL_GROUPS if g.endpoint for ep in discover(g)}
+            hint = ""
+            if endpoints.intersection(missing):
+                hint = (f"; {', '.join(sorted(endpoints.intersection(missing)))} is an endpoint plugin, "
+                        f"enabled with {ENDPOINT_PLUGINS_ENV} instead")
             raise PluginLoadError(f"{PLUGINS_ENV} names {', '.join(map(repr, missing))}, which no installed "
-                                  f"plugin provides; installed: {', '.join(sorted(installed))}")
+                                  f"plugin provides; installed: {', '.join(sorted(installed))}{hint}")
 
     def _load_group(self, group: PluginGroup) -> None:
         if group.name in self._loaded_groups:
@@ -186,13 +191,18 @@ class PluginManager:
             record.status = PluginStatus.DISABLED
             record.reason = self._disabled_reason(group)
             return
-        named = not always and settings.named(name, endpoint=group.endpoint)
+        if always:
+            required = "the core's builtin plugin is required"
+        elif settings.named(name, endpoint=group.endpoint):
+            required = f"the operator named it in {ENDPOINT_PLUGINS_ENV if group.endpoint else PLUGINS_ENV}"
+        else:
+            required = None
         try:
             obj = load()
             self._check_hookspec_version(obj, record)
             self._register(obj, record, group)
         except Exception as exc:  # plugin code can raise anything; reported with its reason, never dropped
-            self._report_failure(record.source, exc, named, record=record)
+            self._report_failure(record.source, exc, required, record=record)
             return
         log = logger.debug if group is GENERAL else logger.info
         log("loaded plugin %r from %s %s (%s): %s", name, dist, version, group.name, record.registered)
@@ -278,17 +288,18 @@ class PluginManager:
         return register
 
     # ---- failures ---------------------------------------------------------------------------------
-    def _report_failure(self, source: PluginSource, exc: BaseException, named: bool,
+    def _report_failure(self, source: PluginSource, exc: BaseException, required: str | None,
                         record: PluginRecord | None = None) -> None:
-        """WARNING with the reason, or PluginLoadError when strict mode is on or the plugin was named."""
+        """WARNING with the reason, or PluginLoadError when strict mode is on or ``required`` says why the
+        plugin must load (the operator named it, or it is the core's own)."""
         record = record or self._record_for(source)
         reason = f"{type(exc).__name__}: {exc}"
         if record is not None:
             record.status = PluginStatus.FAILED
             record.reason = reason
         where = f"{source.describe()}" + (f" in group {record.group}" if record is not None else "")
-        if named or self.settings.strict:
-            why = "the operator named it explicitly" if named else f"{STRICT_ENV}=1"
+        if required is not None or self.settings.strict:
+            why = required if required is not None else f"{STRICT_ENV}=1"
             raise PluginLoadError(f"{where} failed ({why}): {reason}") from exc
         logger.warning("%s failed and is skipped: %s", where, reason)
 

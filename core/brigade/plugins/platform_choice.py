@@ -21,8 +21,9 @@ from brigade.plugins.settings import PLATFORM_ENV, PluginSettings
 if TYPE_CHECKING:
     from brigade.platforms.interface import Platform
 
-FailureReporter = Callable[[PluginSource, BaseException, bool], None]
-"""(source, exception, named) -> None; raises when the failure must stop startup, else logs a WARNING."""
+FailureReporter = Callable[[PluginSource, BaseException, "str | None"], None]
+"""(source, exception, why it must succeed or None) -> None; raises when the failure must stop startup
+(strict mode, or a reason is given), else logs a WARNING."""
 StateMarker = Callable[[PluginSource, str, str], None]
 """(source, platform name, state) -> None; records "active", "detected", "not detected", "not checked"."""
 
@@ -71,7 +72,7 @@ def choose_platform(registries: Registries, settings: PluginSettings, *, core_so
         try:
             platform_cls = _run_detector(entry, registries)
         except Exception as exc:  # a vendor's detector can raise anything; report it with its reason
-            report_failure(entry.source, exc, False)
+            report_failure(entry.source, exc, None)
             mark(entry.source, entry.name, "failed")
             continue
         mark(entry.source, entry.name, "detected" if platform_cls is not None else "not detected")
@@ -113,10 +114,10 @@ def _forced(name: str, entries: list[Registration], registries: Registries, repo
             mark(other.source, other.name, "not checked")
     try:
         platform_cls = _run_detector(entry, registries)
-    except Exception as exc:  # forced means named by the operator: report_failure raises
+    except Exception as exc:  # forced means named by the operator, so report_failure raises
         mark(entry.source, entry.name, "failed")
-        report_failure(entry.source, exc, True)
-        raise PluginLoadError(f"{PLATFORM_ENV}={name}: detector failed: {exc}") from exc
+        report_failure(entry.source, exc, f"the operator named its platform in {PLATFORM_ENV}={name}")
+        raise
     if platform_cls is None:
         mark(entry.source, entry.name, "not detected")
         raise PluginLoadError(f"{PLATFORM_ENV}={name} but platform {name!r} from {entry.source.describe()} did "
