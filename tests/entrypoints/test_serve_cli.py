@@ -1,0 +1,101 @@
+"""``brigade serve`` flags: vLLM's names map onto BrigadeConfig; bad values give one line and exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+
+import pytest
+from remote_server import brigade_command
+
+from brigade.config import ConfigError
+from brigade.entrypoints.cli import serve
+from brigade.entrypoints.cli.engine_args import config_from_args
+
+CHOICES = {"quantization": ["fp8"], "attention_backend": ["reference", "triton"], "kv_connector": ["shm"],
+           "io_processor": ["structured_text"]}
+
+
+def parse(*argv: str, choices=CHOICES) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="brigade")
+    serve.add_parser(parser.add_subparsers(dest="command"), choices)
+    return parser.parse_args(["serve", *argv])
+
+
+def test_flags_map_onto_the_config(smollm2_path, monkeypatch):
+    args = parse(str(smollm2_path), "--served-model-name", "smol", "--dtype", "bfloat16", "--max-model-len", "1024",
+                 "--gpu-memory-utilization", "0.5", "--kv-cache-memory", "0.5", "--num-gpu-blocks-override", "64",
+                 "--max-num-seqs", "4", "--max-num-batched-tokens", "512", "--block-size", "32",
+                 "--no-enable-prefix-caching", "--enforce-eager", "-O0", "-tp", "2", "-pp", "1", "-dp", "1",
+                 "--distributed-executor-backend", "mp", "-q", "fp8", "--kv-cache-dtype", "fp8",
+                 "--kv-transfer-config", '{"kv_connector": "shm", "kv_role": "kv_producer"}', "--load-format", "dummy",
+                 "--seed", "7", "--attention-backend", "reference", "--generation-config", "none",
+                 "--io-processor-plugin", "structured_text", "--port", "9001", "--disable-log-requests")
+    config = config_from_args(args)
+    mc, cc, sc, pc = config.model_config, config.cache_config, config.scheduler_config, config.parallel_config
+    assert (mc.model, mc.name, mc.dtype, mc.max_model_len, mc.seed) == (str(smollm2_path), "smol", "bfloat16", 1024, 7)
+    assert (mc.quantization, mc.enforce_eager, mc.load_format, mc.generation_config) == ("fp8", True, "dummy", "none")
+    assert mc.io_processor_plugin == "structured_text"
+    assert (cc.gpu_memory_utilization, cc.kv_cache_memory_gib, cc.num_gpu_blocks_override) == (0.5, 0.5, 64)
+    assert (cc.block_size, cc.enable_prefix_caching, cc.cache_dtype) == (32, False, "fp8")
+    assert (sc.max_num_seqs, sc.max_num_batched_tokens) == (4, 512)
+    assert (pc.tensor_parallel_size, pc.distributed_executor_backend) == (2, "mp")
+    assert config.compilation_config.level == 0 and config.attention_backend == "reference"
+    assert (config.kv_transfer_config.kv_connector, config.kv_transfer_config.kv_role) == ("shm", "kv_producer")
+    monkeypatch.setenv("BRIGADE_API_KEY", "from-env")
+    settings = serve.settings_from_args(args)
+    assert (settings.port, settings.api_key, settings.log_requests) == (9001, "from-env", False)
+    assert serve.settings_from_args(parse(str(smollm2_path), "--api-key", "flag")).api_key == "flag"
+
+
+def test_defaults_and_model_flag(smollm2_path):
+    config = config_from_args(parse("--model", str(smollm2_path)))
+    assert config.model_config.model == str(smollm2_path)
+    assert config.cache_config.enable_prefix_caching and config.cache_config.gpu_memory_utilization == 0.9
+    assert config.compilation_config.level == 2 and config.kv_transfer_config is None
+    assert parse(str(smollm2_path)).port == 8000
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--dtype", "float8"], "--dtype 'float8' is not known; use one of auto, bfloat16, float16, float32"),
+    (["-O7"], "-O7 is not a level; use -O0, -O1, -O2 or -O3"),
+    (["--block-size", "12"], "--block-size must be a power of two"),
+    (["--max-num-seqs", "0"], "--max-num-seqs must be at least 1"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1]"),
+    (["-tp", "0"], "--tensor-parallel-size must be at least 1"),
+    (["-q", "awq"], "--quantization 'awq' is not installed; installed: fp8"),
+    (["--attention-backend", "flash"], "--attention-backend 'flash' is not installed; installed: reference, triton"),
+    (["--kv-transfer-config", "{bad"], "--kv-transfer-config is not valid JSON"),
+    (["--kv-transfer-config", '{"kv_connector": "nixl"}'],
+     "--kv-transfer-config kv_connector 'nixl' is not installed; installed: shm"),
+    (["--kv-transfer-config", '{"kv_connector": "shm", "kv_rank": 0}'],
+     "--kv-transfer-config has unknown keys ['kv_rank']; allowed: kv_connector, kv_role, kv_connector_extra_config"),
+    (["--kv-transfer-config", '{"kv_connector": "shm", "kv_role": "both"}'], "kv_role 'both' is not known"),
+])
+def test_bad_values_name_the_flag(smollm2_path, flags, expected):
+    with pytest.raises(ConfigError) as info:
+        config_from_args(parse(str(smollm2_path), *flags))
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_model_errors():
+    with pytest.raises(ConfigError, match="no model given"):
+        config_from_args(parse())
+    with pytest.raises(ConfigError, match="does not exist"):
+        config_from_args(parse("/no/such/model"))
+    with pytest.raises(ConfigError, match="disagree"):
+        config_from_args(parse("/a", "--model", "/b"))
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--kv-transfer-config", "{bad"], "--kv-transfer-config is not valid JSON"),
+    (["--port", "abc"], "argument --port: invalid int value: 'abc'"),
+])
+def test_cli_exits_2_with_one_line(smollm2_path, flags, needle):
+    result = subprocess.run([*brigade_command(), "serve", str(smollm2_path), *flags], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "BRIGADE_LOGGING_LEVEL": "ERROR"})
+    assert result.returncode == 2, result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert len(error_lines) == 1 and needle in error_lines[0], result.stderr
+    assert "usage:" not in result.stderr
