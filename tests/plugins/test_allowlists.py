@@ -37,13 +37,16 @@ def test_allowlist_naming_an_uninstalled_plugin_is_fatal(plugin_venv: PluginVenv
     result = plugin_venv.plugins({"BRIGADE_PLUGINS": "probe,no_such_plugin"})
     assert result.returncode == 1
     assert "'no_such_plugin'" in result.stderr and "installed:" in result.stderr and "probe" in result.stderr
+    endpoint = plugin_venv.plugins({"BRIGADE_PLUGINS": "reset_prefix_cache"})
+    assert endpoint.returncode == 1
+    assert "reset_prefix_cache is an endpoint plugin, enabled with BRIGADE_ENDPOINT_PLUGINS" in endpoint.stderr
 
 
 def test_a_named_plugin_that_fails_is_fatal_with_its_reason(plugin_venv: PluginVenv):
     result = plugin_venv.plugins({"BRIGADE_PLUGINS": "probe,broken"})
     assert result.returncode == 1
     assert "plugin 'broken' (brigade-fixture-broken 0.1.0)" in result.stderr
-    assert "named it explicitly" in result.stderr and "broken on purpose" in result.stderr
+    assert "the operator named it in BRIGADE_PLUGINS" in result.stderr and "broken on purpose" in result.stderr
 
 
 def test_endpoint_allowlist_enables_exactly_the_named_endpoints_regardless_of_brigade_plugins(
