@@ -160,6 +160,26 @@ def test_echo_and_include_stop_str(client):
     assert out.choices[0].text == PROMPT + " Paris" and out.choices[0].finish_reason == "stop"
 
 
+def test_sampling_extras_are_honoured(client, tokenizer):
+    paris, period = tokenizer(" Paris")["input_ids"][0], tokenizer(".")["input_ids"][0]
+
+    def text(**kwargs) -> tuple[str, str]:
+        extra = kwargs.pop("extra_body", {})
+        out = client.completions.create(model=MODEL_NAME, prompt=kwargs.pop("prompt", PROMPT),
+                                        **{"temperature": 0, "max_tokens": 2, **kwargs}, extra_body=extra)
+        return out.choices[0].text, out.choices[0].finish_reason
+
+    assert text(prompt="Hello", logit_bias={str(paris): 100}) == (" Paris Paris", "length")
+    assert text(extra_body={"allowed_token_ids": [period]}) == ("..", "length")
+    assert text(extra_body={"stop_token_ids": [period], "top_k": 5, "min_p": 0.01}, max_tokens=4) == (" Paris", "stop")
+    assert " Paris" not in text(extra_body={"bad_words": ["Paris"]})[0]
+    seeded = [text(temperature=1.0, seed=1234, max_tokens=4, extra_body={"repetition_penalty": 1.2}) for _ in range(2)]
+    assert seeded[0] == seeded[1]
+    assert text(user="u-1", presence_penalty=0.5, frequency_penalty=0.5,
+                extra_body={"priority": 0, "cache_salt": "tenant-a", "min_tokens": 2, "ignore_eos": True,
+                            "skip_special_tokens": False})[1] == "length"
+
+
 # ---- chat ----------------------------------------------------------------------------------------
 
 def test_chat_greedy_and_usage(server, client):

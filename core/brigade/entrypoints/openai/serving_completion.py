@@ -46,16 +46,17 @@ class OpenAIServingCompletion(OpenAIServing):
             raise OpenAIError.not_supported("suffix (insertion)", "suffix")
         if request.best_of is not None and request.best_of != request.n:
             raise OpenAIError.not_supported("best_of different from n", "best_of")
+        # The engine computes no prompt logprobs yet; refuse rather than answer with nulls.
+        if request.prompt_logprobs is not None:
+            raise OpenAIError.not_supported("prompt_logprobs", "prompt_logprobs")
+        if request.echo and request.logprobs is not None:
+            raise OpenAIError.not_supported("echo together with logprobs (it needs prompt logprobs)", "echo")
         prompts = await self._prompt_inputs(request)
-        prompt_logprobs = request.prompt_logprobs
-        if request.echo and request.logprobs is not None and prompt_logprobs is None:
-            prompt_logprobs = request.logprobs
         params = []
         for prompt in prompts:
             max_tokens = self.check_length(len(prompt.token_ids), request.max_tokens, prompt_param="prompt",
                                            max_tokens_param="max_tokens")
-            params.append(self.sampling_params(request, max_tokens=max_tokens, logprobs=request.logprobs,
-                                               prompt_logprobs=prompt_logprobs))
+            params.append(self.sampling_params(request, max_tokens=max_tokens, logprobs=request.logprobs))
         base_id = random_request_id("cmpl")
         request_ids = [f"{base_id}-{i}" for i in range(len(prompts))]
         if request.stream:
@@ -114,15 +115,6 @@ class OpenAIServingCompletion(OpenAIServing):
             out.top_logprobs.append(top)
         return out
 
-    def _echo_part(self, request: CompletionRequest, prompt: PromptInput, result: PromptResult
-                   ) -> tuple[str, CompletionLogprobs | None]:
-        """The prompt text (and its logprobs) that ``echo`` puts before a choice's output."""
-        text = self._prompt_text(prompt)
-        if request.logprobs is None:
-            return text, None
-        prompt_lps = result.prompt_logprobs or [None] * len(prompt.token_ids)
-        return text, self._logprobs(prompt.token_ids, prompt_lps, request.logprobs, 0)
-
     async def _full(self, request: CompletionRequest, prompts: list[PromptInput], params: list[SamplingParams],
                     base_id: str, request_ids: list[str]) -> CompletionResponse:
         results = [PromptResult(p.token_ids) for p in prompts]
@@ -147,15 +139,11 @@ class OpenAIServingCompletion(OpenAIServing):
                 if state is None:
                     raise OpenAIError(f"the engine returned no output for choice {j} of prompt {i}",
                                       status_code=500, type="server_error")
-                text, logprobs = state.text, None
-                prefix, prefix_logprobs = ("", None)
-                if request.echo:
-                    prefix, prefix_logprobs = self._echo_part(request, prompt, result)
+                prefix = self._prompt_text(prompt) if request.echo else ""
+                logprobs = None
                 if request.logprobs is not None:
-                    logprobs = self._logprobs(state.token_ids, state.logprobs, request.logprobs, len(prefix))
-                    if prefix_logprobs is not None:
-                        logprobs = _concat(prefix_logprobs, logprobs)
-                choices.append(CompletionChoice(index=i * request.n + j, text=prefix + text, logprobs=logprobs,
+                    logprobs = self._logprobs(state.token_ids, state.logprobs, request.logprobs, 0)
+                choices.append(CompletionChoice(index=i * request.n + j, text=prefix + state.text, logprobs=logprobs,
                                                 finish_reason=state.finish_reason, stop_reason=state.stop_reason))
         usage = UsageInfo.from_counts(sum(len(p.token_ids) for p in prompts),
                                       sum(r.num_generated_tokens() for r in results),
@@ -176,16 +164,13 @@ class OpenAIServingCompletion(OpenAIServing):
             async for i, output in merge_async_iterators(iterators):
                 for delta in results[i].add(output):
                     index = i * request.n + delta.index
-                    text, logprobs = delta.text, None
-                    prefix, prefix_logprobs = "", None
+                    text, logprobs, prefix = delta.text, None, ""
                     if request.echo and index not in echoed:
                         echoed.add(index)
-                        prefix, prefix_logprobs = self._echo_part(request, prompts[i], results[i])
-                    offset = offsets.get(index, 0) + len(prefix)
+                        prefix = self._prompt_text(prompts[i])
+                    offset = offsets.get(index, 0)
                     if request.logprobs is not None:
                         logprobs = self._logprobs(delta.token_ids, delta.logprobs or [], request.logprobs, offset)
-                        if prefix_logprobs is not None:
-                            logprobs = _concat(prefix_logprobs, logprobs)
                     offsets[index] = offset + len(text)
                     if not (prefix or text or delta.token_ids or delta.finish_reason):
                         continue
@@ -210,9 +195,3 @@ class OpenAIServingCompletion(OpenAIServing):
                 await shielded(lambda: self.abort(unfinished))
         yield DONE_EVENT
 
-
-def _concat(first: CompletionLogprobs, second: CompletionLogprobs) -> CompletionLogprobs:
-    return CompletionLogprobs(text_offset=first.text_offset + second.text_offset,
-                              token_logprobs=first.token_logprobs + second.token_logprobs,
-                              tokens=first.tokens + second.tokens,
-                              top_logprobs=first.top_logprobs + second.top_logprobs)
