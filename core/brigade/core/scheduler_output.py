@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from brigade.engine.messages import LogprobsLists
 from brigade.sampling_params import SamplingParams
 
@@ -49,6 +51,10 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str]  # finished or aborted since the last step: the runner drops them
     preempted_req_ids: set[str]  # preempted this step: the runner drops them until they come back new
+    # Structured output: row i of grammar_bitmask ([len(ids), ceil(vocab / 32)] int32, bit set = allowed)
+    # constrains the token sampled this step for request structured_output_req_ids[i].
+    structured_output_req_ids: list[str] = field(default_factory=list)
+    grammar_bitmask: np.ndarray | None = None
 
     @classmethod
     def make_empty(cls) -> SchedulerOutput:

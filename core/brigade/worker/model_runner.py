@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from brigade.attention.backend import AttentionBackend, AttentionContext
@@ -129,6 +130,7 @@ class ModelRunner:
         if inputs.sampling_req_ids:
             rows = [self.requests[rid].sampling for rid in inputs.sampling_req_ids]
             metadata = build_sampling_metadata(rows, vocab_size=logits.shape[-1], device=self.device)
+            metadata.grammar_bitmask = self._grammar_bitmask(scheduler_output, inputs.sampling_req_ids)
             out = self.sampler(logits, metadata)
             token_ids = out.sampled_token_ids.tolist()
             for rid, tok in zip(inputs.sampling_req_ids, token_ids):
@@ -142,6 +144,18 @@ class ModelRunner:
             self.requests[rid].num_computed_tokens += n
         return ModelRunnerOutput(req_ids=order, sampled_token_ids=[sampled.get(rid, []) for rid in order],
                                  logprobs=logprobs)
+
+    def _grammar_bitmask(self, scheduler_output: SchedulerOutput, sampling_req_ids: list[str]) -> torch.Tensor | None:
+        """Spread the scheduler's bitmask rows over the sampling rows; unconstrained rows allow everything."""
+        if scheduler_output.grammar_bitmask is None or not scheduler_output.structured_output_req_ids:
+            return None
+        rows = {rid: i for i, rid in enumerate(scheduler_output.structured_output_req_ids)}
+        src = scheduler_output.grammar_bitmask
+        full = np.full((len(sampling_req_ids), src.shape[1]), -1, dtype=np.int32)
+        for row, rid in enumerate(sampling_req_ids):
+            if rid in rows:
+                full[row] = src[rows[rid]]
+        return torch.from_numpy(full).to(self.device, non_blocking=True)
 
     def _forward(self, inputs) -> torch.Tensor | None:
         """Run the model; return logits [num_sampling_reqs, vocab] (None when nobody samples)."""
