@@ -44,13 +44,14 @@ class StepInputs:
 
 
 def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int], *, block_size: int,
-                      device: torch.device, pin_memory: bool = False) -> StepInputs:
+                      device: torch.device, transfer: HostToDevice | None = None) -> StepInputs:
     """Flatten the scheduled requests into one batch.
 
     Args:
         states: the scheduled requests, decodes first (num_scheduled == 1).
         num_scheduled: new tokens of each request this step (same order).
         block_size: tokens per KV block.
+        transfer: the runner's reusable host-to-device mover (a throwaway one when None).
     Returns:
         StepInputs with slot_mapping[t] = block_ids[pos // block_size] * block_size + pos % block_size.
     """
@@ -84,22 +85,63 @@ def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int]
     is_prefill = query_lens != 1
     num_decodes = int(np.argmax(is_prefill)) if is_prefill.any() else num_reqs
 
-    def to_dev(a: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(a)
-        if device.type == "cpu":
-            return t
-        if pin_memory:
-            t = t.pin_memory()
-        return t.to(device, non_blocking=True)
-
-    qsl_cpu = torch.from_numpy(query_start)
-    seq_lens_cpu = torch.from_numpy(seq_lens)
+    if transfer is None:
+        transfer = HostToDevice(device)
+    (ids_d, pos_d, slots_d, logits_d), (qsl_d, seq_d, bt_d) = transfer(
+        [input_ids, positions, slot_mapping, logits_indices.astype(np.int64)],
+        [query_start, seq_lens, block_table])
     metadata = AttentionMetadata(
         num_reqs=num_reqs, num_actual_tokens=num_tokens, max_query_len=int(query_lens.max()),
         max_seq_len=int(seq_lens.max()), num_decodes=num_decodes,
-        query_start_loc=to_dev(query_start), seq_lens=to_dev(seq_lens), block_table=to_dev(block_table),
-        slot_mapping=to_dev(slot_mapping), query_start_loc_cpu=qsl_cpu, seq_lens_cpu=seq_lens_cpu)
-    return StepInputs(input_ids=to_dev(input_ids), positions=to_dev(positions), metadata=metadata,
-                      logits_indices=to_dev(logits_indices.astype(np.int64)),
+        query_start_loc=qsl_d, seq_lens=seq_d, block_table=bt_d, slot_mapping=slots_d,
+        query_start_loc_cpu=torch.from_numpy(query_start), seq_lens_cpu=torch.from_numpy(seq_lens))
+    return StepInputs(input_ids=ids_d, positions=pos_d, metadata=metadata, logits_indices=logits_d,
                       req_ids=[s.req_id for s in states],
                       sampling_req_ids=[states[r].req_id for r in sampling])
+
+
+class HostToDevice:
+    """Moves a step's integer arrays to the device in one copy per dtype, through reused pinned buffers.
+
+    Small separate copies (and pinning fresh memory each step) cost more host time than the decode step
+    itself on a fast GPU, so the arrays are packed into one pinned int64 and one pinned int32 buffer. An
+    event guards reuse: a buffer is rewritten only after the previous step's copy out of it has run.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._host: dict[torch.dtype, torch.Tensor] = {}
+        self._event = torch.cuda.Event() if device.type == "cuda" else None
+
+    def _buffer(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        buf = self._host.get(dtype)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(max(numel, 2 * (buf.numel() if buf is not None else 4096)), dtype=dtype,
+                              pin_memory=True)
+            self._host[dtype] = buf
+        return buf
+
+    def __call__(self, arrays_i64: list[np.ndarray], arrays_i32: list[np.ndarray]
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Return device tensors with the arrays' shapes, in the same order."""
+        if self.device.type == "cpu":
+            return [torch.from_numpy(a) for a in arrays_i64], [torch.from_numpy(a) for a in arrays_i32]
+        if self._event is not None:
+            self._event.synchronize()
+        out = []
+        for dtype, arrays in ((torch.int64, arrays_i64), (torch.int32, arrays_i32)):
+            total = sum(a.size for a in arrays)
+            host = self._buffer(dtype, total)
+            host_np = host.numpy()
+            offset = 0
+            for a in arrays:
+                host_np[offset:offset + a.size] = a.ravel()
+                offset += a.size
+            dev = host[:total].to(self.device, non_blocking=True)
+            views, offset = [], 0
+            for a in arrays:
+                views.append(dev[offset:offset + a.size].view(a.shape))
+                offset += a.size
+            out.append(views)
+        self._event.record()
+        return out[0], out[1]

@@ -17,7 +17,7 @@ from brigade.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from brigade.engine.messages import LogprobsLists
 from brigade.sample.metadata import SamplingRequestState, build_sampling_metadata
 from brigade.sample.sampler import Sampler
-from brigade.worker.input_batch import CachedRequestState, build_step_inputs
+from brigade.worker.input_batch import CachedRequestState, HostToDevice, build_step_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.sampler = Sampler()
         self.requests: dict[str, CachedRequestState] = {}
-        self.pin_memory = device.type == "cuda"
+        self.transfer = HostToDevice(device)
         self.cuda_graphs = None  # DecodeGraphs once captured
 
     # ---- set-up ---------------------------------------------------------------------------------
@@ -123,7 +123,7 @@ class ModelRunner:
         order = sorted(num_scheduled, key=lambda rid: num_scheduled[rid] != 1)
         states = [self.requests[rid] for rid in order]
         inputs = build_step_inputs(states, [num_scheduled[rid] for rid in order], block_size=self.block_size,
-                                   device=self.device, pin_memory=self.pin_memory)
+                                   device=self.device, transfer=self.transfer)
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, LogprobsLists] = {}
         logits = self._forward(inputs)
