@@ -1,0 +1,283 @@
+"""The three ``brigade bench`` runs: build the engine and the request set, time Brigade, then the HF peer.
+
+Brigade runs first and is shut down (its KV cache freed) before the HF model is loaded, so on a GPU
+the peer gets the memory back; both run in this process with the same prompts and thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import itertools
+import math
+import os
+import sys
+from urllib.parse import urlparse
+
+import torch
+
+from brigade.benchmarks import results as rec
+from brigade.benchmarks.datasets import make_requests, random_requests, token_counts
+from brigade.benchmarks.throughput import (ThroughputFigures, run_brigade_throughput, warm_up_brigade,
+                                           warmup_requests)
+
+_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": "off", "ignore_eos": True}
+
+
+def _platform():
+    from brigade.plugins import current_platform, load_plugins
+
+    load_plugins("engine")
+    return current_platform()
+
+
+def _model_dtype(platform, config, hf_config) -> torch.dtype:
+    """The dtype the engine's worker picks for this model (same rule), used for the HF peer too."""
+    config_dtype = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
+    if isinstance(config_dtype, str):
+        config_dtype = getattr(torch, config_dtype, None)
+    return platform.resolve_dtype(config.model_config.dtype, config_dtype)
+
+
+def _release(platform) -> None:
+    """Free what a finished engine or HF model left behind before the next one loads."""
+    gc.collect()
+    platform.empty_cache()
+
+
+def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    print(f"=== {title} ===")
+    for row in [header, *rows]:
+        print("  ".join(str(cell).rjust(w) if i else str(cell).ljust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+
+
+def _finish(record: dict, path: str | None) -> int:
+    written = rec.write_record(record, path)
+    print(f"results written to {written}")
+    return 0
+
+
+# ---- throughput --------------------------------------------------------------------------------------
+
+def _brigade_throughput(config, args, platform, seed: int):
+    from brigade.entrypoints.llm import LLM
+    from brigade.model_executor.loader import get_hf_config
+
+    llm = LLM.from_config(config)
+    try:
+        hf_config = get_hf_config(config.model_config.model)
+        requests = make_requests(args.dataset, args.num_prompts, input_len=args.input_len,
+                                 output_len=args.output_len, vocab_size=hf_config.vocab_size, seed=seed,
+                                 max_model_len=llm.config.model_config.max_model_len)
+        warm_up_brigade(llm, warmup_requests(requests, vocab_size=hf_config.vocab_size, seed=seed))
+        figures = run_brigade_throughput(llm, requests, synchronize=platform.synchronize)
+        return figures, requests, hf_config, llm.config
+    finally:
+        llm.engine.core.shutdown()
+
+
+def _hf_throughput(args, config, hf_config, requests, platform, seed: int) -> dict[str, dict]:
+    from brigade.benchmarks.hf_peer import (PeerUnavailableError, load_hf_model, run_hf_generate_batch_throughput,
+                                            run_hf_generate_throughput)
+
+    model = load_hf_model(config.model_config.model, dtype=_model_dtype(platform, config, hf_config),
+                          device=platform.device_for_rank(0), load_format=config.model_config.load_format, seed=seed)
+    out: dict[str, dict] = {}
+    warm = warmup_requests(requests, vocab_size=hf_config.vocab_size, seed=seed)
+    if args.hf_peer in ("generate", "both"):
+        batch_size = args.hf_batch_size or len(requests)
+        run_hf_generate_throughput(model, warm, batch_size=len(warm), synchronize=platform.synchronize)
+        figures, generated = run_hf_generate_throughput(model, requests, batch_size=batch_size,
+                                                        synchronize=platform.synchronize)
+        out["hf_generate"] = {**figures.as_dict(), "batch_size": batch_size, "num_generated_tokens": generated}
+    if args.hf_peer in ("generate_batch", "both"):
+        try:
+            figures = run_hf_generate_batch_throughput(model, requests, synchronize=platform.synchronize)
+            out["hf_generate_batch"] = figures.as_dict()
+        except PeerUnavailableError as exc:
+            print(f"warning: HF generate_batch peer skipped: {exc}", file=sys.stderr)
+            out["hf_generate_batch"] = {"error": str(exc)}
+    del model
+    return out
+
+
+def run_throughput(args: argparse.Namespace) -> int:
+    """``brigade bench throughput``; returns the exit status."""
+    from brigade.entrypoints.cli.engine_args import config_from_args
+
+    config = config_from_args(args)
+    platform = _platform()
+    seed = 0 if args.seed is None else args.seed
+    figures, requests, hf_config, engine_config = _brigade_throughput(config, args, platform, seed)
+    _release(platform)
+    results: dict[str, dict] = {"brigade": figures.as_dict()}
+    if args.hf_peer != "none":
+        results.update(_hf_throughput(args, config, hf_config, requests, platform, seed))
+        _release(platform)
+    ratios = {}
+    for peer, values in results.items():
+        if peer != "brigade" and "output_tokens_per_s" in values:
+            for metric in ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s"):
+                ratios[f"brigade/{peer}/{metric}"] = rec.ratio(results["brigade"][metric], values[metric])
+    num_prompt, num_output = token_counts(requests)
+    rows = [[name, f"{v['elapsed_s']:.2f}", f"{v['requests_per_s']:.2f}", f"{v['output_tokens_per_s']:.1f}",
+             f"{v['total_tokens_per_s']:.1f}"] for name, v in results.items() if "elapsed_s" in v]
+    _print_table(f"throughput: {args.dataset}, {len(requests)} prompts, {num_prompt} prompt / {num_output} output "
+                 f"tokens", ["", "elapsed s", "req/s", "output tok/s", "total tok/s"], rows)
+    for key, value in ratios.items():
+        if key.endswith("output_tokens_per_s") and value is not None:
+            print(f"{key.removesuffix('/output_tokens_per_s')} output tok/s ratio: {value:.2f}x")
+    bench = {"dataset": args.dataset, "input_len": args.input_len, "output_len": args.output_len,
+             "num_prompts": args.num_prompts, "seed": seed, "num_prompt_tokens": num_prompt,
+             "num_output_tokens": num_output, "sampling": _SAMPLING, "hf_peer": args.hf_peer,
+             "hf_batch_size": args.hf_batch_size or len(requests), "warmup": "2 short requests, untimed"}
+    record = rec.build_record("throughput", device=rec.device_info(platform.device_type, platform.name),
+                              benchmark_config=bench, engine_config=engine_config, results=results, ratios=ratios)
+    return _finish(record, args.output_json)
+
+
+# ---- latency -----------------------------------------------------------------------------------------
+
+def run_latency(args: argparse.Namespace) -> int:
+    """``brigade bench latency``; returns the exit status."""
+    from brigade.benchmarks.latency import BrigadeLatencyRunner, hf_latency_batch, latency_summary, run_iterations
+    from brigade.entrypoints.cli.engine_args import config_from_args
+    from brigade.entrypoints.llm import LLM
+    from brigade.model_executor.loader import get_hf_config
+
+    config = config_from_args(args)
+    platform = _platform()
+    seed = 0 if args.seed is None else args.seed
+    hf_config = get_hf_config(config.model_config.model)
+
+    def batch_maker():
+        counter = itertools.count()  # iteration k gets seed + k: fresh prompts, no prefix-cache hits
+        return lambda: random_requests(args.batch_size, args.input_len, args.output_len,
+                                       vocab_size=hf_config.vocab_size, seed=seed + next(counter))
+
+    def report(phase: str, i: int, timing) -> None:
+        print(f"{phase} iteration {i + 1}: {timing.latency_s * 1000:.1f} ms", flush=True)
+
+    llm = LLM.from_config(config)
+    engine_config = llm.config
+    try:
+        max_len = llm.config.model_config.max_model_len
+        if args.input_len + args.output_len > max_len:
+            print(f"brigade bench latency: --input-len + --output-len exceeds the max model length {max_len}",
+                  file=sys.stderr)
+            return 2
+        runner = BrigadeLatencyRunner(llm.engine, platform.synchronize)
+        make = batch_maker()
+        timed = run_iterations(lambda: runner.run_batch(make()), num_warmup=args.num_iters_warmup,
+                               num_iters=args.num_iters, on_iteration=report)
+    finally:
+        llm.engine.core.shutdown()
+    del llm, runner
+    _release(platform)
+    results = {"brigade": latency_summary(timed, args.output_len)}
+    if args.hf_peer == "generate":
+        from brigade.benchmarks.hf_peer import load_hf_model
+
+        model = load_hf_model(config.model_config.model, dtype=_model_dtype(platform, config, hf_config),
+                              device=platform.device_for_rank(0), load_format=config.model_config.load_format,
+                              seed=seed)
+        make = batch_maker()
+        timed = run_iterations(lambda: hf_latency_batch(model, make(), synchronize=platform.synchronize),
+                               num_warmup=args.num_iters_warmup, num_iters=args.num_iters, on_iteration=report)
+        results["hf_generate"] = latency_summary(timed, args.output_len)
+        del model
+        _release(platform)
+    ratios = {f"{peer}/brigade/{m}": rec.ratio(v[m]["mean"], results["brigade"][m]["mean"])
+              for peer, v in results.items() if peer != "brigade" for m in ("latency_ms", "ttft_ms", "tpot_ms")}
+    rows = [[name] + [f"{v[m][s]:.2f}" for m in ("latency_ms", "ttft_ms", "tpot_ms") for s in ("mean", "median", "p99")]
+            for name, v in results.items()]
+    header = [""] + [f"{m.removesuffix('_ms')} {s}" for m in ("latency", "ttft", "tpot") for s in ("mean", "median", "p99")]
+    _print_table(f"latency (ms): batch {args.batch_size}, {args.input_len} in / {args.output_len} out, "
+                 f"{args.num_iters} iterations", header, rows)
+    bench = {"batch_size": args.batch_size, "input_len": args.input_len, "output_len": args.output_len,
+             "num_iters_warmup": args.num_iters_warmup, "num_iters": args.num_iters, "seed": seed,
+             "sampling": _SAMPLING, "hf_peer": args.hf_peer,
+             "ttft_method": "end of the engine step (Brigade) / generate streamer put (HF) that produced the "
+                            "first token, device synchronized; TPOT = (e2e - TTFT) / (output_len - 1)"}
+    record = rec.build_record("latency", device=rec.device_info(platform.device_type, platform.name),
+                              benchmark_config=bench, engine_config=engine_config, results=results, ratios=ratios)
+    return _finish(record, args.output_json)
+
+
+# ---- serve -------------------------------------------------------------------------------------------
+
+def _server_facts(base_url: str, api_key: str | None, served_name: str | None) -> tuple[str, str | None]:
+    """(the model name to send, the server's /version), asking /v1/models when no name was given."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    version = None
+    resp = httpx.get(base_url.rstrip("/") + "/version", timeout=10.0)
+    if resp.status_code == 200:
+        version = resp.json().get("version")
+    if served_name:
+        return served_name, version
+    resp = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=10.0)
+    resp.raise_for_status()
+    return resp.json()["data"][0]["id"], version
+
+
+def run_serve(args: argparse.Namespace, serve_engine_argv: list[str]) -> int:
+    """``brigade bench serve``; ``serve_engine_argv`` are the engine flags to launch the server with."""
+    from brigade.benchmarks.launcher import ServerProcess
+    from brigade.benchmarks.serve import run_serve_benchmark, serve_metrics
+    from brigade.model_executor.loader import get_hf_config
+
+    model_dir = getattr(args, "model_tag", None) or args.model
+    if not model_dir:
+        print("brigade bench serve: pass MODEL (a local model directory): its config.json gives the vocabulary "
+              "for the token-id prompts", file=sys.stderr)
+        return 2
+    seed = 0 if args.seed is None else args.seed
+    hf_config = get_hf_config(model_dir)
+    max_len = args.max_model_len or getattr(hf_config, "max_position_embeddings", None)
+    requests = make_requests(args.dataset, args.num_prompts, input_len=args.input_len, output_len=args.output_len,
+                             vocab_size=hf_config.vocab_size, seed=seed, max_model_len=max_len)
+    api_key = args.api_key or os.environ.get("BRIGADE_API_KEY") or None
+    engine_config: object = {"launched": False, "base_url": args.base_url}
+    if args.launch:
+        from brigade.entrypoints.cli.engine_args import config_from_args
+
+        engine_config = config_from_args(args)  # validates the flags before a server is started
+        url = urlparse(args.base_url)
+        argv = [*serve_engine_argv, "--host", url.hostname, "--port", str(url.port or 80),
+                "--disable-log-requests", "--uvicorn-log-level", "warning"]
+        if api_key:
+            argv += ["--api-key", api_key]
+        print(f"launching: brigade serve {' '.join(argv)}", flush=True)
+        with ServerProcess(argv, args.base_url, startup_timeout_s=args.launch_timeout) as server:
+            model_name, version = _server_facts(args.base_url, api_key, args.served_model_name)
+            results, duration = asyncio.run(run_serve_benchmark(
+                args.base_url, model_name, requests, request_rate=args.request_rate, seed=seed,
+                api_key=api_key, max_concurrency=args.max_concurrency))
+            print(f"server log: {server.log_path}")
+    else:
+        model_name, version = _server_facts(args.base_url, api_key, args.served_model_name)
+        results, duration = asyncio.run(run_serve_benchmark(
+            args.base_url, model_name, requests, request_rate=args.request_rate, seed=seed, api_key=api_key,
+            max_concurrency=args.max_concurrency))
+    metrics = serve_metrics(results, duration)
+    rows = [[name] + [f"{metrics[name][s]:.2f}" for s in ("mean", "median", "p99")]
+            for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")]
+    _print_table(f"serve: {metrics['completed']}/{metrics['num_requests']} requests in {duration:.2f} s, "
+                 f"{metrics['requests_per_s']:.2f} req/s, {metrics['output_tokens_per_s']:.1f} output tok/s, "
+                 f"{metrics['total_tokens_per_s']:.1f} total tok/s", ["", "mean", "median", "p99"], rows)
+    num_prompt, num_output = token_counts(requests)
+    bench = {"dataset": args.dataset, "input_len": args.input_len, "output_len": args.output_len,
+             "num_prompts": args.num_prompts, "seed": seed,
+             "request_rate": "inf" if math.isinf(args.request_rate) else args.request_rate,
+             "max_concurrency": args.max_concurrency, "num_prompt_tokens": num_prompt, "num_output_tokens": num_output,
+             "sampling": _SAMPLING, "base_url": args.base_url, "launched": args.launch, "model_name": model_name,
+             "server_version": version}
+    platform = _platform()
+    record = rec.build_record("serve", device=rec.device_info(platform.device_type, platform.name),
+                              benchmark_config=bench, engine_config=engine_config, results={"brigade": metrics})
+    status = _finish(record, args.output_json)
+    return status if metrics["failed"] == 0 else 1
