@@ -1,5 +1,5 @@
-"""HTTP shapes the real engine cannot show on demand (an engine dying mid-stream, a dead engine, a bug),
-checked in-process on the app built by build_app over a scripted FakeEngine."""
+"""HTTP shapes that need an engine failing at an exact token, or a route with a bug, checked in-process on
+the app built by build_app over a scripted FakeEngine (test_engine_death.py kills a real engine)."""
 
 from __future__ import annotations
 
@@ -57,19 +57,6 @@ def test_engine_death_mid_stream_sends_one_error_then_done(smollm2_path, tokeniz
     num_role_chunks = 1 if path.endswith("chat/completions") else 0
     assert len(chunks) == num_role_chunks + 2  # the two tokens made before the engine died
     assert len(engine.aborted) == 1  # the unfinished request is aborted, not left running
-
-
-def test_dead_engine_is_503_everywhere(smollm2_path, tokenizer):
-    engine = FakeEngine(tokenizer)
-    client = make_client(smollm2_path, engine)
-    assert client.get("/health").status_code == 200
-    engine.dead = True
-    for response in (client.get("/health"),
-                     client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}),
-                     client.post("/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 2})):
-        assert response.status_code == 503
-        error = response.json()["error"]
-        assert error["type"] == "server_error" and error["message"]
 
 
 def test_engine_death_during_non_streamed_request_is_503(smollm2_path, tokenizer):

@@ -163,8 +163,12 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     async def metrics() -> Response:
         # The gauges come from the last step; when the engine is idle no step runs, so ask it directly.
         if not engine.errored:
-            stats = await asyncio.wait_for(engine.get_kv_cache_stats(), KV_STATS_TIMEOUT_S)
-            stat_logger.set_kv_cache_blocks(stats["num_free_blocks"], stats["num_total_blocks"])
+            try:
+                stats = await asyncio.wait_for(engine.get_kv_cache_stats(), KV_STATS_TIMEOUT_S)
+            except (TimeoutError, EngineDeadError) as exc:  # serve the last values rather than fail the scrape
+                logger.warning("KV cache gauges not refreshed: %s", exc or type(exc).__name__)
+            else:
+                stat_logger.set_kv_cache_blocks(stats["num_free_blocks"], stats["num_total_blocks"])
         body, content_type = stat_logger.render()
         return Response(content=body, media_type=content_type)
 

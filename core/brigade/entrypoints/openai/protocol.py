@@ -27,7 +27,6 @@ class StreamOptions(OpenAIBaseModel):
     """``stream_options``: include_usage adds a final chunk with the whole request's usage."""
 
     include_usage: bool = False
-    continuous_usage_stats: bool = False
 
 
 class ResponseFormat(OpenAIBaseModel):

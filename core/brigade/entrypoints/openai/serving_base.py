@@ -17,6 +17,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from brigade.config import ModelConfig
+from brigade.engine.async_llm import EngineDeadError
 from brigade.entrypoints.openai.errors import OpenAIError, from_invalid_param, from_validation_error
 from brigade.entrypoints.openai.protocol import SamplingFields, parse_json_body
 from brigade.outputs import CompletionOutput, Logprob, RequestOutput
@@ -132,8 +133,9 @@ class OpenAIServing:
         self.vocab_size = len(self.tokenizer)
 
     # ---- checks --------------------------------------------------------------------------------------
-    def check_request(self, request: BaseModel) -> None:
-        """404 for another model, 503 for a dead engine; warns about fields this server ignores.
+    async def check_request(self, request: BaseModel) -> None:
+        """404 for another model, 503 for a dead engine (so a stream fails before it starts); warns about
+        fields this server ignores.
 
         Raises:
             OpenAIError: 404 or 503.
@@ -141,8 +143,10 @@ class OpenAIServing:
         model = getattr(request, "model", None)
         if model is not None and model != self.served_model_name:
             raise OpenAIError.model_not_found(model, self.served_model_name)
-        if getattr(self.engine, "errored", False):
-            raise OpenAIError.engine_dead()
+        try:
+            await self.engine.check_health()
+        except EngineDeadError as exc:
+            raise OpenAIError.engine_dead(str(exc)) from None
         if request.model_extra:
             logger.warning("ignoring unknown request fields: %s", sorted(request.model_extra))
 
@@ -245,14 +249,14 @@ class OpenAIServing:
     def as_openai_error(self, exc: Exception) -> OpenAIError:
         """The client-facing form of an error raised while a request ran (stream or not).
 
-        InvalidParamError is the engine refusing the request (400); any error once the engine is marked
-        dead is a 503; anything else is a bug (500, logged with its traceback).
+        InvalidParamError is the engine refusing the request (400); EngineDeadError, or any error once the
+        engine is marked dead, is a 503; anything else is a bug (500, logged with its traceback).
         """
         if isinstance(exc, OpenAIError):
             return exc
         if isinstance(exc, InvalidParamError):
             return from_invalid_param(exc)
-        if getattr(self.engine, "errored", False):
+        if isinstance(exc, EngineDeadError) or self.engine.errored:
             return OpenAIError.engine_dead(str(exc))
         logger.error("request failed inside the engine", exc_info=exc)
         return OpenAIError(f"internal server error: {type(exc).__name__}: {exc}", status_code=500,

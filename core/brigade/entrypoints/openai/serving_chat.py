@@ -40,9 +40,11 @@ class OpenAIServingChat(OpenAIServing):
         self.chat_template = chat_template
 
     async def render_messages(self, messages: list[ChatMessage], *, add_generation_prompt: bool,
-                              continue_final_message: bool = False,
+                              continue_final_message: bool = False, add_special_tokens: bool = False,
                               template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """Messages -> prompt token ids, through the chat template, on the tokenizer thread.
+
+        ``add_special_tokens`` is False by default: the template already writes BOS and the role markers.
 
         Raises:
             OpenAIError: 400 for no messages, non-text content, no template, or a template error.
@@ -62,7 +64,7 @@ class OpenAIServingChat(OpenAIServing):
                 conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, chat_template=self.chat_template,
                 **(template_kwargs or {}))
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            return self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
 
         try:
             return await self.run_tokenizer(render)
@@ -75,7 +77,7 @@ class OpenAIServingChat(OpenAIServing):
         Raises:
             OpenAIError: 400 (bad field, tools, too long), 404 (model), 503 (engine dead).
         """
-        self.check_request(request)
+        await self.check_request(request)
         if request.tools:
             raise OpenAIError.not_supported("tool calling (tools)", "tools")
         if request.tool_choice not in (None, "none", "auto"):
@@ -84,7 +86,7 @@ class OpenAIServingChat(OpenAIServing):
         prompt_ids = await self.render_messages(
             request.messages, add_generation_prompt=request.add_generation_prompt and not
             request.continue_final_message, continue_final_message=request.continue_final_message,
-            template_kwargs=request.chat_template_kwargs)
+            add_special_tokens=request.add_special_tokens, template_kwargs=request.chat_template_kwargs)
         wanted, param = request.wanted_max_tokens()
         max_tokens = self.check_length(len(prompt_ids), wanted, prompt_param="messages", max_tokens_param=param)
         params = self.sampling_params(request, max_tokens=max_tokens, logprobs=num_logprobs)

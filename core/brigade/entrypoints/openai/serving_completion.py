@@ -41,7 +41,7 @@ class OpenAIServingCompletion(OpenAIServing):
         Raises:
             OpenAIError: 400 (bad field, empty prompt, too long), 404 (model), 503 (engine dead).
         """
-        self.check_request(request)
+        await self.check_request(request)
         if request.suffix is not None:
             raise OpenAIError.not_supported("suffix (insertion)", "suffix")
         if request.best_of is not None and request.best_of != request.n:

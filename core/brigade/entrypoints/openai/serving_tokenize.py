@@ -17,12 +17,13 @@ class OpenAIServingTokenization:
 
     async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         """Raises OpenAIError: 400 unless exactly one of prompt and messages is given; 404 for the model."""
-        self.chat.check_request(request)
+        await self.chat.check_request(request)
         if (request.prompt is None) == (request.messages is None):
             raise OpenAIError.bad_param("give exactly one of prompt and messages", "prompt")
         if request.messages is not None:
             token_ids = await self.chat.render_messages(request.messages,
-                                                        add_generation_prompt=request.add_generation_prompt)
+                                                        add_generation_prompt=request.add_generation_prompt,
+                                                        add_special_tokens=bool(request.add_special_tokens))
         else:
             add_special = True if request.add_special_tokens is None else request.add_special_tokens
             token_ids = await self.chat.tokenize(request.prompt, add_special_tokens=add_special)
@@ -32,7 +33,7 @@ class OpenAIServingTokenization:
 
     async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
         """Raises OpenAIError: 400 for ids outside the vocabulary; 404 for the model."""
-        self.chat.check_request(request)
+        await self.chat.check_request(request)
         self.chat.check_token_ids(request.tokens, "tokens")
         text = await self.chat.run_tokenizer(self.chat.tokenizer.decode, request.tokens)
         return DetokenizeResponse(prompt=text)
