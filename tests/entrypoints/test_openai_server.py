@@ -24,11 +24,17 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_path):
+def stats_jsonl(tmp_path_factory):
+    return tmp_path_factory.mktemp("stats") / "steps.jsonl"
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path, stats_jsonl):
     srv = RemoteServer(smollm2_path, ["--served-model-name", MODEL_NAME, "--max-model-len", str(MAX_MODEL_LEN),
                                       "--num-gpu-blocks-override", "128", "--max-num-seqs", "8",
                                       "--block-size", "16"],
-                       api_key=API_KEY, env={"BRIGADE_ENDPOINT_PLUGINS": "reset_prefix_cache"})
+                       api_key=API_KEY, env={"BRIGADE_ENDPOINT_PLUGINS": "reset_prefix_cache",
+                                                         "BRIGADE_STATS_JSONL": str(stats_jsonl)})
     yield srv
     srv.stop()
 
@@ -230,6 +236,7 @@ BAD_REQUESTS = [
      "response_format"),
     ("/v1/chat/completions", {"messages": QUESTION, "tools": [{"type": "function", "function": {"name": "f"}}]},
      400, "tools"),
+    ("/v1/completions", {"prompt": PROMPT, "structured_outputs": {"regex": "a+"}}, 400, "structured_outputs"),
     ("/v1/completions", {"prompt": PROMPT, "model": "not-this-one"}, 404, "model"),
 ]
 
@@ -281,6 +288,13 @@ def test_endpoint_plugin_mounted_when_allowed(server):
     response = httpx.post(server.url("/admin/reset_prefix_cache"), headers=server.headers(), timeout=30)
     assert response.status_code == 200 and response.json() == {"reset": True}
     assert httpx.post(server.url("/admin/reset_prefix_cache"), timeout=30).status_code == 401
+
+
+def test_plugin_stat_logger_sees_steps(client, stats_jsonl):
+    # The example stat-logger plugin (plugins/jsonl_stat_logger) writes one line per engine step.
+    client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=2, temperature=0)
+    steps = [json.loads(line) for line in stats_jsonl.read_text().splitlines()]
+    assert sum(step["iteration_stats"]["num_generation_tokens"] for step in steps) >= 2
 
 
 # ---- metrics and disconnects ---------------------------------------------------------------------
