@@ -31,6 +31,7 @@ from brigade.entrypoints.openai.serving_base import load_generation_defaults, pa
 from brigade.entrypoints.openai.serving_chat import OpenAIServingChat
 from brigade.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from brigade.entrypoints.openai.serving_tokenize import OpenAIServingTokenization
+from brigade.entrypoints.openai.streaming import json_response
 from brigade.metrics.prometheus import PrometheusStatLogger
 from brigade.metrics.stats import StatLoggerBase
 from brigade.version import __version__
@@ -189,12 +190,12 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     @app.post("/tokenize")
     async def tokenize(raw_request: Request) -> Response:
         result = await tokenization.tokenize(await parse_request(raw_request, TokenizeRequest))
-        return JSONResponse(result.model_dump())
+        return json_response(result)
 
     @app.post("/detokenize")
     async def detokenize(raw_request: Request) -> Response:
         result = await tokenization.detokenize(await parse_request(raw_request, DetokenizeRequest))
-        return JSONResponse(result.model_dump())
+        return json_response(result)
 
     _mount_endpoint_plugins(app)
     return app

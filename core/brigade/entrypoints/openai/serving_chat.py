@@ -14,7 +14,7 @@ from typing import Any
 
 import jinja2
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from brigade.entrypoints.openai.errors import OpenAIError
 from brigade.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
@@ -22,8 +22,8 @@ from brigade.entrypoints.openai.responses import (ChatChoice, ChatCompletionResp
                                                   ChatLogprobs, ChatLogprobToken, ChatResponseMessage,
                                                   ChatStreamChoice, ChatTopLogprob, DeltaMessage, UsageInfo)
 from brigade.entrypoints.openai.serving_base import OpenAIServing, PromptResult, random_request_id
-from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, run_unless_disconnected, shielded,
-                                                  sse_error_event, sse_event)
+from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_response, run_unless_disconnected,
+                                                  shielded, sse_error_event, sse_event)
 from brigade.outputs import Logprob
 from brigade.sampling_params import MAX_LOGPROBS, SamplingParams
 
@@ -98,7 +98,7 @@ class OpenAIServingChat(OpenAIServing):
             raw_request, self._full(request, prompt_ids, params, request_id))
         if not completed:
             return Response(status_code=499)  # the client is gone; nobody reads this
-        return JSONResponse(response.model_dump())
+        return json_response(response)
 
     @staticmethod
     def _num_logprobs(request: ChatCompletionRequest) -> int | None:

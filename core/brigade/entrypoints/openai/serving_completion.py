@@ -11,14 +11,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from brigade.entrypoints.openai.errors import OpenAIError
 from brigade.entrypoints.openai.protocol import CompletionRequest
 from brigade.entrypoints.openai.responses import (CompletionChoice, CompletionLogprobs, CompletionResponse,
                                                   CompletionStreamResponse, UsageInfo)
 from brigade.entrypoints.openai.serving_base import OpenAIServing, PromptResult, random_request_id
-from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, merge_async_iterators,
+from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_response, merge_async_iterators,
                                                   run_unless_disconnected, shielded, sse_error_event, sse_event)
 from brigade.outputs import Logprob
 from brigade.sampling_params import SamplingParams
@@ -66,7 +66,7 @@ class OpenAIServingCompletion(OpenAIServing):
             raw_request, self._full(request, prompts, params, base_id, request_ids))
         if not completed:
             return Response(status_code=499)  # the client is gone; nobody reads this
-        return JSONResponse(response.model_dump())
+        return json_response(response)
 
     async def _prompt_inputs(self, request: CompletionRequest) -> list[PromptInput]:
         prompt = request.prompt

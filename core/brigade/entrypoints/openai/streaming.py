@@ -15,6 +15,7 @@ from typing import TypeVar
 
 import anyio
 from fastapi import Request
+from fastapi.responses import Response
 from pydantic import BaseModel
 
 from brigade.entrypoints.openai.errors import OpenAIError
@@ -25,6 +26,11 @@ T = TypeVar("T")
 
 DONE_EVENT = "data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def json_response(payload: BaseModel, status_code: int = 200) -> Response:
+    """A JSON body serialized by pydantic (non-finite floats become null, where json.dumps would fail)."""
+    return Response(content=payload.model_dump_json(), status_code=status_code, media_type="application/json")
 
 
 def sse_event(payload: BaseModel, *, exclude: set[str] | None = None) -> str:
