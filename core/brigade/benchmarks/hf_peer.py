@@ -8,6 +8,8 @@ Two ways of running HF are measured (DESIGN.md, "Peers"):
   the cost of static batching.
 * ``generate_batch``: transformers' continuous-batching manager (``init_continuous_batching``), with
   the same per-request ``max_new_tokens`` and EOS disabled; its warm-up runs before the clock starts.
+  On an accelerator its paged cache takes HF's memory-based default. On the CPU (where that default
+  zero-fills half the RAM) it is sized to hold every request at once, as Brigade's 1 GiB pool does here.
 
 Sampling matches Brigade's benchmark: temperature 1.0, top_p 1.0, top_k off.
 """
@@ -149,6 +151,18 @@ def _workload_hints(requests: list[SampleRequest]):
                          max_generated_length=max(r.output_len for r in requests), num_requests=len(requests))
 
 
+def _cpu_cache_config(requests: list[SampleRequest]):
+    """A ContinuousBatchingConfig whose cache holds all requests at once (plus a quarter), for the CPU."""
+    import transformers
+
+    config_cls = getattr(transformers, "ContinuousBatchingConfig", None)
+    if config_cls is None:
+        return None
+    page_size = config_cls().page_size
+    pages = sum(-(-(r.prompt_len + r.output_len) // page_size) for r in requests)
+    return config_cls(num_blocks=pages + pages // 4 + 1)
+
+
 @torch.inference_mode()
 def run_hf_generate_batch_throughput(model, requests: list[SampleRequest], *,
                                      synchronize: Callable[[], None]) -> ThroughputFigures:
@@ -162,9 +176,14 @@ def run_hf_generate_batch_throughput(model, requests: list[SampleRequest], *,
         raise PeerUnavailableError("this transformers has no continuous batching (model.init_continuous_batching)")
     gen_config = _generation_config(model, max(r.output_len for r in requests), pad_token_id=pad_token_id_of(model))
     gen_config.min_new_tokens = None  # EOS is disabled per request below instead
+    options = {}
     hints = _workload_hints(requests)
-    manager = model.init_continuous_batching(generation_config=gen_config,
-                                             **({"workload_hints": hints} if hints is not None else {}))
+    if hints is not None:
+        options["workload_hints"] = hints
+    cb_config = _cpu_cache_config(requests) if model.device.type == "cpu" else None
+    if cb_config is not None:
+        options["continuous_batching_config"] = cb_config
+    manager = model.init_continuous_batching(generation_config=gen_config, **options)
     manager.warmup()  # untimed, like Brigade's start-up: allocations and CUDA-graph capture
     manager.start()
     try:
