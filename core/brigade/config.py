@@ -103,6 +103,10 @@ class SchedulerConfig:
     """Cap on one prefill chunk's tokens per step; 0 disables it."""
     policy: str = "fcfs"
     """fcfs or priority."""
+    async_scheduling: bool | None = None
+    """Schedule and launch step N+1 before step N's tokens reach the host, hiding host work behind the
+    device. None turns it on for GPUs. Requests whose sampling reads earlier outputs on the host
+    (penalties, bad words, min_tokens, grammars) still run step by step."""
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -121,3 +121,34 @@ def test_priority_policy_orders_waiting():
     sched.add_request(high)
     out, _ = run_step(sched)
     assert [r.req_id for r in out.scheduled_new_reqs] == ["high"]
+
+
+def test_overlapped_scheduling_with_placeholders_and_preemption():
+    """Step N+1 is scheduled before step N's tokens are known (asynchronous scheduling).
+
+    Every request must still finish with exactly max_tokens tokens, blocks must all come back, and a
+    request preempted while its token is in flight must resume only after that token arrives.
+    """
+    sched = make_scheduler(num_blocks=7, block_size=4, budget=64)
+    for i in range(3):
+        sched.add_request(make_request(str(i), range(10 * i + 1, 10 * i + 7), max_tokens=10, ignore_eos=True))
+    in_flight = None
+    finished: dict[str, int] = {}
+    preempted = False
+    for _ in range(200):
+        out = sched.schedule()
+        ids = list(out.num_scheduled_tokens)
+        # A request samples when this step reaches its last token; schedule() then added a placeholder.
+        sampled = [[7] if sched.requests[r].num_computed_tokens == sched.requests[r].num_tokens_with_placeholders - 1
+                   else [] for r in ids]
+        preempted |= bool(out.preempted_req_ids)
+        if in_flight is not None:
+            outputs = sched.update_from_output(*in_flight)
+            for o in outputs.outputs:
+                finished[o.request_id] = finished.get(o.request_id, 0) + len(o.new_token_ids)
+        in_flight = (out, ModelRunnerOutput(ids, sampled)) if ids else None
+        if not sched.requests and in_flight is None:
+            break
+    assert preempted, "7 blocks cannot hold three growing requests"
+    assert finished == {"0": 10, "1": 10, "2": 10}
+    assert sched.kv_cache_manager.get_num_free_blocks() == 6

@@ -43,7 +43,7 @@ class Request:
     __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
                  "priority", "cache_salt", "lora_name", "status", "output_token_ids", "all_token_ids",
                  "num_computed_tokens", "num_cached_tokens", "num_preemptions", "stop_reason",
-                 "stop_token_ids", "max_tokens", "block_hashes")
+                 "stop_token_ids", "max_tokens", "block_hashes", "num_output_placeholders", "overlap_safe")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: int | None, arrival_time: float, priority: int = 0,
@@ -66,6 +66,13 @@ class Request:
         self.stop_token_ids = sampling_params.all_stop_token_ids(eos_token_id)
         self.max_tokens = max_tokens  # already capped by max_model_len - prompt length
         self.block_hashes: list[bytes | int] = []  # hashes of full blocks, filled by the KV cache manager
+        # Tokens sampled by a step still in flight (overlapped scheduling): counted, values not yet known.
+        self.num_output_placeholders = 0
+        # Whether this request may be scheduled before its previous token is known: its sampling must not
+        # read earlier output tokens on the host (penalties, bad words, min_tokens, grammars do).
+        p = sampling_params
+        self.overlap_safe = (p.presence_penalty == 0 and p.frequency_penalty == 0 and p.repetition_penalty == 1
+                             and not p.bad_words and p.min_tokens == 0 and p.structured_outputs is None)
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest, max_model_len: int) -> Request:
@@ -79,6 +86,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_placeholders(self) -> int:
+        return len(self.all_token_ids) + self.num_output_placeholders
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -17,7 +17,7 @@ from brigade.core.request import Request, RequestStatus
 from brigade.core.request_queue import make_request_queue
 from brigade.core.scheduler_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                            SchedulerOutput)
-from brigade.engine.messages import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from brigade.engine.messages import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerStats
 
 
 class Scheduler:
@@ -28,7 +28,7 @@ class Scheduler:
     """
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, *, max_model_len: int,
-                 num_blocks: int):
+                 num_blocks: int, structured_output_manager=None):
         self.config = scheduler_config
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens or 8192
@@ -42,11 +42,22 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()  # told to the runner on the next schedule()
         self.num_preemptions = 0  # since the last make_stats()
         self.num_preemptions_total = 0  # since start
+        # Structured output (brigade.structured_output): compiles grammars, fills bitmasks, advances matchers.
+        self.structured_output_manager = structured_output_manager
+        self.grammar_failures: list[EngineCoreOutput] = []  # reported by the next update_from_output
+        self.num_overlap_unsafe = 0  # unfinished requests that need the previous token before scheduling
 
     # ---- requests in and out --------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
         self.waiting.add(request)
+        if self.structured_output_manager is not None and request.sampling_params.structured_outputs is not None:
+            self.structured_output_manager.add_request(request.request_id, request.sampling_params.structured_outputs)
+        self.num_overlap_unsafe += not request.overlap_safe
+
+    def all_overlap_safe(self) -> bool:
+        """True when every unfinished request may be scheduled before its last token is known."""
+        return self.num_overlap_unsafe == 0
 
     def finish_requests(self, request_ids: list[str], status: RequestStatus) -> list[Request]:
         """Finish requests from outside the step (abort, stop string found by the front end)."""
@@ -65,8 +76,11 @@ class Scheduler:
         return finished
 
     def _free_request(self, request: Request) -> None:
+        self.num_overlap_unsafe -= not request.overlap_safe
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
+        if self.structured_output_manager is not None:
+            self.structured_output_manager.remove_request(request.request_id)
         del self.requests[request.request_id]
 
     def has_unfinished_requests(self) -> bool:
@@ -85,6 +99,9 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = self._num_new_tokens(request, budget)
+            if num_new == 0:
+                index += 1
+                continue
             new_blocks = self._allocate_or_preempt(request, num_new, preempted)
             if new_blocks is None:
                 break  # the request itself was preempted
@@ -96,9 +113,15 @@ class Scheduler:
             index += 1
 
         # Admit waiting requests only when nothing was preempted: memory is short otherwise.
+        grammar_blocked: list[Request] = []  # still compiling: set aside, the others keep their order
         while not preempted and len(self.waiting) and budget > 0 \
                 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting.peek()
+            if self._grammar_blocks(request):
+                grammar_blocked.append(self.waiting.pop())
+                continue
+            if request.num_output_placeholders:
+                break  # preempted with a token still in flight: resume once it is known
             hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
             num_new = request.num_tokens - num_hit
             if not self.config.enable_chunked_prefill and num_new > budget:
@@ -122,10 +145,20 @@ class Scheduler:
                 block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
                 num_computed_tokens=num_hit))
 
+        for request in reversed(grammar_blocked):
+            if not request.is_finished():
+                self.waiting.prepend(request)
+        structured_ids = self._structured_sampling_ids(num_scheduled)
         for req_id, num_new in num_scheduled.items():
-            self.requests[req_id].num_computed_tokens += num_new
+            request = self.requests[req_id]
+            request.num_computed_tokens += num_new
+            if request.num_computed_tokens == request.num_tokens_with_placeholders:
+                request.num_output_placeholders += 1  # this step samples its next token
         output = SchedulerOutput(new_reqs, cached, num_scheduled, sum(num_scheduled.values()),
                                  self.finished_req_ids, preempted)
+        if structured_ids:
+            output.structured_output_req_ids = structured_ids
+            output.grammar_bitmask = self.structured_output_manager.grammar_bitmask(structured_ids)
         self.finished_req_ids = set()
         return output
 
@@ -136,7 +169,9 @@ class Scheduler:
         return min(num_new, budget)
 
     def _num_new_tokens(self, request: Request, budget: int) -> int:
-        return self._cap_chunk(request.num_tokens - request.num_computed_tokens, budget)
+        if request.num_output_tokens + request.num_output_placeholders >= request.max_tokens:
+            return 0  # its last token is still in flight
+        return self._cap_chunk(request.num_tokens_with_placeholders - request.num_computed_tokens, budget)
 
     def _allocate_or_preempt(self, request: Request, num_new: int, preempted: set[str]):
         """Allocate slots, preempting from the tail of ``running`` until it fits or ``request`` goes."""
@@ -151,7 +186,10 @@ class Scheduler:
                 return None
 
     def _preempt(self, request: Request) -> None:
-        """Free a running request's blocks and requeue it at the front; it will be recomputed."""
+        """Free a running request's blocks and requeue it at the front; it will be recomputed.
+
+        A token still in flight for it keeps its placeholder until update_from_output appends it.
+        """
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -164,19 +202,23 @@ class Scheduler:
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
         """Append sampled tokens, apply stop conditions, free finished requests, build the step's outputs."""
-        outputs: list[EngineCoreOutput] = []
+        outputs, self.grammar_failures = self.grammar_failures, []
         for req_id, token_ids in zip(runner_output.req_ids, runner_output.sampled_token_ids):
             request = self.requests.get(req_id)
             if request is None or not token_ids:
                 continue  # aborted meanwhile, or mid-prefill
+            request.num_output_placeholders = max(0, request.num_output_placeholders - len(token_ids))
+            was_running = request.status == RequestStatus.RUNNING
             request.append_output_token_ids(token_ids)
             self._check_stop(request)
+            self._maybe_advance_grammar(request, token_ids)
             outputs.append(EngineCoreOutput(
                 request_id=req_id, new_token_ids=token_ids, new_logprobs=runner_output.logprobs.get(req_id),
                 finish_reason=request.get_finish_reason(), stop_reason=request.stop_reason,
                 num_cached_tokens=max(request.num_cached_tokens, 0)))
             if request.is_finished():
-                self.running.remove(request)
+                # A request preempted while its token was in flight finishes from the waiting queue.
+                (self.running if was_running else self.waiting).remove(request)
                 self._free_request(request)
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(scheduler_output),
                                  timestamp=time.time())
@@ -189,6 +231,44 @@ class Scheduler:
                 request.stop_reason = last
         elif request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+
+    # ---- structured output (the StructuredOutputManager does the grammar work) --------------------
+    def _grammar_blocks(self, request: Request) -> bool:
+        """True when a waiting request may not be admitted because of its grammar: still compiling, or
+        failed (then the request is finished as aborted and reported by the next update_from_output)."""
+        manager = self.structured_output_manager
+        if manager is None or not manager.has_request(request.request_id):
+            return False
+        if manager.is_waiting_for_grammar(request.request_id):
+            return True
+        error = manager.take_failure(request.request_id)
+        if error is None:
+            return False
+        request.status = RequestStatus.FINISHED_ABORTED
+        self._free_request(request)
+        self.grammar_failures.append(EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
+                                                      finish_reason=FinishReason.ABORT, stop_reason=error))
+        return True
+
+    def _structured_sampling_ids(self, num_scheduled: dict[str, int]) -> list[str]:
+        """Constrained requests that sample this step (their computed tokens reach num_tokens), before the
+        step's counters move. They are never overlap-safe, so no token of theirs is in flight."""
+        manager = self.structured_output_manager
+        if manager is None:
+            return []
+        return [rid for rid, n in num_scheduled.items() if manager.has_request(rid)
+                and self.requests[rid].num_computed_tokens + n == self.requests[rid].num_tokens]
+
+    def _maybe_advance_grammar(self, request: Request, token_ids: list[int]) -> None:
+        """Feed the step's tokens to the request's matcher; a completed grammar stops the request."""
+        manager = self.structured_output_manager
+        if manager is None or request.is_finished() or not manager.has_request(request.request_id):
+            return
+        if not manager.accept_tokens(request.request_id, token_ids):
+            request.status = RequestStatus.FINISHED_ABORTED  # another mask left no token the grammar allows
+            request.stop_reason = "the sampled token violates the output grammar"
+        elif manager.is_terminated(request.request_id):
+            request.status = RequestStatus.FINISHED_STOPPED
 
     def make_stats(self, scheduler_output: SchedulerOutput | None = None) -> SchedulerStats:
         queries, hits = self.kv_cache_manager.take_prefix_cache_stats()

@@ -14,6 +14,7 @@ from brigade.core.request import Request, RequestStatus
 from brigade.core.scheduler import Scheduler
 from brigade.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, UtilityMethod
 from brigade.executor.abstract import Executor
+from brigade.structured_output import StructuredOutputManager
 
 logger = logging.getLogger("brigade.engine")
 
@@ -47,9 +48,13 @@ class EngineCore:
         logger.info("KV cache: %d blocks of %d tokens (%d tokens); maximum concurrency %.2fx at %d tokens "
                     "per request", num_blocks, block_size, num_blocks * block_size,
                     num_blocks * block_size / max_model_len, max_model_len)
+        self.structured_output_manager = StructuredOutputManager.from_config(config, hf_config)
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, max_model_len=max_model_len,
-                                   num_blocks=num_blocks)
+                                   num_blocks=num_blocks, structured_output_manager=self.structured_output_manager)
         self.num_blocks = num_blocks
+        overlap = config.scheduler_config.async_scheduling
+        self.overlap = config.device == "cuda" if overlap is None else overlap
+        self._in_flight = None  # (SchedulerOutput, SampledTokens) of the step launched last, when overlapping
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request.from_engine_core_request(request, self.config.model_config.max_model_len))
@@ -61,15 +66,48 @@ class EngineCore:
                 for r in finished]
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     def step(self) -> EngineCoreOutputs:
         """Schedule, run the model, and update request states: one iteration of continuous batching."""
+        if self.overlap and self.scheduler.all_overlap_safe():
+            return self._step_overlapped()
+        if self._in_flight is not None:
+            return self._finish_in_flight()
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs()
         scheduler_output = self.scheduler.schedule()
         runner_output = self.executor.execute_model(scheduler_output)
+        self._maybe_wait_for_grammars(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def _maybe_wait_for_grammars(self, scheduler_output) -> None:
+        """When only requests with compiling grammars are left, sleep on their compiles, not in a spin."""
+        if scheduler_output.total_num_scheduled_tokens == 0 and self.structured_output_manager is not None:
+            self.structured_output_manager.wait_for_compiles(timeout_s=0.05)
+
+    def _step_overlapped(self) -> EngineCoreOutputs:
+        """Launch step N+1, then finish step N while the device runs it (book ch. 4, asynchronous scheduling).
+
+        The scheduler counts step N's samples as placeholders, so it can plan N+1 before their values are
+        known; stop conditions are therefore applied one step late and a finished request may compute one
+        extra token, which is dropped.
+        """
+        launched = None
+        if self.scheduler.has_unfinished_requests():
+            scheduler_output = self.scheduler.schedule()
+            if scheduler_output.total_num_scheduled_tokens:
+                launched = (scheduler_output, self.executor.execute_model(scheduler_output, overlap=True))
+        outputs = self._finish_in_flight()
+        self._in_flight = launched
+        return outputs
+
+    def _finish_in_flight(self) -> EngineCoreOutputs:
+        if self._in_flight is None:
+            return EngineCoreOutputs()
+        scheduler_output, pending = self._in_flight
+        self._in_flight = None
+        return self.scheduler.update_from_output(scheduler_output, pending.get())
 
     def call_utility(self, method: UtilityMethod):
         """Answer a control call from the front end."""
@@ -83,4 +121,6 @@ class EngineCore:
         raise ValueError(f"unknown utility method {method!r}")
 
     def shutdown(self) -> None:
+        if self.structured_output_manager is not None:
+            self.structured_output_manager.shutdown()
         self.executor.shutdown()

@@ -12,6 +12,7 @@ import msgspec
 
 from brigade.engine.messages import EngineCoreRequest
 from brigade.sampling_params import InvalidParamError, SamplingParams
+from brigade.structured_output import validate_structured_outputs
 
 
 def eos_token_id(hf_config) -> int | None:
@@ -69,6 +70,11 @@ class InputProcessor:
             raise InvalidParamError(
                 f"this model's maximum context length is {self.max_model_len} tokens; the request asks for "
                 f"{num_prompt} prompt tokens plus {wanted} output tokens", param="max_tokens")
+        if params.structured_outputs is not None:
+            if self.tokenizer is None:
+                raise InvalidParamError("structured outputs need the tokenizer; this engine runs without one",
+                                        param="structured_outputs")
+            validate_structured_outputs(params.structured_outputs)  # a bad schema/regex/grammar fails here
         for name, ids in (("logit_bias", list(params.logit_bias or {})),
                           ("allowed_token_ids", params.allowed_token_ids or []),
                           ("stop_token_ids", params.stop_token_ids)):

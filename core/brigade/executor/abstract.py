@@ -39,8 +39,12 @@ class Executor(ABC):
         """Allocate the KV cache on every worker."""
 
     @abstractmethod
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step; the output comes from the driver worker."""
+    def execute_model(self, scheduler_output: SchedulerOutput, *, overlap: bool = False):
+        """Run one step; the output comes from the driver worker.
+
+        Returns a ModelRunnerOutput, or with ``overlap`` an object whose ``get()`` returns it once the
+        device is done (the call itself returns as soon as the work is queued).
+        """
 
     def shutdown(self) -> None:
         """Stop the workers."""

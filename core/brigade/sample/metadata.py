@@ -101,7 +101,12 @@ def build_sampling_metadata(reqs: list[SamplingRequestState], *, vocab_size: int
     random_params = [p for p, g in zip(params, greedy) if not g]
 
     def row_tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype).to(device)
+        host = torch.tensor(values, dtype=dtype)
+        if device.type == "cuda":
+            # A pageable host-to-device copy waits for the whole stream; a pinned one does not, which keeps
+            # overlapped scheduling overlapped.
+            return host.pin_memory().to(device, non_blocking=True)
+        return host.to(device)
 
     temperature = None
     if not all_greedy:

@@ -25,10 +25,11 @@ class CachedRequestState:
     block_ids: list[int]
     num_computed_tokens: int  # tokens whose KV is in the cache before this step
     sampling: SamplingRequestState
+    num_pending: int = 0  # sampled by a step in flight: on the device, not yet in token_ids
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        return len(self.token_ids) + self.num_pending
 
 
 @dataclass(slots=True)
@@ -41,6 +42,9 @@ class StepInputs:
     logits_indices: torch.Tensor  # [num_sampled] int64: last token row of each request that samples
     req_ids: list[str]  # batch order
     sampling_req_ids: list[str]  # requests that finish their prompt (or decode) this step, batch order
+    # Input rows whose token is the previous step's sample, still on the device (overlapped scheduling).
+    pending_rows: list[int]
+    pending_req_ids: list[str]
 
 
 def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int], *, block_size: int,
@@ -75,10 +79,16 @@ def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int]
     slot_mapping = block_table[req_of_token, positions // block_size].astype(np.int64) * block_size \
         + positions % block_size
 
-    input_ids = np.empty(num_tokens, dtype=np.int64)
+    input_ids = np.zeros(num_tokens, dtype=np.int64)
+    pending_rows: list[int] = []
+    pending_req_ids: list[str] = []
     for r, s in enumerate(states):
         start = int(query_start[r])
-        input_ids[start:start + int(query_lens[r])] = s.token_ids[int(computed[r]):int(seq_lens[r])]
+        known = s.token_ids[int(computed[r]):int(seq_lens[r])]
+        input_ids[start:start + len(known)] = known
+        if len(known) < int(query_lens[r]):  # the last input is the sample of the step in flight
+            pending_rows.append(start + len(known))
+            pending_req_ids.append(s.req_id)
 
     sampling = [r for r, s in enumerate(states) if int(seq_lens[r]) >= s.num_tokens]
     logits_indices = query_start[1:][sampling] - 1
@@ -97,7 +107,8 @@ def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int]
         query_start_loc_cpu=torch.from_numpy(query_start), seq_lens_cpu=torch.from_numpy(seq_lens))
     return StepInputs(input_ids=ids_d, positions=pos_d, metadata=metadata, logits_indices=logits_d,
                       req_ids=[s.req_id for s in states],
-                      sampling_req_ids=[states[r].req_id for r in sampling])
+                      sampling_req_ids=[states[r].req_id for r in sampling],
+                      pending_rows=pending_rows, pending_req_ids=pending_req_ids)
 
 
 class HostToDevice:

@@ -39,6 +39,8 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.transfer = HostToDevice(device)
         self.cuda_graphs = None  # DecodeGraphs once captured
+        self.prev_sampled: torch.Tensor | None = None  # [num_sampled] int64 on the device, last step's samples
+        self.prev_rows: dict[str, int] = {}  # request id -> row of prev_sampled
 
     # ---- set-up ---------------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -113,8 +115,14 @@ class ModelRunner:
             state.num_computed_tokens = num_computed
 
     @torch.inference_mode()
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run the scheduled tokens through the model and sample for requests that reach their end."""
+    def execute_model(self, scheduler_output: SchedulerOutput, *,
+                      overlap: bool = False) -> ModelRunnerOutput | SampledTokens:
+        """Run the scheduled tokens through the model and sample for requests that reach their end.
+
+        With ``overlap`` it returns as soon as the work is queued on the device: a SampledTokens whose
+        ``get()`` waits for the tokens. The next step may then be prepared and launched first; its inputs
+        take those tokens straight from the device (book ch. 4, 5: asynchronous scheduling).
+        """
         self._update_states(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput.make_empty()
@@ -124,26 +132,33 @@ class ModelRunner:
         states = [self.requests[rid] for rid in order]
         inputs = build_step_inputs(states, [num_scheduled[rid] for rid in order], block_size=self.block_size,
                                    device=self.device, transfer=self.transfer)
-        sampled: dict[str, list[int]] = {}
-        logprobs: dict[str, LogprobsLists] = {}
+        self._fill_pending_inputs(inputs)
         logits = self._forward(inputs)
-        if inputs.sampling_req_ids:
-            rows = [self.requests[rid].sampling for rid in inputs.sampling_req_ids]
-            metadata = build_sampling_metadata(rows, vocab_size=logits.shape[-1], device=self.device)
-            metadata.grammar_bitmask = self._grammar_bitmask(scheduler_output, inputs.sampling_req_ids)
-            out = self.sampler(logits, metadata)
-            token_ids = out.sampled_token_ids.tolist()
-            for rid, tok in zip(inputs.sampling_req_ids, token_ids):
-                state = self.requests[rid]
-                state.token_ids.append(tok)
-                state.sampling.output_token_ids.append(tok)
-                sampled[rid] = [tok]
-            if out.logprobs is not None:
-                self._collect_logprobs(inputs.sampling_req_ids, out.logprobs, logprobs)
         for rid, n in num_scheduled.items():
             self.requests[rid].num_computed_tokens += n
-        return ModelRunnerOutput(req_ids=order, sampled_token_ids=[sampled.get(rid, []) for rid in order],
-                                 logprobs=logprobs)
+        if not inputs.sampling_req_ids:
+            return ModelRunnerOutput(req_ids=order, sampled_token_ids=[[] for _ in order])
+        rows = [self.requests[rid].sampling for rid in inputs.sampling_req_ids]
+        metadata = build_sampling_metadata(rows, vocab_size=logits.shape[-1], device=self.device)
+        metadata.grammar_bitmask = self._grammar_bitmask(scheduler_output, inputs.sampling_req_ids)
+        out = self.sampler(logits, metadata)
+        self.prev_sampled = out.sampled_token_ids
+        self.prev_rows = {rid: row for row, rid in enumerate(inputs.sampling_req_ids)}
+        for rid in inputs.sampling_req_ids:
+            self.requests[rid].num_pending += 1
+        result = SampledTokens(self, order, inputs.sampling_req_ids, out)
+        return result if overlap else result.get()
+
+    def _fill_pending_inputs(self, inputs) -> None:
+        """Put the previous step's samples, still on the device, into this step's input ids."""
+        if not inputs.pending_rows:
+            return
+        src = [self.prev_rows[rid] for rid in inputs.pending_req_ids]
+        index = torch.tensor([inputs.pending_rows, src], dtype=torch.int64)
+        if self.device.type == "cuda":
+            index = index.pin_memory()
+        index = index.to(self.device, non_blocking=True)
+        inputs.input_ids[index[0]] = self.prev_sampled[index[1]]
 
     def _grammar_bitmask(self, scheduler_output: SchedulerOutput, sampling_req_ids: list[str]) -> torch.Tensor | None:
         """Spread the scheduler's bitmask rows over the sampling rows; unconstrained rows allow everything."""
@@ -168,16 +183,6 @@ class ModelRunner:
             return None
         return self.model.compute_logits(hidden[inputs.logits_indices])
 
-    def _collect_logprobs(self, req_ids: list[str], tensors, into: dict[str, LogprobsLists]) -> None:
-        ids = tensors.token_ids.tolist()
-        lps = tensors.logprobs.tolist()
-        ranks = tensors.ranks.tolist()
-        for row, rid in enumerate(req_ids):
-            k = self.requests[rid].sampling.params.logprobs
-            if k is None:
-                continue
-            into[rid] = LogprobsLists(token_ids=[ids[row][:k + 1]], logprobs=[lps[row][:k + 1]],
-                                      ranks=[ranks[row]])
 
     # ---- profiling ------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -204,3 +209,54 @@ class ModelRunner:
         hidden = self.model(inputs.input_ids, inputs.positions,
                             AttentionContext(metadata=inputs.metadata, kv_caches=kv))
         self.model.compute_logits(hidden[inputs.logits_indices])
+
+
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """Start copying a device tensor to (pinned) host memory without waiting."""
+    if tensor.device.type == "cpu":
+        return tensor
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host
+
+
+class SampledTokens:
+    """A step's samples on their way to the host; ``get()`` waits for them and updates the runner's states.
+
+    Invariant: a state's ``num_pending`` counts the SampledTokens not yet resolved that sampled it.
+    """
+
+    def __init__(self, runner: ModelRunner, req_ids: list[str], sampling_req_ids: list[str], out):
+        self.runner = runner
+        self.req_ids = req_ids
+        self.sampling_req_ids = sampling_req_ids
+        self.tokens = _to_host(out.sampled_token_ids)
+        self.logprobs = None if out.logprobs is None else \
+            (_to_host(out.logprobs.token_ids), _to_host(out.logprobs.logprobs), _to_host(out.logprobs.ranks))
+        self.event = None
+        if out.sampled_token_ids.device.type == "cuda":
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def get(self) -> ModelRunnerOutput:
+        if self.event is not None:
+            self.event.synchronize()
+        sampled: dict[str, list[int]] = {}
+        for rid, tok in zip(self.sampling_req_ids, self.tokens.tolist()):
+            sampled[rid] = [tok]
+            state = self.runner.requests.get(rid)
+            if state is not None and state.num_pending:  # gone or rebuilt after preemption: nothing to do
+                state.token_ids.append(tok)
+                state.sampling.output_token_ids.append(tok)
+                state.num_pending -= 1
+        logprobs: dict[str, LogprobsLists] = {}
+        if self.logprobs is not None:
+            ids, lps, ranks = (t.tolist() for t in self.logprobs)
+            for row, rid in enumerate(self.sampling_req_ids):
+                state = self.runner.requests.get(rid)
+                k = None if state is None else state.sampling.params.logprobs
+                if k is not None:
+                    logprobs[rid] = LogprobsLists(token_ids=[ids[row][:k + 1]], logprobs=[lps[row][:k + 1]],
+                                                  ranks=[ranks[row]])
+        return ModelRunnerOutput(req_ids=self.req_ids, sampled_token_ids=[sampled.get(r, []) for r in self.req_ids],
+                                 logprobs=logprobs)
