@@ -43,16 +43,19 @@ def tiny_llama(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kwargs", [
-    {},  # CUDA graphs for decode, triton backend
+    {},  # CUDA graphs for decode, overlapped scheduling, triton backend
     {"enforce_eager": True},
+    {"async_scheduling": False},
     {"max_num_batched_tokens": 64, "enable_prefix_caching": True},
-], ids=["cudagraphs", "eager", "chunked"])
+    {"num_gpu_blocks_override": 24, "block_size": 16},  # forces preemption while steps overlap
+], ids=["cudagraphs", "eager", "sync", "chunked", "preemption"])
 def test_engine_greedy_equals_transformers_on_gpu(tiny_llama, kwargs):
     from brigade import LLM, SamplingParams
 
     path, prompts, expected = tiny_llama
     llm = LLM(path, dtype="float32", skip_tokenizer_init=True, max_model_len=512, gpu_memory_utilization=0.3,
               **kwargs)
+    assert llm.engine.core.overlap == kwargs.get("async_scheduling", True)
     runner = llm.engine.core.executor.worker.model_runner
     assert runner.attn_backend.name == "triton"
     assert (runner.cuda_graphs is not None) == (not kwargs.get("enforce_eager", False))
@@ -65,5 +68,7 @@ def test_engine_greedy_equals_transformers_on_gpu(tiny_llama, kwargs):
         assert out2.outputs[0].token_ids == ref, f"prompt {i} differs on the prefix-cached pass"
     stats = llm.get_kv_cache_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    if "num_gpu_blocks_override" in kwargs:
+        assert llm.engine.core.scheduler.num_preemptions_total > 0
     del llm
     torch.cuda.empty_cache()
