@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -122,16 +123,16 @@ def test_completion_stream_matches_and_usage(client):
 
 
 def test_batched_prompts_token_ids_and_n(client, tokenizer):
-    out = client.completions.create(model=MODEL_NAME, prompt=[PROMPT, PROMPT], n=2, max_tokens=3, temperature=0)
+    out = client.completions.create(model=MODEL_NAME, prompt=[PROMPT, PROMPT], n=2, max_tokens=2, temperature=0)
     assert [c.index for c in out.choices] == [0, 1, 2, 3]
     texts = {c.text for c in out.choices}
     assert len(texts) == 1 and next(iter(texts)).startswith(" Paris")
     assert all(c.finish_reason == "length" for c in out.choices)
     ids = tokenizer(PROMPT)["input_ids"]
-    assert out.usage.prompt_tokens == 2 * len(ids) and out.usage.completion_tokens == 4 * 3
-    by_ids = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=3, temperature=0)
+    assert out.usage.prompt_tokens == 2 * len(ids) and out.usage.completion_tokens == 4 * 2
+    by_ids = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=2, temperature=0)
     assert {by_ids.choices[0].text} == texts  # a token-id prompt gives what its text gives
-    nested = client.completions.create(model=MODEL_NAME, prompt=[ids, ids[:2]], max_tokens=2, temperature=0)
+    nested = client.completions.create(model=MODEL_NAME, prompt=[ids, ids[:2]], max_tokens=1, temperature=0)
     assert len(nested.choices) == 2 and texts.pop().startswith(nested.choices[0].text)
 
 
@@ -169,21 +170,33 @@ def test_echo_and_include_stop_str(client):
 def test_sampling_extras_are_honoured(client, tokenizer):
     paris, period = tokenizer(" Paris")["input_ids"][0], tokenizer(".")["input_ids"][0]
 
-    def text(**kwargs) -> tuple[str, str]:
+    def text(kwargs: dict) -> tuple[str, str]:
+        kwargs = dict(kwargs)
         extra = kwargs.pop("extra_body", {})
         out = client.completions.create(model=MODEL_NAME, prompt=kwargs.pop("prompt", PROMPT),
                                         **{"temperature": 0, "max_tokens": 2, **kwargs}, extra_body=extra)
         return out.choices[0].text, out.choices[0].finish_reason
 
-    assert text(prompt="Hello", logit_bias={str(paris): 100}) == (" Paris Paris", "length")
-    assert text(extra_body={"allowed_token_ids": [period]}) == ("..", "length")
-    assert text(extra_body={"stop_token_ids": [period], "top_k": 5, "min_p": 0.01}, max_tokens=4) == (" Paris", "stop")
-    assert " Paris" not in text(extra_body={"bad_words": ["Paris"]})[0]
-    seeded = [text(temperature=1.0, seed=1234, max_tokens=4, extra_body={"repetition_penalty": 1.2}) for _ in range(2)]
-    assert seeded[0] == seeded[1]
-    assert text(user="u-1", presence_penalty=0.5, frequency_penalty=0.5,
-                extra_body={"priority": 0, "cache_salt": "tenant-a", "min_tokens": 2, "ignore_eos": True,
-                            "skip_special_tokens": False})[1] == "length"
+    seeded = dict(temperature=1.0, seed=1234, max_tokens=4, extra_body={"repetition_penalty": 1.2})
+    requests = [
+        dict(prompt="Hello", logit_bias={str(paris): 100}),
+        dict(extra_body={"allowed_token_ids": [period]}),
+        dict(extra_body={"stop_token_ids": [period], "top_k": 5, "min_p": 0.01}, max_tokens=4),
+        dict(extra_body={"bad_words": ["Paris"]}),
+        seeded, seeded,
+        dict(user="u-1", presence_penalty=0.5, frequency_penalty=0.5,
+             extra_body={"priority": 0, "cache_salt": "tenant-a", "min_tokens": 2, "ignore_eos": True,
+                         "skip_special_tokens": False}),
+    ]
+    # Sent together, so the engine batches them (and the server serves them concurrently).
+    with ThreadPoolExecutor(len(requests)) as pool:
+        biased, allowed, stopped, no_paris, seeded_a, seeded_b, extras = pool.map(text, requests)
+    assert biased == (" Paris Paris", "length")
+    assert allowed == ("..", "length")
+    assert stopped == (" Paris", "stop")
+    assert " Paris" not in no_paris[0]
+    assert seeded_a == seeded_b
+    assert extras[1] == "length"
 
 
 # ---- chat ----------------------------------------------------------------------------------------
