@@ -73,13 +73,15 @@ def test_greedy_tokens_equal_transformers(name, smollm2_path, prompt_token_ids, 
 
 
 def test_prefix_cache_hits_do_not_change_outputs(smollm2_path, prompt_token_ids, expected):
+    # Greedy decoding is prefix-consistent, so 16 tokens of transformers' 48 are the reference here.
+    num_new = 16
     llm = LLM(str(smollm2_path), dtype="float32", max_model_len=512, block_size=16)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
+    params = SamplingParams(temperature=0.0, max_tokens=num_new)
     first = llm.generate(prompt_token_ids, params, use_tqdm=False)
     second = llm.generate(prompt_token_ids, params, use_tqdm=False)
     long_prompts = [i for i, p in enumerate(prompt_token_ids) if len(p) > 16]
-    assert any(second[i].num_cached_tokens > 0 for i in long_prompts), "the second pass should hit the cache"
+    assert all(second[i].num_cached_tokens > 0 for i in long_prompts), "the second pass should hit the cache"
     for a, b, ref in zip(first, second, expected):
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids == ref.token_ids
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids == ref.token_ids[:num_new]
     stats = llm.get_kv_cache_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
