@@ -7,6 +7,7 @@ record; the tests read the record back and check its metric keys and values.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,8 +20,11 @@ LLAMA_8B_DIR = REPO_ROOT / "benchmarks" / "configs" / "llama-3.1-8b"
 
 
 def run_bench(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    # One intra-op thread: these runs check the harness, not speed, and on a CI box shared with other
+    # suites two OpenMP threads per process oversubscribe the cores and make HF's many small ops crawl.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "brigade.entrypoints.cli.main", "bench", *argv],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     return proc
 
