@@ -119,6 +119,16 @@ class AsyncLLM:
             self._output_task = asyncio.get_running_loop().create_task(self._output_loop())
 
     async def _output_loop(self) -> None:
+        try:
+            await self._process_outputs_forever()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug here must not leave requests hanging
+            logger.exception("the output loop failed")
+            self.dead_error = f"the front end's output loop failed: {type(exc).__name__}: {exc}"
+            self.output_processor.fail_all(self.dead_error)
+
+    async def _process_outputs_forever(self) -> None:
         while True:
             outputs = await self.client.get_output()
             if outputs.engine_error is not None:

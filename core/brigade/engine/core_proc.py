@@ -89,6 +89,9 @@ class EngineCoreProc:
             self.core.add_request(message)
         elif kind == EngineCoreRequestType.ABORT:
             self.core.abort_requests(message)
+            # Publish the new gauges now: an idle engine runs no step that would.
+            self.outputs.put(EngineCoreOutputs(scheduler_stats=self.core.scheduler.make_stats(),
+                                               timestamp=time.time()))
         else:
             result = self.core.call_utility(message.method)
             self.outputs.put(EngineCoreOutputs(utility_call_id=message.call_id,

@@ -70,6 +70,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.sequences: dict[str, SequenceState] = {}  # engine request id -> sequence
         self.parents: dict[str, ParentState] = {}
+        self._aborted_stats = IterationStats()  # aborts since the last step, reported with its stats
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, engine_ids: list[str], arrival_time: float,
@@ -91,10 +92,15 @@ class OutputProcessor:
         return bool(self.parents)
 
     def abort_request(self, request_id: str) -> list[str]:
-        """Forget a request; returns the engine ids to abort."""
+        """Forget a request; returns the engine ids to abort. Its unfinished sequences count as aborted
+        in the next step's statistics."""
         ids = self.engine_ids(request_id)
+        now = time.time()
         for eid in ids:
-            del self.sequences[eid]
+            seq = self.sequences.pop(eid)
+            if seq.finish_reason is None:
+                seq.finish_reason = "abort"
+                self._record_finished(seq, now, self._aborted_stats)
         self.parents.pop(request_id, None)
         return ids
 
@@ -114,7 +120,7 @@ class OutputProcessor:
     def process_outputs(self, outputs: list[EngineCoreOutput], timestamp: float | None = None) -> ProcessedOutputs:
         """Apply one step's engine outputs. Stop strings end sequences here; their ids come back to abort."""
         now = time.time() if timestamp is None else timestamp
-        stats = IterationStats()
+        stats, self._aborted_stats = self._aborted_stats, IterationStats()
         touched: dict[str, tuple[ParentState, SequenceState]] = {}
         to_abort: list[str] = []
         for out in outputs:
