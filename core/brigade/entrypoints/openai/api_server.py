@@ -197,8 +197,21 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
         result = await tokenization.detokenize(await parse_request(raw_request, DetokenizeRequest))
         return json_response(result)
 
+    _mount_io_processor(app, engine, config)
     _mount_endpoint_plugins(app)
     return app
+
+
+def _mount_io_processor(app: FastAPI, engine: AsyncLLM, config: BrigadeConfig) -> None:
+    """Serve POST /pooling through the selected IO-processor plugin, if the model has one."""
+    from brigade.entrypoints.openai.serving_io_processor import io_processor_router
+    from brigade.plugins import registries
+    from brigade.plugins.io_processor import get_io_processor
+
+    processor = get_io_processor(config.model_config, registries, engine.hf_config)
+    if processor is not None:
+        logger.info("IO processor %s serves POST /pooling", type(processor).__name__)
+        app.include_router(io_processor_router(engine, processor))
 
 
 async def _log_periodically(stat_loggers: list[StatLoggerBase]) -> None:
