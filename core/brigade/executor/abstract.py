@@ -28,7 +28,11 @@ class Executor(ABC):
             from brigade.executor.uniproc import UniProcExecutor
 
             return UniProcExecutor
-        raise ValueError(f"--distributed-executor-backend {backend} is not available in this build; use uni")
+        if backend == "mp":
+            from brigade.executor.multiproc import MultiprocExecutor
+
+            return MultiprocExecutor
+        raise ValueError(f"--distributed-executor-backend {backend} is not available in this build; use uni or mp")
 
     @abstractmethod
     def determine_num_kv_blocks(self) -> int:
