@@ -46,6 +46,8 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
         m.add_argument("model_tag", nargs="?", metavar="MODEL", help="HF-format model directory")
     m.add_argument("--model", help="HF-format model directory (same as the positional MODEL)")
     m.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
+    m.add_argument("--skip-tokenizer-init", action="store_true", default=None,
+                   help="load no tokenizer: prompts must be token ids and outputs carry no text")
     m.add_argument("--served-model-name", help="the name clients use (default: the model directory's name)")
     m.add_argument("--dtype", default="auto", help=f"weights and activations: {', '.join(DTYPE_CHOICES)}")
     m.add_argument("--max-model-len", type=int, help="longest prompt plus output in tokens")
@@ -83,6 +85,8 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
                    help="split long prompts across steps (default on)")
     s.add_argument("--long-prefill-token-threshold", type=int, help="cap on one prefill chunk per step")
     s.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default=None)
+    s.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="schedule step N+1 while step N runs on the device (default: on for GPUs)")
     p = parser.add_argument_group("parallelism")
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
     p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1)
@@ -174,7 +178,7 @@ def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
         max_model_len=args.max_model_len, seed=args.seed, load_format=args.load_format,
         generation_config=args.generation_config, chat_template=args.chat_template,
         quantization=args.quantization, enforce_eager=args.enforce_eager or None,
-        io_processor_plugin=args.io_processor_plugin)))
+        io_processor_plugin=args.io_processor_plugin, skip_tokenizer_init=args.skip_tokenizer_init)))
     cache_config = CacheConfig(**_set(dict(
         block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_memory_gib=args.kv_cache_memory_gib, num_gpu_blocks_override=args.num_gpu_blocks_override,
@@ -183,7 +187,8 @@ def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
     scheduler_config = SchedulerConfig(**_set(dict(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_chunked_prefill=args.enable_chunked_prefill,
-        long_prefill_token_threshold=args.long_prefill_token_threshold, policy=args.scheduling_policy)))
+        long_prefill_token_threshold=args.long_prefill_token_threshold, policy=args.scheduling_policy,
+        async_scheduling=args.async_scheduling)))
     parallel_config = ParallelConfig(**_set(dict(
         tensor_parallel_size=args.tensor_parallel_size, pipeline_parallel_size=args.pipeline_parallel_size,
         data_parallel_size=args.data_parallel_size, distributed_executor_backend=args.distributed_executor_backend)))
