@@ -21,7 +21,8 @@ from brigade.engine.async_llm import EngineDeadError
 from brigade.entrypoints.openai.errors import OpenAIError, from_invalid_param, from_validation_error
 from brigade.entrypoints.openai.protocol import SamplingFields, parse_json_body
 from brigade.outputs import CompletionOutput, Logprob, RequestOutput
-from brigade.sampling_params import InvalidParamError, RequestOutputKind, SamplingParams
+from brigade.sampling_params import InvalidParamError, RequestOutputKind, SamplingParams, StructuredOutputsParams
+from brigade.structured_output import validate_structured_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -192,17 +193,19 @@ class OpenAIServing:
         return self.tokenizer.decode([token_id])
 
     # ---- SamplingParams ------------------------------------------------------------------------------
-    def sampling_params(self, request: SamplingFields, *, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, request: SamplingFields, *, max_tokens: int, logprobs: int | None,
+                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         """Map the request's OpenAI and vLLM fields onto SamplingParams (DELTA output for streams too).
 
+        Args:
+            structured_outputs: a constraint that replaces the request's own (a forced tool call's),
+                already validated.
         Raises:
-            OpenAIError: 400 naming the field that is out of range or not supported yet.
+            OpenAIError: 400 naming the field that is out of range or not supported yet; a schema, regex
+                or grammar that xgrammar rejects is refused here, before anything is queued.
         """
-        if request.to_structured_outputs() is not None:
-            # Parsed and validated, but not wired to the grammar backend yet: refuse, never ignore.
-            param = "structured_outputs" if request.structured_outputs is not None else "response_format"
-            raise OpenAIError.not_supported("structured output (a non-text response_format or structured_outputs)",
-                                            param)
+        if structured_outputs is None:
+            structured_outputs = self.structured_outputs(request)
         if not 1 <= request.n <= MAX_N:
             raise OpenAIError.bad_param(f"n must be between 1 and {MAX_N}, got {request.n}", "n")
         given = {k: getattr(request, k) for k in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
@@ -220,9 +223,26 @@ class OpenAIServing:
                 spaces_between_special_tokens=request.spaces_between_special_tokens,
                 logit_bias=request.logit_bias_by_id(self.vocab_size),
                 allowed_token_ids=self._checked_token_ids(request.allowed_token_ids, "allowed_token_ids"),
-                bad_words=request.bad_words, output_kind=RequestOutputKind.DELTA, **fields)
+                bad_words=request.bad_words, structured_outputs=structured_outputs,
+                output_kind=RequestOutputKind.DELTA, **fields)
         except InvalidParamError as exc:
             raise from_invalid_param(exc) from None
+
+    @staticmethod
+    def structured_outputs(request: SamplingFields) -> StructuredOutputsParams | None:
+        """The request's response_format / structured_outputs constraint, checked by xgrammar.
+
+        Raises:
+            OpenAIError: 400 naming response_format or structured_outputs.
+        """
+        param = "structured_outputs" if request.structured_outputs is not None else "response_format"
+        try:
+            constraint = request.to_structured_outputs()
+            if constraint is not None:
+                validate_structured_outputs(constraint, param=param)
+        except InvalidParamError as exc:
+            raise OpenAIError.bad_param(str(exc), exc.param or param) from None
+        return constraint
 
     def _checked_token_ids(self, token_ids: list[int] | None, param: str) -> list[int] | None:
         if token_ids is not None and any(not 0 <= t < self.vocab_size for t in token_ids):

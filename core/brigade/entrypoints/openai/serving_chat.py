@@ -3,7 +3,7 @@
 The template is applied as text (``add_generation_prompt=True`` by default), then tokenized without
 special tokens, since the template writes them itself (book ch. 3, the renderer step). Streams send a
 first chunk per choice whose delta has ``role: "assistant"``, then content deltas; the last content
-chunk carries ``finish_reason`` (API.md).
+chunk carries ``finish_reason`` (API.md). Tools and tool_choice are served by tool_calls.py.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from brigade.entrypoints.openai.responses import (ChatChoice, ChatCompletionResp
 from brigade.entrypoints.openai.serving_base import OpenAIServing, PromptResult, random_request_id
 from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_response, run_unless_disconnected,
                                                   shielded, sse_error_event, sse_event)
+from brigade.entrypoints.openai.tool_calls import (ToolPlan, ToolStream, make_tool_plan, parse_tool_calls,
+                                                   prepare_conversation)
 from brigade.outputs import Logprob
 from brigade.sampling_params import MAX_LOGPROBS, SamplingParams
 
@@ -41,10 +43,13 @@ class OpenAIServingChat(OpenAIServing):
 
     async def render_messages(self, messages: list[ChatMessage], *, add_generation_prompt: bool,
                               continue_final_message: bool = False, add_special_tokens: bool = False,
-                              template_kwargs: dict[str, Any] | None = None) -> list[int]:
+                              template_kwargs: dict[str, Any] | None = None,
+                              tool_plan: ToolPlan | None = None) -> list[int]:
         """Messages -> prompt token ids, through the chat template, on the tokenizer thread.
 
         ``add_special_tokens`` is False by default: the template already writes BOS and the role markers.
+        ``tool_plan``'s tools go to a template that reads ``tools``; one that does not gets them described
+        in the system message (tool_calls.prepare_conversation).
 
         Raises:
             OpenAIError: 400 for no messages, non-text content, no template, or a template error.
@@ -58,11 +63,19 @@ class OpenAIServingChat(OpenAIServing):
         if self.chat_template is None and not getattr(self.tokenizer, "chat_template", None):
             raise OpenAIError.bad_param("this model's tokenizer has no chat template; start the server with "
                                         "--chat-template, or use /v1/completions", "messages")
+        plan = tool_plan or ToolPlan("none")
+        template = self.chat_template or self.tokenizer.chat_template
+        knows_tools = isinstance(template, str) and "tools" in template
+        conversation = prepare_conversation(conversation, plan, knows_tools)
+        tools = None
+        if knows_tools and plan.active:
+            tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
+                                                       "parameters": t.parameters}} for t in plan.tools.values()]
 
         def render() -> list[int]:
             text = self.tokenizer.apply_chat_template(
                 conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message, chat_template=self.chat_template,
+                continue_final_message=continue_final_message, chat_template=self.chat_template, tools=tools,
                 **(template_kwargs or {}))
             return self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
 
@@ -78,24 +91,25 @@ class OpenAIServingChat(OpenAIServing):
             OpenAIError: 400 (bad field, tools, too long), 404 (model), 503 (engine dead).
         """
         await self.check_request(request)
-        if request.tools:
-            raise OpenAIError.not_supported("tool calling (tools)", "tools")
-        if request.tool_choice not in (None, "none", "auto"):
-            raise OpenAIError.not_supported("tool_choice other than none or auto", "tool_choice")
+        own_constraint = self.structured_outputs(request)
+        plan = make_tool_plan(request.tools, request.tool_choice, request.parallel_tool_calls,
+                              other_constraint=own_constraint is not None)
         num_logprobs = self._num_logprobs(request)
         prompt_ids = await self.render_messages(
             request.messages, add_generation_prompt=request.add_generation_prompt and not
             request.continue_final_message, continue_final_message=request.continue_final_message,
-            add_special_tokens=request.add_special_tokens, template_kwargs=request.chat_template_kwargs)
+            add_special_tokens=request.add_special_tokens, template_kwargs=request.chat_template_kwargs,
+            tool_plan=plan)
         wanted, param = request.wanted_max_tokens()
         max_tokens = self.check_length(len(prompt_ids), wanted, prompt_param="messages", max_tokens_param=param)
-        params = self.sampling_params(request, max_tokens=max_tokens, logprobs=num_logprobs)
+        params = self.sampling_params(request, max_tokens=max_tokens, logprobs=num_logprobs,
+                                      structured_outputs=plan.constraint() or own_constraint)
         request_id = random_request_id("chatcmpl")
         if request.stream:
-            return StreamingResponse(self._stream(request, prompt_ids, params, request_id),
+            return StreamingResponse(self._stream(request, prompt_ids, params, request_id, plan),
                                      media_type="text/event-stream", headers=SSE_HEADERS)
         completed, response = await run_unless_disconnected(
-            raw_request, self._full(request, prompt_ids, params, request_id))
+            raw_request, self._full(request, prompt_ids, params, request_id, plan))
         if not completed:
             return Response(status_code=499)  # the client is gone; nobody reads this
         return json_response(response)
@@ -125,7 +139,7 @@ class OpenAIServingChat(OpenAIServing):
         return ChatLogprobs(content=content)
 
     async def _full(self, request: ChatCompletionRequest, prompt_ids: list[int], params: SamplingParams,
-                    request_id: str) -> ChatCompletionResponse:
+                    request_id: str, plan: ToolPlan) -> ChatCompletionResponse:
         result = PromptResult(prompt_ids)
         finished = False
         try:
@@ -145,13 +159,26 @@ class OpenAIServingChat(OpenAIServing):
                                   type="server_error")
             logprobs = (self._logprobs(state.token_ids, state.logprobs, params.logprobs)
                         if params.logprobs is not None else None)
-            choices.append(ChatChoice(index=j, message=ChatResponseMessage(content=state.text), logprobs=logprobs,
-                                      finish_reason=state.finish_reason, stop_reason=state.stop_reason))
+            message, finish_reason = self._message(state.text, state.finish_reason, plan)
+            choices.append(ChatChoice(index=j, message=message, logprobs=logprobs, finish_reason=finish_reason,
+                                      stop_reason=state.stop_reason))
         usage = UsageInfo.from_counts(len(prompt_ids), result.num_generated_tokens(), result.num_cached_tokens)
         return ChatCompletionResponse(id=request_id, model=self.served_model_name, choices=choices, usage=usage)
 
+    @staticmethod
+    def _message(text: str, finish_reason: str | None, plan: ToolPlan) -> tuple[ChatResponseMessage, str | None]:
+        """A finished choice's message: its tool calls (finish_reason "tool_calls"), else its text."""
+        calls = plan.calls_from_output(text) if plan.active else None
+        if not calls:
+            return ChatResponseMessage(content=text), finish_reason
+        content = None
+        if plan.mode == "auto":
+            content = parse_tool_calls(text, plan.tools)[0]
+        return (ChatResponseMessage(content=content, tool_calls=calls),
+                "tool_calls" if finish_reason == "stop" else finish_reason)
+
     async def _stream(self, request: ChatCompletionRequest, prompt_ids: list[int], params: SamplingParams,
-                      request_id: str) -> AsyncIterator[str]:
+                      request_id: str, plan: ToolPlan) -> AsyncIterator[str]:
         created = int(time.time())
         exclude = None if request.include_usage() else {"usage"}
 
@@ -161,6 +188,7 @@ class OpenAIServingChat(OpenAIServing):
             return sse_event(body, exclude=None if usage is not None else exclude)
 
         result = PromptResult(prompt_ids)
+        tool_streams = {j: ToolStream(plan) for j in range(request.n)}
         finished = False
         try:
             for j in range(request.n):
@@ -172,8 +200,17 @@ class OpenAIServingChat(OpenAIServing):
                         continue
                     logprobs = (self._logprobs(delta.token_ids, delta.logprobs or [], params.logprobs)
                                 if params.logprobs is not None else None)
-                    yield chunk([ChatStreamChoice(index=delta.index, delta=DeltaMessage(content=delta.text),
-                                                  logprobs=logprobs, finish_reason=delta.finish_reason,
+                    sent = tool_streams[delta.index].feed(delta.text)
+                    finish_reason = delta.finish_reason
+                    if finish_reason is not None:
+                        last, finish_reason = tool_streams[delta.index].finish(finish_reason)
+                        sent.content = (sent.content or "") + (last.content or "") or None
+                        sent.tool_calls = (sent.tool_calls or []) + (last.tool_calls or []) or None
+                    elif sent.content is None and sent.tool_calls is None and logprobs is None:
+                        continue  # text held back for a tool call: nothing to send yet
+                    yield chunk([ChatStreamChoice(index=delta.index,
+                                                  delta=DeltaMessage(content=sent.content, tool_calls=sent.tool_calls),
+                                                  logprobs=logprobs, finish_reason=finish_reason,
                                                   stop_reason=delta.stop_reason)])
             if request.include_usage():
                 usage = UsageInfo.from_counts(len(prompt_ids), result.num_generated_tokens(),
