@@ -15,6 +15,7 @@ from brigade.attention.backend import AttentionBackend, AttentionContext
 from brigade.config import BrigadeConfig
 from brigade.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from brigade.engine.messages import LogprobsLists
+from brigade.plugins import registries
 from brigade.sample.metadata import SamplingRequestState, build_sampling_metadata
 from brigade.sample.sampler import Sampler
 from brigade.worker.input_batch import CachedRequestState, HostToDevice, build_step_inputs
@@ -35,7 +36,9 @@ class ModelRunner:
         self.block_size = config.cache_config.block_size
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
-        self.sampler = Sampler()
+        # Logits processors from plugins (register_logits_processors); the Sampler skips built-ins it runs anyway.
+        processors = registries.logits_processors
+        self.sampler = Sampler(extra_logits_processors=[processors.get(n) for n in processors.names()])
         self.requests: dict[str, CachedRequestState] = {}
         self.transfer = HostToDevice(device)
         self.cuda_graphs = None  # DecodeGraphs once captured
