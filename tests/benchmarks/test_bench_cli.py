@@ -117,8 +117,8 @@ def test_llama_8b_config_has_the_llama_3_1_8b_shape():
     assert tokenizer.decode(tokenizer.encode("héllo")) == "héllo"
 
 
-def test_dummy_weights_on_a_shrunk_llama_8b_config(tmp_path):
-    """The GPU command's path (dummy weights, bf16, llama3 RoPE, synthetic tokenizer, sharegpt-like) at toy size."""
+def test_dummy_weights_on_a_shrunk_llama_8b_config(tmp_path, free_port):
+    """The GPU commands' path (dummy weights, bf16, llama3 RoPE, synthetic tokenizer, sharegpt-like) at toy size."""
     model_dir = tmp_path / "llama-tiny"
     shutil.copytree(LLAMA_8B_DIR, model_dir)
     config = json.loads((model_dir / "config.json").read_text())
@@ -135,3 +135,10 @@ def test_dummy_weights_on_a_shrunk_llama_8b_config(tmp_path):
         check_throughput(record["results"][name], 3, bench["num_output_tokens"])
     assert record["config"]["engine"]["model_config"]["dtype"] == "bfloat16"
     assert record["config"]["engine"]["model_config"]["load_format"] == "dummy"
+    # The server checks prompt ids against its (synthetic, 259-id) tokenizer: the prompts must respect it.
+    out = tmp_path / "dummy_serve.json"
+    run_bench("serve", str(model_dir), "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", "2048",
+              "--kv-cache-memory", "0.25", "--launch", "--base-url", f"http://127.0.0.1:{free_port}",
+              "--num-prompts", "3", "--input-len", "10", "--output-len", "4", "--output-json", str(out))
+    metrics = load(out)["results"]["brigade"]
+    assert (metrics["completed"], metrics["num_output_tokens"]) == (3, 12)

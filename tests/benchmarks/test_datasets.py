@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from brigade.benchmarks.datasets import (SHAREGPT_LIKE_MAX_LEN, SHAREGPT_LIKE_MIN_LEN, make_requests,
+from brigade.benchmarks.datasets import (SHAREGPT_LIKE_MAX_LEN, SHAREGPT_LIKE_MIN_LEN, make_requests, prompt_vocab_size,
                                          random_requests, sharegpt_like_requests, token_counts)
 
 
@@ -47,3 +47,12 @@ def test_make_requests_rejects_unknown_datasets_and_too_long_random_requests():
         make_requests("sharegpt", 1, input_len=4, output_len=4, vocab_size=10)
     with pytest.raises(ValueError, match="exceeds the max model length"):
         make_requests("random", 1, input_len=100, output_len=30, vocab_size=10, max_model_len=128)
+
+
+def test_prompt_vocab_is_cut_to_the_tokenizer_the_server_checks_against():
+    class Tokenizer:
+        def __len__(self):
+            return 259
+
+    assert prompt_vocab_size(128256, Tokenizer()) == 259
+    assert prompt_vocab_size(49152, None) == 49152

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 import torch
 
 from brigade.benchmarks import results as rec
-from brigade.benchmarks.datasets import make_requests, random_requests, token_counts
+from brigade.benchmarks.datasets import make_requests, prompt_vocab_size, random_requests, token_counts
 from brigade.benchmarks.throughput import (ThroughputFigures, run_brigade_throughput, warm_up_brigade,
                                            warmup_requests)
 
@@ -68,24 +68,25 @@ def _brigade_throughput(config, args, platform, seed: int):
     llm = LLM.from_config(config)
     try:
         hf_config = get_hf_config(config.model_config.model)
+        vocab = prompt_vocab_size(hf_config.vocab_size, llm.get_tokenizer())
         requests = make_requests(args.dataset, args.num_prompts, input_len=args.input_len,
-                                 output_len=args.output_len, vocab_size=hf_config.vocab_size, seed=seed,
+                                 output_len=args.output_len, vocab_size=vocab, seed=seed,
                                  max_model_len=llm.config.model_config.max_model_len)
-        warm_up_brigade(llm, warmup_requests(requests, vocab_size=hf_config.vocab_size, seed=seed))
+        warm_up_brigade(llm, warmup_requests(requests, vocab_size=vocab, seed=seed))
         figures = run_brigade_throughput(llm, requests, synchronize=platform.synchronize)
-        return figures, requests, hf_config, llm.config
+        return figures, requests, hf_config, llm.config, vocab
     finally:
         llm.engine.core.shutdown()
 
 
-def _hf_throughput(args, config, hf_config, requests, platform, seed: int) -> dict[str, dict]:
+def _hf_throughput(args, config, hf_config, requests, vocab: int, platform, seed: int) -> dict[str, dict]:
     from brigade.benchmarks.hf_peer import (PeerUnavailableError, load_hf_model, run_hf_generate_batch_throughput,
                                             run_hf_generate_throughput)
 
     model = load_hf_model(config.model_config.model, dtype=_model_dtype(platform, config, hf_config),
                           device=platform.device_for_rank(0), load_format=config.model_config.load_format, seed=seed)
     out: dict[str, dict] = {}
-    warm = warmup_requests(requests, vocab_size=hf_config.vocab_size, seed=seed)
+    warm = warmup_requests(requests, vocab_size=vocab, seed=seed)
     if args.hf_peer in ("generate", "both"):
         batch_size = args.hf_batch_size or len(requests)
         run_hf_generate_throughput(model, warm, batch_size=len(warm), synchronize=platform.synchronize)
@@ -110,11 +111,11 @@ def run_throughput(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     platform = _platform()
     seed = 0 if args.seed is None else args.seed
-    figures, requests, hf_config, engine_config = _brigade_throughput(config, args, platform, seed)
+    figures, requests, hf_config, engine_config, vocab = _brigade_throughput(config, args, platform, seed)
     _release(platform)
     results: dict[str, dict] = {"brigade": figures.as_dict()}
     if args.hf_peer != "none":
-        results.update(_hf_throughput(args, config, hf_config, requests, platform, seed))
+        results.update(_hf_throughput(args, config, hf_config, requests, vocab, platform, seed))
         _release(platform)
     ratios = {}
     for peer, values in results.items():
@@ -152,10 +153,10 @@ def run_latency(args: argparse.Namespace) -> int:
     seed = 0 if args.seed is None else args.seed
     hf_config = get_hf_config(config.model_config.model)
 
-    def batch_maker():
+    def batch_maker(vocab: int):
         counter = itertools.count()  # iteration k gets seed + k: fresh prompts, no prefix-cache hits
         return lambda: random_requests(args.batch_size, args.input_len, args.output_len,
-                                       vocab_size=hf_config.vocab_size, seed=seed + next(counter))
+                                       vocab_size=vocab, seed=seed + next(counter))
 
     def report(phase: str, i: int, timing) -> None:
         print(f"{phase} iteration {i + 1}: {timing.latency_s * 1000:.1f} ms", flush=True)
@@ -169,7 +170,8 @@ def run_latency(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         runner = BrigadeLatencyRunner(llm.engine, platform.synchronize)
-        make = batch_maker()
+        vocab = prompt_vocab_size(hf_config.vocab_size, llm.get_tokenizer())
+        make = batch_maker(vocab)
         timed = run_iterations(lambda: runner.run_batch(make()), num_warmup=args.num_iters_warmup,
                                num_iters=args.num_iters, on_iteration=report)
     finally:
@@ -183,7 +185,7 @@ def run_latency(args: argparse.Namespace) -> int:
         model = load_hf_model(config.model_config.model, dtype=_model_dtype(platform, config, hf_config),
                               device=platform.device_for_rank(0), load_format=config.model_config.load_format,
                               seed=seed)
-        make = batch_maker()
+        make = batch_maker(vocab)
         timed = run_iterations(lambda: hf_latency_batch(model, make(), synchronize=platform.synchronize),
                                num_warmup=args.num_iters_warmup, num_iters=args.num_iters, on_iteration=report)
         results["hf_generate"] = latency_summary(timed, args.output_len)
@@ -238,8 +240,15 @@ def run_serve(args: argparse.Namespace, serve_engine_argv: list[str]) -> int:
     seed = 0 if args.seed is None else args.seed
     hf_config = get_hf_config(model_dir)
     max_len = args.max_model_len or getattr(hf_config, "max_position_embeddings", None)
+    tokenizer = None
+    if not args.skip_tokenizer_init:
+        from brigade.config import ModelConfig
+        from brigade.tokenizer import get_tokenizer
+
+        tokenizer = get_tokenizer(ModelConfig(model=model_dir, tokenizer=args.tokenizer))
     requests = make_requests(args.dataset, args.num_prompts, input_len=args.input_len, output_len=args.output_len,
-                             vocab_size=hf_config.vocab_size, seed=seed, max_model_len=max_len)
+                             vocab_size=prompt_vocab_size(hf_config.vocab_size, tokenizer), seed=seed,
+                             max_model_len=max_len)
     api_key = args.api_key or os.environ.get("BRIGADE_API_KEY") or None
     engine_config: object = {"launched": False, "base_url": args.base_url}
     if args.launch:

@@ -1,6 +1,6 @@
 """Benchmark request sets: random token-id prompts of fixed lengths, or a seeded ShareGPT-like length mix.
 
-Prompts are token ids drawn uniformly from the model's vocabulary, as vLLM's ``random`` dataset does:
+Prompts are token ids drawn uniformly from the vocabulary, as vLLM's ``random`` dataset does:
 no tokenizer round trip, so the lengths are exact and the same ids go to Brigade, to the HF peer and
 over HTTP. Nothing is downloaded; the ShareGPT-like set only imitates ShareGPT's long-tailed lengths.
 """
@@ -100,6 +100,14 @@ def make_requests(dataset: str, num_requests: int, *, input_len: int, output_len
     if dataset == "sharegpt-like":
         return sharegpt_like_requests(num_requests, vocab_size=vocab_size, seed=seed, max_model_len=max_model_len)
     raise ValueError(f"unknown dataset {dataset!r}; use one of {', '.join(DATASETS)}")
+
+
+def prompt_vocab_size(model_vocab_size: int, tokenizer=None) -> int:
+    """How many token ids the random prompts draw from: the model's vocabulary, cut to the tokenizer's
+    length when there is a tokenizer (as vLLM's random dataset draws from the tokenizer), because the
+    server refuses ids its tokenizer cannot decode. A dummy model with a small synthetic tokenizer
+    therefore gets prompts over the tokenizer's ids only; for speed that changes nothing."""
+    return model_vocab_size if tokenizer is None else min(model_vocab_size, len(tokenizer))
 
 
 def token_counts(requests: list[SampleRequest]) -> tuple[int, int]:
