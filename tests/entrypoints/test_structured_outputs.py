@@ -117,8 +117,9 @@ def test_structured_outputs_on_completions(client, constraint, check):
 
 
 def test_structured_outputs_stream_on_completions(client):
+    constraint = {"structured_outputs": {"choice": ["Rome", "Oslo"]}}
     chunks = list(client.completions.create(model=MODEL, prompt="Name a city:", max_tokens=20, temperature=0,
-                                            stream=True, extra_body={"structured_outputs": {"choice": ["Rome", "Oslo"]}}))
+                                            stream=True, extra_body=constraint))
     assert "".join(c.choices[0].text for c in chunks) in ("Rome", "Oslo")
     assert chunks[-1].choices[0].finish_reason == "stop"
 

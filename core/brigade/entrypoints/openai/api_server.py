@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from brigade.config import BrigadeConfig
 from brigade.engine.async_llm import AsyncLLM, EngineDeadError
 from brigade.entrypoints.openai.errors import OpenAIError, install_error_handlers
+from brigade.entrypoints.openai.openapi import install_request_schemas, json_body
 from brigade.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                                  TokenizeRequest)
 from brigade.entrypoints.openai.responses import ModelCard, ModelList
@@ -31,6 +32,8 @@ from brigade.entrypoints.openai.serving_base import load_generation_defaults, pa
 from brigade.entrypoints.openai.serving_chat import OpenAIServingChat
 from brigade.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from brigade.entrypoints.openai.serving_tokenize import OpenAIServingTokenization
+from brigade.entrypoints.openai.shutdown import (FLUSH_GRACE_S, Drain, DrainingServer,
+                                                 quiet_signals_after_serve)
 from brigade.entrypoints.openai.streaming import json_response
 from brigade.metrics.prometheus import PrometheusStatLogger
 from brigade.metrics.stats import StatLoggerBase
@@ -122,9 +125,10 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     for sl in stat_loggers:
         engine.add_stat_logger(sl)
     tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brigade-tokenizer")
+    drain = Drain()
     common = dict(served_model_name=served_name, tokenizer_executor=tokenizer_executor,
                   generation_defaults=load_generation_defaults(config.model_config),
-                  log_requests=settings.log_requests)
+                  log_requests=settings.log_requests, drain=drain)
     completion = OpenAIServingCompletion(engine, **common)
     chat = OpenAIServingChat(engine, **common)
     tokenization = OpenAIServingTokenization(chat)
@@ -144,6 +148,7 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     app.state.config = config
     app.state.served_model_name = served_name
     app.state.stat_logger = stat_logger
+    app.state.drain = drain
     install_error_handlers(app, EngineDeadError)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
@@ -178,27 +183,28 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
         return ModelList(data=[ModelCard(id=served_name, root=config.model_config.model,
                                          max_model_len=engine.max_model_len)])
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(raw_request: Request) -> Response:
         return await completion.create_completion(await parse_request(raw_request, CompletionRequest), raw_request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def chat_completions(raw_request: Request) -> Response:
         return await chat.create_chat_completion(await parse_request(raw_request, ChatCompletionRequest),
                                                  raw_request)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
     async def tokenize(raw_request: Request) -> Response:
         result = await tokenization.tokenize(await parse_request(raw_request, TokenizeRequest))
         return json_response(result)
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
     async def detokenize(raw_request: Request) -> Response:
         result = await tokenization.detokenize(await parse_request(raw_request, DetokenizeRequest))
         return json_response(result)
 
     _mount_io_processor(app, engine, config)
     _mount_endpoint_plugins(app)
+    install_request_schemas(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest])
     return app
 
 
@@ -241,9 +247,13 @@ async def serve_http(config: BrigadeConfig, settings: ServerSettings, sock: sock
     engine = AsyncLLM.from_config(config)
     try:
         app = build_app(engine, config, settings)
+        # In-flight requests get --shutdown-timeout after SIGTERM (the Drain cuts them cleanly then);
+        # uvicorn waits a little longer so the cut requests can send their last bytes.
         uv_config = uvicorn.Config(app, log_level=settings.uvicorn_log_level,
-                                   timeout_graceful_shutdown=settings.shutdown_timeout_s, lifespan="on")
-        server = uvicorn.Server(uv_config)
+                                   timeout_graceful_shutdown=settings.shutdown_timeout_s + FLUSH_GRACE_S,
+                                   lifespan="on")
+        server = DrainingServer(uv_config, app.state.drain, settings.shutdown_timeout_s)
+        quiet_signals_after_serve()
         logger.info("serving %s on http://%s:%d", config.model_config.name, settings.host, settings.port)
         await server.serve(sockets=[sock])
     finally:

@@ -20,6 +20,7 @@ from brigade.config import ModelConfig
 from brigade.engine.async_llm import EngineDeadError
 from brigade.entrypoints.openai.errors import OpenAIError, from_invalid_param, from_validation_error
 from brigade.entrypoints.openai.protocol import SamplingFields, parse_json_body
+from brigade.entrypoints.openai.shutdown import Drain
 from brigade.outputs import CompletionOutput, Logprob, RequestOutput
 from brigade.sampling_params import InvalidParamError, RequestOutputKind, SamplingParams, StructuredOutputsParams
 from brigade.structured_output import validate_structured_outputs
@@ -120,10 +121,11 @@ class OpenAIServing:
             event loop keeps streaming other requests (HF fast tokenizers release the GIL).
         generation_defaults: sampling defaults from generation_config.json.
         log_requests: log each request's id, prompt length and parameters at INFO.
+        drain: the server's shutdown Drain; engine iterators are cut through it at the shutdown timeout.
     """
 
     def __init__(self, engine: Any, *, served_model_name: str, tokenizer_executor: ThreadPoolExecutor,
-                 generation_defaults: dict[str, Any], log_requests: bool = True):
+                 generation_defaults: dict[str, Any], log_requests: bool = True, drain: Drain | None = None):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.max_model_len: int = engine.max_model_len
@@ -131,6 +133,7 @@ class OpenAIServing:
         self.tokenizer_executor = tokenizer_executor
         self.generation_defaults = generation_defaults
         self.log_requests = log_requests
+        self.drain = drain
         self.vocab_size = len(self.tokenizer)
 
     # ---- checks --------------------------------------------------------------------------------------
@@ -259,8 +262,9 @@ class OpenAIServing:
         """Start one engine request; the iterator yields DELTA RequestOutputs."""
         if self.log_requests:
             logger.info("request %s: %d prompt tokens, params=%s", request_id, len(prompt_token_ids), params)
-        return self.engine.generate(prompt_token_ids, params, request_id, priority=request.priority,
-                                    cache_salt=request.cache_salt)
+        outputs = self.engine.generate(prompt_token_ids, params, request_id, priority=request.priority,
+                                       cache_salt=request.cache_salt)
+        return outputs if self.drain is None else self.drain.guard(outputs)
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
