@@ -163,7 +163,7 @@ def _cpu_cache_config(requests: list[SampleRequest]):
     return config_cls(num_blocks=pages + pages // 4 + 1)
 
 
-@torch.inference_mode()
+@torch.no_grad()  # generate_batch updates its cache tensors from its own thread: no inference tensors
 def run_hf_generate_batch_throughput(model, requests: list[SampleRequest], *,
                                      synchronize: Callable[[], None]) -> ThroughputFigures:
     """Time transformers' continuous batching over all requests (added together, like ``generate_batch``).
