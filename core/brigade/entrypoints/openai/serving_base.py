@@ -134,7 +134,8 @@ class OpenAIServing:
         self.generation_defaults = generation_defaults
         self.log_requests = log_requests
         self.drain = drain
-        self.vocab_size = len(self.tokenizer)
+        # Without a tokenizer (--skip-tokenizer-init) prompts are token ids checked against the model's vocab.
+        self.vocab_size = len(self.tokenizer) if self.tokenizer is not None else engine.hf_config.vocab_size
 
     # ---- checks --------------------------------------------------------------------------------------
     async def check_request(self, request: BaseModel) -> None:
