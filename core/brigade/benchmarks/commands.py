@@ -19,8 +19,7 @@ import torch
 
 from brigade.benchmarks import results as rec
 from brigade.benchmarks.datasets import make_requests, prompt_vocab_size, random_requests, token_counts
-from brigade.benchmarks.throughput import (ThroughputFigures, run_brigade_throughput, warm_up_brigade,
-                                           warmup_requests)
+from brigade.benchmarks.throughput import run_brigade_throughput, warm_up_brigade, warmup_requests
 
 _SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": "off", "ignore_eos": True}
 
@@ -50,7 +49,8 @@ def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     print(f"=== {title} ===")
     for row in [header, *rows]:
-        print("  ".join(str(cell).rjust(w) if i else str(cell).ljust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+        cells = [str(cell).rjust(w) if i else str(cell).ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
+        print("  ".join(cells))
 
 
 def _finish(record: dict, path: str | None) -> int:
@@ -74,7 +74,7 @@ def _brigade_throughput(config, args, platform, seed: int):
                                  max_model_len=llm.config.model_config.max_model_len)
         warm_up_brigade(llm, warmup_requests(requests, vocab_size=vocab, seed=seed))
         figures = run_brigade_throughput(llm, requests, synchronize=platform.synchronize)
-        return figures, requests, hf_config, llm.config, vocab
+        return {**figures.as_dict(), "load_average_after": rec.load_average()}, requests, hf_config, llm.config, vocab
     finally:
         llm.engine.core.shutdown()
 
@@ -92,11 +92,12 @@ def _hf_throughput(args, config, hf_config, requests, vocab: int, platform, seed
         run_hf_generate_throughput(model, warm, batch_size=len(warm), synchronize=platform.synchronize)
         figures, generated = run_hf_generate_throughput(model, requests, batch_size=batch_size,
                                                         synchronize=platform.synchronize)
-        out["hf_generate"] = {**figures.as_dict(), "batch_size": batch_size, "num_generated_tokens": generated}
+        out["hf_generate"] = {**figures.as_dict(), "batch_size": batch_size, "num_generated_tokens": generated,
+                              "load_average_after": rec.load_average()}
     if args.hf_peer in ("generate_batch", "both"):
         try:
             figures = run_hf_generate_batch_throughput(model, requests, synchronize=platform.synchronize)
-            out["hf_generate_batch"] = figures.as_dict()
+            out["hf_generate_batch"] = {**figures.as_dict(), "load_average_after": rec.load_average()}
         except PeerUnavailableError as exc:
             print(f"warning: HF generate_batch peer skipped: {exc}", file=sys.stderr)
             out["hf_generate_batch"] = {"error": str(exc)}
@@ -113,7 +114,7 @@ def run_throughput(args: argparse.Namespace) -> int:
     seed = 0 if args.seed is None else args.seed
     figures, requests, hf_config, engine_config, vocab = _brigade_throughput(config, args, platform, seed)
     _release(platform)
-    results: dict[str, dict] = {"brigade": figures.as_dict()}
+    results: dict[str, dict] = {"brigade": figures}
     if args.hf_peer != "none":
         results.update(_hf_throughput(args, config, hf_config, requests, vocab, platform, seed))
         _release(platform)
@@ -178,7 +179,7 @@ def run_latency(args: argparse.Namespace) -> int:
         llm.engine.core.shutdown()
     del llm, runner
     _release(platform)
-    results = {"brigade": latency_summary(timed, args.output_len)}
+    results = {"brigade": {**latency_summary(timed, args.output_len), "load_average_after": rec.load_average()}}
     if args.hf_peer == "generate":
         from brigade.benchmarks.hf_peer import load_hf_model
 
@@ -188,14 +189,14 @@ def run_latency(args: argparse.Namespace) -> int:
         make = batch_maker(vocab)
         timed = run_iterations(lambda: hf_latency_batch(model, make(), synchronize=platform.synchronize),
                                num_warmup=args.num_iters_warmup, num_iters=args.num_iters, on_iteration=report)
-        results["hf_generate"] = latency_summary(timed, args.output_len)
+        results["hf_generate"] = {**latency_summary(timed, args.output_len), "load_average_after": rec.load_average()}
         del model
         _release(platform)
     ratios = {f"{peer}/brigade/{m}": rec.ratio(v[m]["mean"], results["brigade"][m]["mean"])
               for peer, v in results.items() if peer != "brigade" for m in ("latency_ms", "ttft_ms", "tpot_ms")}
     rows = [[name] + [f"{v[m][s]:.2f}" for m in ("latency_ms", "ttft_ms", "tpot_ms") for s in ("mean", "median", "p99")]
             for name, v in results.items()]
-    header = [""] + [f"{m.removesuffix('_ms')} {s}" for m in ("latency", "ttft", "tpot") for s in ("mean", "median", "p99")]
+    header = [""] + [f"{m} {s}" for m in ("latency", "ttft", "tpot") for s in ("mean", "median", "p99")]
     _print_table(f"latency (ms): batch {args.batch_size}, {args.input_len} in / {args.output_len} out, "
                  f"{args.num_iters} iterations", header, rows)
     bench = {"batch_size": args.batch_size, "input_len": args.input_len, "output_len": args.output_len,
@@ -272,7 +273,7 @@ def run_serve(args: argparse.Namespace, serve_engine_argv: list[str]) -> int:
         results, duration = asyncio.run(run_serve_benchmark(
             args.base_url, model_name, requests, request_rate=args.request_rate, seed=seed, api_key=api_key,
             max_concurrency=args.max_concurrency))
-    metrics = serve_metrics(results, duration)
+    metrics = {**serve_metrics(results, duration), "load_average_after": rec.load_average()}
     rows = [[name] + [f"{metrics[name][s]:.2f}" for s in ("mean", "median", "p99")]
             for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")]
     _print_table(f"serve: {metrics['completed']}/{metrics['num_requests']} requests in {duration:.2f} s, "

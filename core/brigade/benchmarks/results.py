@@ -75,13 +75,19 @@ def _accelerator_name(device_type: str) -> str | None:
     return get_name(0)
 
 
+def load_average() -> list[float] | None:
+    """The 1/5/15-minute load averages now (None where the OS has none). Sampled right after a timed
+    phase, the 1-minute figure tells whether other work shared the machine (our own run counts ~1 per busy
+    thread)."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
 def device_info(device_type: str, platform_name: str) -> dict[str, Any]:
     """What the numbers were measured on: accelerator, CPU model, threads, load and library versions."""
     import transformers
 
     from brigade.version import __version__
 
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {
         "platform": platform_name,
         "device_type": device_type,
@@ -89,7 +95,7 @@ def device_info(device_type: str, platform_name: str) -> dict[str, Any]:
         "cpu_model": _cpu_model(),
         "num_cpus": os.cpu_count(),
         "torch_num_threads": torch.get_num_threads(),
-        "load_average_1_5_15": list(load) if load else None,
+        "load_average_1_5_15": load_average(),
         "python": py_platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
