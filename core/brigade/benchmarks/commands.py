@@ -45,6 +45,15 @@ def _release(platform) -> None:
     platform.empty_cache()
 
 
+def _free_device_memory(platform) -> int | None:
+    """Free device memory in bytes (None on the CPU), noted before the HF peer loads: if Brigade's KV
+    cache or CUDA graphs were not released, the record shows it."""
+    try:
+        return platform.mem_get_info()[0]
+    except NotImplementedError:
+        return None
+
+
 def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     print(f"=== {title} ===")
@@ -83,9 +92,10 @@ def _hf_throughput(args, config, hf_config, requests, vocab: int, platform, seed
     from brigade.benchmarks.hf_peer import (PeerUnavailableError, load_hf_model, run_hf_generate_batch_throughput,
                                             run_hf_generate_throughput)
 
+    free_before = _free_device_memory(platform)
     model = load_hf_model(config.model_config.model, dtype=_model_dtype(platform, config, hf_config),
                           device=platform.device_for_rank(0), load_format=config.model_config.load_format, seed=seed)
-    out: dict[str, dict] = {}
+    out: dict[str, dict] = {"hf_setup": {"device_memory_free_before_load_bytes": free_before}}
     warm = warmup_requests(requests, vocab_size=vocab, seed=seed)
     if args.hf_peer in ("generate", "both"):
         batch_size = args.hf_batch_size or len(requests)
@@ -120,7 +130,7 @@ def run_throughput(args: argparse.Namespace) -> int:
         _release(platform)
     ratios = {}
     for peer, values in results.items():
-        if peer != "brigade" and "output_tokens_per_s" in values:
+        if peer.startswith("hf_generate") and "output_tokens_per_s" in values:
             for metric in ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s"):
                 ratios[f"brigade/{peer}/{metric}"] = rec.ratio(results["brigade"][metric], values[metric])
     num_prompt, num_output = token_counts(requests)
