@@ -27,6 +27,7 @@ STAMP="$VENV/.brigade-setup-stamp"
 LOCAL_PACKAGES=(
     builtin_platforms/cuda
     builtin_platforms/rocm
+    builtin_quant/fp8
     plugins/*
 )
 # <<<
