@@ -83,8 +83,11 @@ def test_fp8_model_matches_unquantized_and_stores_fp8_weights(smollm2_path):
     assert ids[0] == ref_ids[0]
     common = set(top) & set(ref_top)
     assert len(common) >= 4, (top, ref_top)  # the top-5 sets agree but for a near-tie at the edge
+    # Measured on SmolLM2-135M (a small, quantization-sensitive model): the chosen token moves by
+    # 0.055 nats and the top-5 tail by up to 0.47; the bounds leave room for other CPUs' rounding.
+    assert abs(top[ids[0]] - ref_top[ids[0]]) < 0.1
     diff = max(abs(top[t] - ref_top[t]) for t in common)
-    assert 0 < diff < 0.5, diff  # quantization changed the logits, but only slightly
+    assert 0 < diff < 0.75, diff  # quantization changed the logits, but only slightly
 
     model = llm.engine.core.executor.worker.model_runner.model
     layer0 = model.model.layers[0]
