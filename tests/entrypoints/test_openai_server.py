@@ -167,6 +167,29 @@ def test_echo_and_include_stop_str(client):
     assert out.choices[0].text == PROMPT + " Paris" and out.choices[0].finish_reason == "stop"
 
 
+def test_echo_with_logprobs_scores_the_prompt(server, client, tokenizer):
+    ids = tokenizer(PROMPT)["input_ids"]
+    out = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=2, temperature=0, echo=True,
+                                    logprobs=1)
+    choice = out.choices[0]
+    lp = choice.logprobs
+    assert choice.text.startswith(PROMPT) and len(lp.tokens) == len(ids) + 2
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # the first token has no context
+    assert all(x < 0 for x in lp.token_logprobs[1:]) and all(1 <= len(t) <= 2 for t in lp.top_logprobs[1:])
+    assert lp.text_offset[len(ids)] == len(PROMPT)  # generated tokens start after the echoed prompt
+    chunks = list(client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=2, temperature=0, echo=True,
+                                            logprobs=1, stream=True))
+    streamed = [t for c in chunks for t in c.choices[0].logprobs.token_logprobs]
+    assert streamed == lp.token_logprobs and "".join(c.choices[0].text for c in chunks) == choice.text
+    # vLLM's prompt_logprobs extra: one entry per prompt token, with the same values as the echo.
+    body = {"model": MODEL_NAME, "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 2}
+    raw = httpx.post(server.url("/v1/completions"), json=body, headers=server.headers(), timeout=60).json()
+    prompt_logprobs = raw["choices"][0]["prompt_logprobs"]
+    assert len(prompt_logprobs) == len(ids) and prompt_logprobs[0] is None
+    for token_id, entry, echoed in zip(ids[1:], prompt_logprobs[1:], lp.token_logprobs[1:]):
+        assert abs(entry[str(token_id)]["logprob"] - echoed) < 1e-4 and 2 <= len(entry) <= 3
+
+
 def test_sampling_extras_are_honoured(client, tokenizer):
     paris, period = tokenizer(" Paris")["input_ids"][0], tokenizer(".")["input_ids"][0]
 

@@ -72,7 +72,8 @@ class Request:
         # read earlier output tokens on the host (penalties, bad words, min_tokens, grammars do).
         p = sampling_params
         self.overlap_safe = (p.presence_penalty == 0 and p.frequency_penalty == 0 and p.repetition_penalty == 1
-                             and not p.bad_words and p.min_tokens == 0 and p.structured_outputs is None)
+                             and not p.bad_words and p.min_tokens == 0 and p.structured_outputs is None
+                             and p.prompt_logprobs is None)
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest, max_model_len: int) -> Request:

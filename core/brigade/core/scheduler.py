@@ -17,7 +17,8 @@ from brigade.core.request import Request, RequestStatus
 from brigade.core.request_queue import make_request_queue
 from brigade.core.scheduler_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                            SchedulerOutput)
-from brigade.engine.messages import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerStats
+from brigade.engine.messages import (EngineCoreOutput, EngineCoreOutputs, FinishReason, LogprobsLists,
+                                     SchedulerStats)
 
 
 class Scheduler:
@@ -45,6 +46,7 @@ class Scheduler:
         # Structured output (brigade.structured_output): compiles grammars, fills bitmasks, advances matchers.
         self.structured_output_manager = structured_output_manager
         self.grammar_failures: list[EngineCoreOutput] = []  # reported by the next update_from_output
+        self.num_prompt_logprobs_sent: dict[str, int] = {}  # prompt_logprobs rows delivered, per request
         self.num_overlap_unsafe = 0  # unfinished requests that need the previous token before scheduling
 
     # ---- requests in and out --------------------------------------------------------------------
@@ -81,6 +83,7 @@ class Scheduler:
         self.finished_req_ids.add(request.request_id)
         if self.structured_output_manager is not None:
             self.structured_output_manager.remove_request(request.request_id)
+        self.num_prompt_logprobs_sent.pop(request.request_id, None)
         del self.requests[request.request_id]
 
     def has_unfinished_requests(self) -> bool:
@@ -123,6 +126,8 @@ class Scheduler:
             if request.num_output_placeholders:
                 break  # preempted with a token still in flight: resume once it is known
             hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
+            if request.sampling_params.prompt_logprobs is not None:
+                hit_blocks, num_hit = [], 0  # cached prompt tokens are never computed, so they get no logprobs
             num_new = request.num_tokens - num_hit
             if not self.config.enable_chunked_prefill and num_new > budget:
                 break
@@ -205,7 +210,11 @@ class Scheduler:
         outputs, self.grammar_failures = self.grammar_failures, []
         for req_id, token_ids in zip(runner_output.req_ids, runner_output.sampled_token_ids):
             request = self.requests.get(req_id)
+            prompt_logprobs = self._new_prompt_logprobs(request, scheduler_output, runner_output)
             if request is None or not token_ids:
+                if prompt_logprobs is not None:  # mid-prefill: this chunk's prompt logprobs go out now
+                    outputs.append(EngineCoreOutput(request_id=req_id, new_token_ids=[],
+                                                    prompt_logprobs=prompt_logprobs))
                 continue  # aborted meanwhile, or mid-prefill
             request.num_output_placeholders = max(0, request.num_output_placeholders - len(token_ids))
             was_running = request.status == RequestStatus.RUNNING
@@ -214,6 +223,7 @@ class Scheduler:
             self._maybe_advance_grammar(request, token_ids)
             outputs.append(EngineCoreOutput(
                 request_id=req_id, new_token_ids=token_ids, new_logprobs=runner_output.logprobs.get(req_id),
+                prompt_logprobs=prompt_logprobs,
                 finish_reason=request.get_finish_reason(), stop_reason=request.stop_reason,
                 num_cached_tokens=max(request.num_cached_tokens, 0)))
             if request.is_finished():
@@ -231,6 +241,22 @@ class Scheduler:
                 request.stop_reason = last
         elif request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+
+    def _new_prompt_logprobs(self, request: Request | None, scheduler_output: SchedulerOutput,
+                             runner_output: ModelRunnerOutput) -> LogprobsLists | None:
+        """The runner's prompt logprobs for a request, minus rows already delivered: a preempted request
+        recomputes its prompt from the start, and its client must see each prompt token once."""
+        lists = runner_output.prompt_logprobs.get(request.request_id) if request is not None else None
+        if lists is None:
+            return None
+        rid = request.request_id
+        first = request.num_computed_tokens - scheduler_output.num_scheduled_tokens[rid] + 1  # first row's token
+        sent = self.num_prompt_logprobs_sent.get(rid, 0)  # rows for tokens 1..sent are out
+        skip = max(0, sent + 1 - first)
+        self.num_prompt_logprobs_sent[rid] = max(sent, first - 1 + len(lists.ranks))
+        if skip >= len(lists.ranks):
+            return None
+        return LogprobsLists(lists.token_ids[skip:], lists.logprobs[skip:], lists.ranks[skip:])
 
     # ---- structured output (the StructuredOutputManager does the grammar work) --------------------
     def _grammar_blocks(self, request: Request) -> bool:

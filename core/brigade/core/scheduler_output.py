@@ -68,6 +68,9 @@ class ModelRunnerOutput:
     req_ids: list[str]
     sampled_token_ids: list[list[int]]  # aligned with req_ids
     logprobs: dict[str, LogprobsLists] = field(default_factory=dict)  # only requests that asked
+    # Per request with prompt_logprobs: one row per prompt token this step scored (the token after each
+    # computed position), starting at the token after the chunk's first position.
+    prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
 
     @classmethod
     def make_empty(cls) -> ModelRunnerOutput:

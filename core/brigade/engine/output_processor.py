@@ -48,6 +48,8 @@ class ParentState:
     arrival_time: float
     sink: Callable[[RequestOutput], None]
     sequences: list[SequenceState] = field(default_factory=list)
+    # With prompt_logprobs: None for the first prompt token, then one entry per scored prompt token.
+    prompt_logprobs: SampleLogprobs | None = None
 
     @property
     def finished(self) -> bool:
@@ -77,6 +79,8 @@ class OutputProcessor:
                     sink: Callable[[RequestOutput], None]) -> None:
         """Register a request and its engine-side sequence ids; ``sink`` receives its RequestOutputs."""
         parent = ParentState(request_id, prompt, prompt_token_ids, params, arrival_time, sink)
+        if params.prompt_logprobs is not None:
+            parent.prompt_logprobs = [None]
         for index, engine_id in enumerate(engine_ids):
             seq = SequenceState(index, parent, IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params))
             if params.logprobs is not None:
@@ -155,6 +159,9 @@ class OutputProcessor:
                 stats.inter_token_latencies_s.append(now - seq.last_token_time)
             seq.last_token_time = now
             stats.num_generation_tokens += len(out.new_token_ids)
+        if out.prompt_logprobs is not None and seq.index == 0 and seq.parent.prompt_logprobs is not None:
+            # Every sequence of the request scores the same prompt; the first one's rows are kept.
+            seq.parent.prompt_logprobs.extend(self._convert_logprobs(out.prompt_logprobs))
         seq.token_ids.extend(out.new_token_ids)
         seq.new_token_ids.extend(out.new_token_ids)
         if out.new_logprobs is not None and seq.logprobs is not None:
@@ -219,4 +226,5 @@ class OutputProcessor:
         num_cached = max((s.num_cached_tokens for s in parent.sequences), default=0)
         return RequestOutput(request_id=parent.request_id, prompt=parent.prompt,
                              prompt_token_ids=parent.prompt_token_ids, outputs=completions,
-                             finished=parent.finished, num_cached_tokens=num_cached)
+                             finished=parent.finished, num_cached_tokens=num_cached,
+                             prompt_logprobs=parent.prompt_logprobs)

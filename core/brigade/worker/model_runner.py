@@ -22,6 +22,8 @@ from brigade.worker.input_batch import CachedRequestState, HostToDevice, build_s
 
 logger = logging.getLogger(__name__)
 
+PROMPT_LOGPROBS_ROWS = 256  # prompt positions scored per logits block ([rows, vocab] f32 at a time)
+
 
 class ModelRunner:
     """Owns the model, the KV cache tensors, the sampler, and the runner-side request states."""
@@ -136,11 +138,15 @@ class ModelRunner:
         inputs = build_step_inputs(states, [num_scheduled[rid] for rid in order], block_size=self.block_size,
                                    device=self.device, transfer=self.transfer)
         self._fill_pending_inputs(inputs)
-        logits = self._forward(inputs)
+        want_prompt_logprobs = any(s.sampling.params.prompt_logprobs is not None
+                                   and s.num_computed_tokens < s.num_prompt_tokens - 1 for s in states)
+        logits, hidden = self._forward(inputs, keep_hidden=want_prompt_logprobs)
+        prompt_logprobs = self._prompt_logprobs(order, inputs, hidden) if want_prompt_logprobs else {}
         for rid, n in num_scheduled.items():
             self.requests[rid].num_computed_tokens += n
         if not inputs.sampling_req_ids:
-            return ModelRunnerOutput(req_ids=order, sampled_token_ids=[[] for _ in order])
+            return ModelRunnerOutput(req_ids=order, sampled_token_ids=[[] for _ in order],
+                                     prompt_logprobs=prompt_logprobs)
         rows = [self.requests[rid].sampling for rid in inputs.sampling_req_ids]
         metadata = build_sampling_metadata(rows, vocab_size=logits.shape[-1], device=self.device)
         metadata.grammar_bitmask = self._grammar_bitmask(scheduler_output, inputs.sampling_req_ids)
@@ -150,7 +156,11 @@ class ModelRunner:
         for rid in inputs.sampling_req_ids:
             self.requests[rid].num_pending += 1
         result = SampledTokens(self, order, inputs.sampling_req_ids, out)
-        return result if overlap else result.get()
+        if overlap:
+            return result  # requests with prompt_logprobs are never overlapped (Request.overlap_safe)
+        output = result.get()
+        output.prompt_logprobs = prompt_logprobs
+        return output
 
     def _fill_pending_inputs(self, inputs) -> None:
         """Put the previous step's samples, still on the device, into this step's input ids."""
@@ -175,16 +185,49 @@ class ModelRunner:
                 full[row] = src[rows[rid]]
         return torch.from_numpy(full).to(self.device, non_blocking=True)
 
-    def _forward(self, inputs) -> torch.Tensor | None:
-        """Run the model; return logits [num_sampling_reqs, vocab] (None when nobody samples)."""
+    def _forward(self, inputs, *, keep_hidden: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Run the model; return (logits [num_sampling_reqs, vocab] or None when nobody samples, and the
+        hidden states [num_tokens, hidden] when ``keep_hidden``, else None)."""
         md = inputs.metadata
-        if self.cuda_graphs is not None and self.cuda_graphs.can_run(md.num_reqs, md.max_query_len):
-            return self.cuda_graphs.run(inputs)[inputs.logits_indices]  # decode: batch rows are token rows
+        if (not keep_hidden and self.cuda_graphs is not None
+                and self.cuda_graphs.can_run(md.num_reqs, md.max_query_len)):
+            return self.cuda_graphs.run(inputs)[inputs.logits_indices], None  # decode: batch rows are token rows
         hidden = self.model(inputs.input_ids, inputs.positions,
                             AttentionContext(metadata=md, kv_caches=self.kv_caches))
-        if not inputs.sampling_req_ids:
-            return None
-        return self.model.compute_logits(hidden[inputs.logits_indices])
+        logits = self.model.compute_logits(hidden[inputs.logits_indices]) if inputs.sampling_req_ids else None
+        return logits, (hidden if keep_hidden else None)
+
+    def _prompt_logprobs(self, order: list[str], inputs, hidden: torch.Tensor) -> dict[str, LogprobsLists]:
+        """Logprobs of the prompt tokens this step's chunks predict, for requests with prompt_logprobs.
+
+        The hidden state at position p scores prompt token p + 1; a chunk covering positions [c, c + n)
+        yields rows for tokens c + 1 .. min(c + n, num_prompt_tokens - 1). Column 0 is the prompt token
+        (its rank from the raw logits, like sampled logprobs, book ch. 7), then the top ``prompt_logprobs``.
+        Logits are made PROMPT_LOGPROBS_ROWS at a time so a long prompt never holds [T, vocab] at once.
+        Called before num_computed_tokens moves past the chunk.
+        """
+        starts = inputs.metadata.query_start_loc_cpu.tolist()
+        out: dict[str, LogprobsLists] = {}
+        for i, rid in enumerate(order):
+            state = self.requests[rid]
+            k = state.sampling.params.prompt_logprobs
+            first = state.num_computed_tokens
+            last = min(first + starts[i + 1] - starts[i], state.num_prompt_tokens - 1)
+            if k is None or last <= first:
+                continue
+            ids, lps, ranks = [], [], []
+            for lo in range(first, last, PROMPT_LOGPROBS_ROWS):
+                hi = min(lo + PROMPT_LOGPROBS_ROWS, last)
+                rows = hidden[starts[i] + lo - first:starts[i] + hi - first]
+                logprobs = torch.log_softmax(self.model.compute_logits(rows).float(), dim=-1)  # [R, V]
+                targets = torch.tensor(state.token_ids[lo + 1:hi + 1], device=logprobs.device)[:, None]
+                chosen = logprobs.gather(1, targets)  # [R, 1]
+                top = logprobs.topk(k, dim=-1) if k else None
+                ids += torch.cat([targets, top.indices], 1).tolist() if top else targets.tolist()
+                lps += torch.cat([chosen, top.values], 1).tolist() if top else chosen.tolist()
+                ranks += ((logprobs > chosen).sum(-1) + 1).tolist()
+            out[rid] = LogprobsLists(token_ids=ids, logprobs=lps, ranks=ranks)
+        return out
 
 
     # ---- profiling ------------------------------------------------------------------------------

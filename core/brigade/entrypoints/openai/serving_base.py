@@ -99,10 +99,13 @@ class PromptResult:
     prompt_token_ids: list[int]
     num_cached_tokens: int = 0
     choices: dict[int, ChoiceState] = field(default_factory=dict)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # with prompt_logprobs: None, then per token
 
     def add(self, output: RequestOutput) -> list[CompletionOutput]:
         """Fold one DELTA RequestOutput in; returns its per-choice deltas."""
         self.num_cached_tokens = output.num_cached_tokens
+        if output.prompt_logprobs is not None:
+            self.prompt_logprobs = output.prompt_logprobs
         for delta in output.outputs:
             self.choices.setdefault(delta.index, ChoiceState()).add(delta)
         return list(output.outputs)
@@ -198,7 +201,8 @@ class OpenAIServing:
 
     # ---- SamplingParams ------------------------------------------------------------------------------
     def sampling_params(self, request: SamplingFields, *, max_tokens: int, logprobs: int | None,
-                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
+                        structured_outputs: StructuredOutputsParams | None = None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         """Map the request's OpenAI and vLLM fields onto SamplingParams (DELTA output for streams too).
 
         Args:
@@ -221,7 +225,7 @@ class OpenAIServing:
             return SamplingParams(
                 n=request.n, seed=request.seed, max_tokens=max_tokens, min_tokens=request.min_tokens,
                 stop=stop, stop_token_ids=list(request.stop_token_ids or []), ignore_eos=request.ignore_eos,
-                logprobs=logprobs,
+                logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                 include_stop_str_in_output=request.include_stop_str_in_output,
                 skip_special_tokens=request.skip_special_tokens,
                 spaces_between_special_tokens=request.spaces_between_special_tokens,

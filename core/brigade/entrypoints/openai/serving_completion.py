@@ -16,7 +16,7 @@ from fastapi.responses import Response, StreamingResponse
 from brigade.entrypoints.openai.errors import OpenAIError
 from brigade.entrypoints.openai.protocol import CompletionRequest
 from brigade.entrypoints.openai.responses import (CompletionChoice, CompletionLogprobs, CompletionResponse,
-                                                  CompletionStreamResponse, UsageInfo)
+                                                  CompletionStreamResponse, PromptLogprob, UsageInfo)
 from brigade.entrypoints.openai.serving_base import OpenAIServing, PromptResult, random_request_id
 from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_response, merge_async_iterators,
                                                   run_unless_disconnected, shielded, sse_error_event, sse_event)
@@ -46,17 +46,17 @@ class OpenAIServingCompletion(OpenAIServing):
             raise OpenAIError.not_supported("suffix (insertion)", "suffix")
         if request.best_of is not None and request.best_of != request.n:
             raise OpenAIError.not_supported("best_of different from n", "best_of")
-        # The engine computes no prompt logprobs yet; refuse rather than answer with nulls.
-        if request.prompt_logprobs is not None:
-            raise OpenAIError.not_supported("prompt_logprobs", "prompt_logprobs")
+        # echo with logprobs scores the prompt too: the engine computes prompt logprobs for it.
+        prompt_logprobs = request.prompt_logprobs
         if request.echo and request.logprobs is not None:
-            raise OpenAIError.not_supported("echo together with logprobs (it needs prompt logprobs)", "echo")
+            prompt_logprobs = max(prompt_logprobs or 0, request.logprobs)
         prompts = await self._prompt_inputs(request)
         params = []
         for prompt in prompts:
             max_tokens = self.check_length(len(prompt.token_ids), request.max_tokens, prompt_param="prompt",
                                            max_tokens_param="max_tokens")
-            params.append(self.sampling_params(request, max_tokens=max_tokens, logprobs=request.logprobs))
+            params.append(self.sampling_params(request, max_tokens=max_tokens, logprobs=request.logprobs,
+                                               prompt_logprobs=prompt_logprobs))
         base_id = random_request_id("cmpl")
         request_ids = [f"{base_id}-{i}" for i in range(len(prompts))]
         if request.stream:
@@ -115,6 +115,23 @@ class OpenAIServingCompletion(OpenAIServing):
             out.top_logprobs.append(top)
         return out
 
+    def _echo_logprobs(self, prompt: PromptInput, result: PromptResult, num_top: int,
+                       generated: CompletionLogprobs) -> CompletionLogprobs:
+        """Logprobs of an echoed prompt (the first token has none), followed by ``generated``'s."""
+        part = self._logprobs(prompt.token_ids, result.prompt_logprobs or [None] * len(prompt.token_ids), num_top, 0)
+        return CompletionLogprobs(text_offset=part.text_offset + generated.text_offset,
+                                  token_logprobs=part.token_logprobs + generated.token_logprobs,
+                                  tokens=part.tokens + generated.tokens,
+                                  top_logprobs=part.top_logprobs + generated.top_logprobs)
+
+    def _prompt_logprobs(self, request: CompletionRequest, result: PromptResult) -> list | None:
+        """vLLM's ``prompt_logprobs`` field of a choice, when the request asked for it."""
+        if request.prompt_logprobs is None or result.prompt_logprobs is None:
+            return None
+        return [None if entry is None else
+                {tid: PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=self.decode_token(tid, lp))
+                 for tid, lp in entry.items()} for entry in result.prompt_logprobs]
+
     async def _full(self, request: CompletionRequest, prompts: list[PromptInput], params: list[SamplingParams],
                     base_id: str, request_ids: list[str]) -> CompletionResponse:
         results = [PromptResult(p.token_ids) for p in prompts]
@@ -142,8 +159,11 @@ class OpenAIServingCompletion(OpenAIServing):
                 prefix = self._prompt_text(prompt) if request.echo else ""
                 logprobs = None
                 if request.logprobs is not None:
-                    logprobs = self._logprobs(state.token_ids, state.logprobs, request.logprobs, 0)
+                    logprobs = self._logprobs(state.token_ids, state.logprobs, request.logprobs, len(prefix))
+                    if request.echo:
+                        logprobs = self._echo_logprobs(prompt, result, request.logprobs, logprobs)
                 choices.append(CompletionChoice(index=i * request.n + j, text=prefix + state.text, logprobs=logprobs,
+                                                prompt_logprobs=self._prompt_logprobs(request, result),
                                                 finish_reason=state.finish_reason, stop_reason=state.stop_reason))
         usage = UsageInfo.from_counts(sum(len(p.token_ids) for p in prompts),
                                       sum(r.num_generated_tokens() for r in results),
@@ -163,18 +183,22 @@ class OpenAIServingCompletion(OpenAIServing):
         try:
             async for i, output in merge_async_iterators(iterators):
                 for delta in results[i].add(output):
+                    if not (delta.text or delta.token_ids or delta.finish_reason):
+                        continue  # e.g. a prefill chunk that only brought prompt logprobs
                     index = i * request.n + delta.index
-                    text, logprobs, prefix = delta.text, None, ""
-                    if request.echo and index not in echoed:
+                    text, logprobs, prefix, prompt_logprobs = delta.text, None, "", None
+                    if index not in echoed:  # the choice's first chunk: the prompt is fully scored by now
                         echoed.add(index)
-                        prefix = self._prompt_text(prompts[i])
-                    offset = offsets.get(index, 0)
+                        prefix = self._prompt_text(prompts[i]) if request.echo else ""
+                        prompt_logprobs = self._prompt_logprobs(request, results[i])
+                    offset = offsets.get(index, 0) + len(prefix)
                     if request.logprobs is not None:
                         logprobs = self._logprobs(delta.token_ids, delta.logprobs or [], request.logprobs, offset)
+                        if prefix:
+                            logprobs = self._echo_logprobs(prompts[i], results[i], request.logprobs, logprobs)
                     offsets[index] = offset + len(text)
-                    if not (prefix or text or delta.token_ids or delta.finish_reason):
-                        continue
                     choice = CompletionChoice(index=index, text=prefix + text, logprobs=logprobs,
+                                              prompt_logprobs=prompt_logprobs,
                                               finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
                     yield sse_event(CompletionStreamResponse(id=base_id, created=created,
                                                              model=self.served_model_name, choices=[choice]),
