@@ -39,7 +39,7 @@ def load(path: Path) -> dict:
 
 def check_throughput(values: dict, num_requests: int, num_output: int) -> None:
     assert values["num_requests"] == num_requests and values["num_output_tokens"] == num_output
-    assert values["elapsed_s"] > 0
+    assert values["elapsed_s"] > 0 and values["cpu_time_s"] > 0
     assert values["output_tokens_per_s"] == pytest.approx(num_output / values["elapsed_s"])
     assert values["total_tokens_per_s"] > values["output_tokens_per_s"] > 0
     assert values["requests_per_s"] == pytest.approx(num_requests / values["elapsed_s"])

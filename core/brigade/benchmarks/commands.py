@@ -133,11 +133,13 @@ def run_throughput(args: argparse.Namespace) -> int:
         if peer.startswith("hf_generate") and "output_tokens_per_s" in values:
             for metric in ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s"):
                 ratios[f"brigade/{peer}/{metric}"] = rec.ratio(results["brigade"][metric], values[metric])
+            ratios[f"{peer}/brigade/cpu_time_s"] = rec.ratio(values["cpu_time_s"], results["brigade"]["cpu_time_s"])
     num_prompt, num_output = token_counts(requests)
-    rows = [[name, f"{v['elapsed_s']:.2f}", f"{v['requests_per_s']:.2f}", f"{v['output_tokens_per_s']:.1f}",
-             f"{v['total_tokens_per_s']:.1f}"] for name, v in results.items() if "elapsed_s" in v]
+    rows = [[name, f"{v['elapsed_s']:.2f}", f"{v['cpu_time_s']:.2f}", f"{v['requests_per_s']:.2f}",
+             f"{v['output_tokens_per_s']:.1f}", f"{v['total_tokens_per_s']:.1f}"]
+            for name, v in results.items() if "elapsed_s" in v]
     _print_table(f"throughput: {args.dataset}, {len(requests)} prompts, {num_prompt} prompt / {num_output} output "
-                 f"tokens", ["", "elapsed s", "req/s", "output tok/s", "total tok/s"], rows)
+                 f"tokens", ["", "elapsed s", "cpu s", "req/s", "output tok/s", "total tok/s"], rows)
     for key, value in ratios.items():
         if key.endswith("output_tokens_per_s") and value is not None:
             print(f"{key.removesuffix('/output_tokens_per_s')} output tok/s ratio: {value:.2f}x")

@@ -126,7 +126,7 @@ def run_hf_generate_throughput(model, requests: list[SampleRequest], *, batch_si
         RuntimeError: a batch came back shorter than asked.
     """
     synchronize()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     generated = 0
     for first in range(0, len(requests), batch_size):
         batch = requests[first:first + batch_size]
@@ -135,9 +135,9 @@ def run_hf_generate_throughput(model, requests: list[SampleRequest], *, batch_si
         if new_tokens.shape[1] != max_new:
             raise RuntimeError(f"HF generate returned {new_tokens.shape[1]} new tokens, expected {max_new}")
         generated += new_tokens.numel()
-    elapsed = time.perf_counter() - start
+    elapsed, cpu_time = time.perf_counter() - start, time.process_time() - cpu_start
     figures = ThroughputFigures(elapsed, len(requests), sum(r.prompt_len for r in requests),
-                                sum(r.output_len for r in requests))
+                                sum(r.output_len for r in requests), cpu_time)
     return figures, generated
 
 
@@ -188,7 +188,7 @@ def run_hf_generate_batch_throughput(model, requests: list[SampleRequest], *,
     manager.start()
     try:
         synchronize()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         wanted = {}
         for r in requests:
             # eos_token_id=-1 is transformers' "no EOS": the HF spelling of ignore_eos.
@@ -207,10 +207,11 @@ def run_hf_generate_batch_throughput(model, requests: list[SampleRequest], *,
                     raise RuntimeError(f"HF continuous batching request {result.request_id} failed: {result.error}")
                 done[result.request_id] = len(result.generated_tokens)
         synchronize()
-        elapsed = time.perf_counter() - start
+        elapsed, cpu_time = time.perf_counter() - start, time.process_time() - cpu_start
     finally:
         manager.stop(block=True)
     wrong = {k: (v, wanted[k]) for k, v in done.items() if v != wanted[k]}
     if wrong:
         raise RuntimeError(f"HF continuous batching returned wrong token counts (got, wanted): {wrong}")
-    return ThroughputFigures(elapsed, len(requests), sum(r.prompt_len for r in requests), sum(done.values()))
+    return ThroughputFigures(elapsed, len(requests), sum(r.prompt_len for r in requests), sum(done.values()),
+                             cpu_time)

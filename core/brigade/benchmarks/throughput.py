@@ -20,12 +20,17 @@ WARMUP_SEED_OFFSET = 1_000_003
 
 @dataclass(slots=True)
 class ThroughputFigures:
-    """One timed run over a request set. Token counts are those delivered to the user."""
+    """One timed run over a request set. Token counts are those delivered to the user.
+
+    ``cpu_time_s`` is this process's CPU time (all threads, user + system) over the same region: on a
+    machine shared with other work it is the less disturbed measure of cost (with one thread especially).
+    """
 
     elapsed_s: float
     num_requests: int
     num_prompt_tokens: int
     num_output_tokens: int
+    cpu_time_s: float | None = None
 
     @property
     def requests_per_s(self) -> float:
@@ -40,7 +45,7 @@ class ThroughputFigures:
         return (self.num_prompt_tokens + self.num_output_tokens) / self.elapsed_s
 
     def as_dict(self) -> dict[str, float | int]:
-        return {"elapsed_s": self.elapsed_s, "num_requests": self.num_requests,
+        return {"elapsed_s": self.elapsed_s, "cpu_time_s": self.cpu_time_s, "num_requests": self.num_requests,
                 "num_prompt_tokens": self.num_prompt_tokens, "num_output_tokens": self.num_output_tokens,
                 "requests_per_s": self.requests_per_s, "output_tokens_per_s": self.output_tokens_per_s,
                 "total_tokens_per_s": self.total_tokens_per_s}
@@ -73,10 +78,10 @@ def run_brigade_throughput(llm, requests: list[SampleRequest], *,
     prompts = [r.prompt_token_ids for r in requests]
     params = [bench_sampling_params(r.output_len) for r in requests]
     synchronize()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     synchronize()
-    elapsed = time.perf_counter() - start
+    elapsed, cpu_time = time.perf_counter() - start, time.process_time() - cpu_start
     num_output = 0
     for request, output in zip(requests, outputs):
         got = len(output.outputs[0].token_ids)
@@ -84,7 +89,7 @@ def run_brigade_throughput(llm, requests: list[SampleRequest], *,
             raise RuntimeError(f"request {output.request_id} generated {got} tokens, expected {request.output_len} "
                                f"(finish_reason {output.outputs[0].finish_reason!r})")
         num_output += got
-    return ThroughputFigures(elapsed, len(requests), sum(r.prompt_len for r in requests), num_output)
+    return ThroughputFigures(elapsed, len(requests), sum(r.prompt_len for r in requests), num_output, cpu_time)
 
 
 def warm_up_brigade(llm, requests: list[SampleRequest]) -> None:
