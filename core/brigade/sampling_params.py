@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import msgspec
 
@@ -74,6 +75,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
         allowed_token_ids: only these tokens may be sampled.
         bad_words: words whose token sequences may never be completed.
         structured_outputs: a grammar constraint (xgrammar).
+        extra_args: free-form arguments for logits processors from plugins (vLLM's ``extra_args``; the
+            server fills it from the request's ``vllm_xargs``).
     """
 
     n: int = 1
@@ -99,6 +102,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    extra_args: dict[str, Any] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     detokenize: bool = True
     # Filled in by the front end: token-id sequences of bad_words, and the tokenizer's EOS ids.

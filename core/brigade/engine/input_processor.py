@@ -21,6 +21,23 @@ def eos_token_id(hf_config) -> int | None:
     return eos[0] if isinstance(eos, list) and eos else eos
 
 
+def validate_plugin_logits_processors(params: SamplingParams, vocab_size: int) -> None:
+    """Run ``validate`` of every logits processor a plugin registered (the built-ins are checked above),
+    so that a bad argument for a plugin's processor is a 400, not an engine failure.
+
+    Raises:
+        InvalidParamError: naming the parameter, as the processor reports it.
+    """
+    from brigade.plugins import registries
+    from brigade.sample.logits_processors import BUILTIN_LOGITS_PROCESSORS
+
+    builtins = set(BUILTIN_LOGITS_PROCESSORS.values())
+    for name in registries.logits_processors.names():
+        cls = registries.logits_processors.get(name)
+        if cls not in builtins:
+            cls.validate(params, vocab_size)
+
+
 def child_request_id(request_id: str, index: int, n: int) -> str:
     """The engine-side id of sequence ``index`` of a request with ``n`` sequences."""
     return request_id if n == 1 else f"{index}_{request_id}"
@@ -75,6 +92,7 @@ class InputProcessor:
                 raise InvalidParamError("structured outputs need the tokenizer; this engine runs without one",
                                         param="structured_outputs")
             validate_structured_outputs(params.structured_outputs)  # a bad schema/regex/grammar fails here
+        validate_plugin_logits_processors(params, self.vocab_size)
         for name, ids in (("logit_bias", list(params.logit_bias or {})),
                           ("allowed_token_ids", params.allowed_token_ids or []),
                           ("stop_token_ids", params.stop_token_ids)):

@@ -78,6 +78,8 @@ class SamplingFields(OpenAIBaseModel):
     structured_outputs: StructuredOutputsRequest | None = None
     priority: int = 0
     cache_salt: str | None = None
+    vllm_xargs: dict[str, Any] | None = None
+    """vLLM's extra arguments for logits processors from plugins (SamplingParams.extra_args)."""
 
     def include_usage(self) -> bool:
         """True when the stream must end with a usage chunk."""

@@ -231,7 +231,7 @@ class OpenAIServing:
                 spaces_between_special_tokens=request.spaces_between_special_tokens,
                 logit_bias=request.logit_bias_by_id(self.vocab_size),
                 allowed_token_ids=self._checked_token_ids(request.allowed_token_ids, "allowed_token_ids"),
-                bad_words=request.bad_words, structured_outputs=structured_outputs,
+                bad_words=request.bad_words, structured_outputs=structured_outputs, extra_args=request.vllm_xargs,
                 output_kind=RequestOutputKind.DELTA, **fields)
         except InvalidParamError as exc:
             raise from_invalid_param(exc) from None
