@@ -143,3 +143,23 @@ def test_dummy_weights_on_a_shrunk_llama_8b_config(tmp_path, free_port):
               "--num-prompts", "3", "--input-len", "10", "--output-len", "4", "--output-json", str(out))
     metrics = load(out)["results"]["brigade"]
     assert (metrics["completed"], metrics["num_output_tokens"]) == (3, 12)
+
+
+def test_throughput_repeats_interleave_rounds_and_report_medians(smollm2_path, tmp_path):
+    out = tmp_path / "repeats.json"
+    proc = run_bench("throughput", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25",
+                     "--num-prompts", "3", "--input-len", "8", "--output-len", "4", "--hf-peer", "generate",
+                     "--repeats", "3", "--output-json", str(out))
+    assert "median of 3 interleaved rounds" in proc.stdout
+    record = load(out)
+    rounds = {name: record["results"][name]["rounds"] for name in ("brigade", "hf_generate")}
+    assert [len(r) for r in rounds.values()] == [3, 3]
+    for name, per_round in rounds.items():
+        for values in per_round:
+            check_throughput(values, 3, 12)
+        speeds = sorted(v["output_tokens_per_s"] for v in per_round)
+        assert record["results"][name]["output_tokens_per_s"] == speeds[1]  # the median round
+    per_round_ratios = sorted(b["output_tokens_per_s"] / h["output_tokens_per_s"]
+                              for b, h in zip(rounds["brigade"], rounds["hf_generate"]))
+    assert record["ratios"]["brigade/hf_generate/output_tokens_per_s"] == pytest.approx(per_round_ratios[1])
+    assert record["config"]["benchmark"]["repeats"] == 3

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import itertools
 import math
 import os
@@ -18,8 +17,8 @@ from urllib.parse import urlparse
 import torch
 
 from brigade.benchmarks import results as rec
+from brigade.benchmarks.comparison import release_memory
 from brigade.benchmarks.datasets import make_requests, prompt_vocab_size, random_requests, token_counts
-from brigade.benchmarks.throughput import run_brigade_throughput, warm_up_brigade, warmup_requests
 
 _SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": "off", "ignore_eos": True}
 
@@ -37,12 +36,6 @@ def _model_dtype(platform, config, hf_config) -> torch.dtype:
     if isinstance(config_dtype, str):
         config_dtype = getattr(torch, config_dtype, None)
     return platform.resolve_dtype(config.model_config.dtype, config_dtype)
-
-
-def _release(platform) -> None:
-    """Free what a finished engine or HF model left behind before the next one loads."""
-    gc.collect()
-    platform.empty_cache()
 
 
 def _free_device_memory(platform) -> int | None:
@@ -70,85 +63,46 @@ def _finish(record: dict, path: str | None) -> int:
 
 # ---- throughput --------------------------------------------------------------------------------------
 
-def _brigade_throughput(config, args, platform, seed: int):
-    from brigade.entrypoints.llm import LLM
-    from brigade.model_executor.loader import get_hf_config
-
-    llm = LLM.from_config(config)
-    try:
-        hf_config = get_hf_config(config.model_config.model)
-        vocab = prompt_vocab_size(hf_config.vocab_size, llm.get_tokenizer())
-        requests = make_requests(args.dataset, args.num_prompts, input_len=args.input_len,
-                                 output_len=args.output_len, vocab_size=vocab, seed=seed,
-                                 max_model_len=llm.config.model_config.max_model_len)
-        warm_up_brigade(llm, warmup_requests(requests, vocab_size=vocab, seed=seed))
-        figures = run_brigade_throughput(llm, requests, synchronize=platform.synchronize)
-        return {**figures.as_dict(), "load_average_after": rec.load_average()}, requests, hf_config, llm.config, vocab
-    finally:
-        llm.engine.core.shutdown()
-
-
-def _hf_throughput(args, config, hf_config, requests, vocab: int, platform, seed: int) -> dict[str, dict]:
-    from brigade.benchmarks.hf_peer import (PeerUnavailableError, load_hf_model, run_hf_generate_batch_throughput,
-                                            run_hf_generate_throughput)
-
-    free_before = _free_device_memory(platform)
-    model = load_hf_model(config.model_config.model, dtype=_model_dtype(platform, config, hf_config),
-                          device=platform.device_for_rank(0), load_format=config.model_config.load_format, seed=seed)
-    out: dict[str, dict] = {"hf_setup": {"device_memory_free_before_load_bytes": free_before}}
-    warm = warmup_requests(requests, vocab_size=vocab, seed=seed)
-    if args.hf_peer in ("generate", "both"):
-        batch_size = args.hf_batch_size or len(requests)
-        run_hf_generate_throughput(model, warm, batch_size=len(warm), synchronize=platform.synchronize)
-        figures, generated = run_hf_generate_throughput(model, requests, batch_size=batch_size,
-                                                        synchronize=platform.synchronize)
-        out["hf_generate"] = {**figures.as_dict(), "batch_size": batch_size, "num_generated_tokens": generated,
-                              "load_average_after": rec.load_average()}
-    if args.hf_peer in ("generate_batch", "both"):
-        try:
-            figures = run_hf_generate_batch_throughput(model, requests, synchronize=platform.synchronize)
-            out["hf_generate_batch"] = {**figures.as_dict(), "load_average_after": rec.load_average()}
-        except PeerUnavailableError as exc:
-            print(f"warning: HF generate_batch peer skipped: {exc}", file=sys.stderr)
-            out["hf_generate_batch"] = {"error": str(exc)}
-    del model
-    return out
-
-
 def run_throughput(args: argparse.Namespace) -> int:
     """``brigade bench throughput``; returns the exit status."""
+    from brigade.benchmarks.comparison import run_comparison
+    from brigade.benchmarks.hf_peer import load_hf_model
     from brigade.entrypoints.cli.engine_args import config_from_args
 
     config = config_from_args(args)
     platform = _platform()
     seed = 0 if args.seed is None else args.seed
-    figures, requests, hf_config, engine_config, vocab = _brigade_throughput(config, args, platform, seed)
-    _release(platform)
-    results: dict[str, dict] = {"brigade": figures}
-    if args.hf_peer != "none":
-        results.update(_hf_throughput(args, config, hf_config, requests, vocab, platform, seed))
-        _release(platform)
-    ratios = {}
-    for peer, values in results.items():
-        if peer.startswith("hf_generate") and "output_tokens_per_s" in values:
-            for metric in ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s"):
-                ratios[f"brigade/{peer}/{metric}"] = rec.ratio(results["brigade"][metric], values[metric])
-            ratios[f"{peer}/brigade/cpu_time_s"] = rec.ratio(values["cpu_time_s"], results["brigade"]["cpu_time_s"])
+    setup: dict[str, object] = {}
+
+    def load_peer_model(hf_config):
+        setup["device_memory_free_before_load_bytes"] = _free_device_memory(platform)
+        return load_hf_model(config.model_config.model, dtype=_model_dtype(platform, config, hf_config),
+                             device=platform.device_for_rank(0), load_format=config.model_config.load_format,
+                             seed=seed)
+
+    comparison = run_comparison(config, args, platform, seed, load_peer_model=load_peer_model)
+    release_memory(platform)
+    results, ratios, requests = comparison.results, comparison.ratios, comparison.requests
+    if setup:
+        results["hf_setup"] = setup
     num_prompt, num_output = token_counts(requests)
     rows = [[name, f"{v['elapsed_s']:.2f}", f"{v['cpu_time_s']:.2f}", f"{v['requests_per_s']:.2f}",
              f"{v['output_tokens_per_s']:.1f}", f"{v['total_tokens_per_s']:.1f}"]
             for name, v in results.items() if "elapsed_s" in v]
+    median = f", median of {args.repeats} interleaved rounds" if args.repeats > 1 else ""
     _print_table(f"throughput: {args.dataset}, {len(requests)} prompts, {num_prompt} prompt / {num_output} output "
-                 f"tokens", ["", "elapsed s", "cpu s", "req/s", "output tok/s", "total tok/s"], rows)
+                 f"tokens{median}", ["", "elapsed s", "cpu s", "req/s", "output tok/s", "total tok/s"], rows)
     for key, value in ratios.items():
         if key.endswith("output_tokens_per_s") and value is not None:
             print(f"{key.removesuffix('/output_tokens_per_s')} output tok/s ratio: {value:.2f}x")
     bench = {"dataset": args.dataset, "input_len": args.input_len, "output_len": args.output_len,
              "num_prompts": args.num_prompts, "seed": seed, "num_prompt_tokens": num_prompt,
              "num_output_tokens": num_output, "sampling": _SAMPLING, "hf_peer": args.hf_peer,
-             "hf_batch_size": args.hf_batch_size or len(requests), "warmup": "2 short requests, untimed"}
+             "hf_batch_size": args.hf_batch_size or len(requests), "repeats": args.repeats,
+             "warmup": "2 short requests, untimed"}
     record = rec.build_record("throughput", device=rec.device_info(platform.device_type, platform.name),
-                              benchmark_config=bench, engine_config=engine_config, results=results, ratios=ratios)
+                              benchmark_config=bench, engine_config=comparison.engine_config, results=results,
+                              ratios=ratios)
     return _finish(record, args.output_json)
 
 
@@ -190,7 +144,7 @@ def run_latency(args: argparse.Namespace) -> int:
     finally:
         llm.engine.core.shutdown()
     del llm, runner
-    _release(platform)
+    release_memory(platform)
     results = {"brigade": {**latency_summary(timed, args.output_len), "load_average_after": rec.load_average()}}
     if args.hf_peer == "generate":
         from brigade.benchmarks.hf_peer import load_hf_model
@@ -203,7 +157,7 @@ def run_latency(args: argparse.Namespace) -> int:
                                num_warmup=args.num_iters_warmup, num_iters=args.num_iters, on_iteration=report)
         results["hf_generate"] = {**latency_summary(timed, args.output_len), "load_average_after": rec.load_average()}
         del model
-        _release(platform)
+        release_memory(platform)
     ratios = {f"{peer}/brigade/{m}": rec.ratio(v[m]["mean"], results["brigade"][m]["mean"])
               for peer, v in results.items() if peer != "brigade" for m in ("latency_ms", "ttft_ms", "tpot_ms")}
     rows = [[name] + [f"{v[m][s]:.2f}" for m in ("latency_ms", "ttft_ms", "tpot_ms") for s in ("mean", "median", "p99")]

@@ -93,6 +93,9 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
                         "(its continuous batching), or both")
     t.add_argument("--hf-batch-size", type=_positive_int, default=None,
                    help="prompts per HF generate batch (default: all of them in one batch)")
+    t.add_argument("--repeats", type=_positive_int, default=1,
+                   help="alternate Brigade and the peers for this many rounds (fresh prompts each) and report "
+                        "medians; both stay loaded, so on a GPU lower --gpu-memory-utilization (default 1)")
     _add_output_args(t)
     _add_engine_args(t, plugin_choices)
     t.set_defaults(run=_run_throughput)
