@@ -25,6 +25,7 @@ class FakeEngine:
         self.dead = False
         self.aborted: list[str] = []
         self.stat_loggers = []
+        self.hf_config = None  # no model config: build_app mounts no IO processor
 
     @property
     def errored(self) -> bool:
