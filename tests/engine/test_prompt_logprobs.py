@@ -12,7 +12,7 @@ import pytest
 
 from brigade import LLM, SamplingParams
 
-PROMPTS = ["The quick brown fox jumps over the lazy dog. " * 5 + "Then the dog",
+PROMPTS = ["The quick brown fox jumps over the lazy dog. " * 3 + "Then the dog",
            "Water boils at one hundred degrees Celsius at sea level, but at altitude"]
 
 
