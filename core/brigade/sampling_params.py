@@ -124,6 +124,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
         """Check every range; raises InvalidParamError naming the bad field."""
         checks = [
             (self.n >= 1, "n must be at least 1", "n"),
+            (self.seed is None or -(2 ** 63) <= self.seed < 2 ** 63, "seed must fit in 64 bits", "seed"),
             (self.temperature >= 0.0, "temperature must be non-negative", "temperature"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]", "top_p"),
             (self.top_k >= 0, "top_k must be -1 (disabled), 0 (disabled) or at least 1", "top_k"),
