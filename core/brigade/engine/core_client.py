@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import multiprocessing
 import os
 import shutil
@@ -21,6 +22,8 @@ from brigade.config import BrigadeConfig
 from brigade.engine.core_proc import run_engine_core
 from brigade.engine.messages import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
                                      EngineCoreUtility, UtilityMethod)
+
+logger = logging.getLogger("brigade.engine")
 
 _STARTUP_TIMEOUT_S = float(os.environ.get("BRIGADE_ENGINE_STARTUP_TIMEOUT", "600"))
 _LIVENESS_POLL_MS = 1000
@@ -65,7 +68,8 @@ class AsyncMPClient:
                 from None
         if info["status"] != "ready":
             self.shutdown()
-            raise EngineStartupError(f"the engine failed to start: {info['error']}\n{info['traceback']}")
+            logger.debug("engine start-up traceback:\n%s", info["traceback"])
+            raise EngineStartupError(f"the engine failed to start: {info['error']}")
         self.num_blocks: int = info["num_blocks"]
         self._call_ids = itertools.count()
         self._pending_utility: dict[int, asyncio.Future] = {}
