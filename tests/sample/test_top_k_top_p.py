@@ -2,9 +2,10 @@
 
 import math
 
+import pytest
 import torch
 
-from brigade.sample.topk_topp import apply_top_k_top_p, random_sample
+from brigade.sample.topk_topp import apply_top_k_top_p, exponential_race_sample, inverse_cdf_sample, random_sample
 
 
 def reference_keep(row: list[float], k: int, p: float) -> set[int]:
@@ -52,18 +53,33 @@ def test_no_truncation_returns_input():
     assert apply_top_k_top_p(logits, None, None) is logits
 
 
-def test_exponential_race_follows_the_distribution():
+@pytest.mark.parametrize("draw", [exponential_race_sample, inverse_cdf_sample, random_sample])
+def test_draw_follows_the_distribution(draw):
     torch.manual_seed(1)
-    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
-    draws = random_sample(probs.repeat(40000, 1), {})
-    freq = torch.bincount(draws, minlength=5).float() / draws.numel()
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.15, 0.05, 0.0])
+    draws = draw(probs.repeat(40000, 1), {})
+    freq = torch.bincount(draws, minlength=7).float() / draws.numel()
     assert torch.allclose(freq, probs, atol=0.01)
-    assert freq[4] == 0.0  # a zero-probability token is never drawn
+    assert freq[0] == freq[2] == freq[6] == 0.0  # zero-probability tokens, first, inner and last, never drawn
 
 
-def test_seeded_rows_use_their_own_generator():
+def test_inverse_cdf_never_draws_zero_probability_at_the_extremes():
+    """U = 0 and U just under 1 are the edges of inversion: they must land on the first and last live ids."""
+    probs = torch.tensor([[0.0, 0.25, 0.0, 0.75, 0.0]] * 2)
+    assert set(inverse_cdf_sample(probs.clone(), {}).tolist()) <= {1, 3}
+    # The two edges through the same clamp and search the sampler uses.
+    cdf = probs.cumsum(-1)
+    total = cdf[:, -1:]
+    target = torch.minimum(torch.tensor([[0.0], [1.0]]) * total, torch.nextafter(total, torch.zeros_like(total)))
+    assert torch.searchsorted(cdf, target, right=True).squeeze(1).tolist() == [1, 3]
+
+
+@pytest.mark.parametrize("draw", [exponential_race_sample, inverse_cdf_sample])
+def test_seeded_rows_use_their_own_generator(draw):
     probs = torch.softmax(torch.randn(3, 100), dim=-1)
-    a = random_sample(probs.clone(), {1: torch.Generator().manual_seed(5)})
+    a = draw(probs.clone(), {1: torch.Generator().manual_seed(5)})
     torch.manual_seed(123)  # a different global state changes nothing for the seeded row
-    b = random_sample(probs.clone(), {1: torch.Generator().manual_seed(5)})
+    b = draw(probs.clone(), {1: torch.Generator().manual_seed(5)})
     assert a[1] == b[1]
+    c = draw(probs[[1]].clone(), {0: torch.Generator().manual_seed(5)})  # alone in its batch: same draw
+    assert c[0] == a[1]

@@ -55,11 +55,20 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
 
     Returns: [B] int64 sampled ids.
 
-    The exponential race (as vLLM does, instead of torch.multinomial which syncs): with
-    E_i ~ Exp(1), argmax_i p_i / E_i is distributed as Categorical(p). A seeded row draws its E from
-    its own generator, so its sample depends only on its generator and its own probabilities,
-    not on its position in the batch or on the other rows.
+    On an accelerator, the exponential race (as vLLM does, instead of torch.multinomial which syncs):
+    with E_i ~ Exp(1), argmax_i p_i / E_i is distributed as Categorical(p). On the CPU, where drawing
+    B x V exponentials costs more than the rest of the sampler, inversion of the CDF: one uniform U per
+    row and the first token whose cumulative probability exceeds U times the row's total. Either way a
+    seeded row draws from its own generator only, so its sample depends only on its generator and its
+    own probabilities, not on its position in the batch or on the other rows.
     """
+    if probs.device.type == "cpu":
+        return inverse_cdf_sample(probs, generators)
+    return exponential_race_sample(probs, generators)
+
+
+def exponential_race_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """Categorical draw by the exponential race: [B, V] probabilities (modified) -> [B] int64 ids."""
     race = torch.empty_like(probs)
     if len(generators) < probs.shape[0]:
         race.exponential_()
@@ -68,3 +77,20 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     # An exact 0 draw would make 0/0 = NaN for a masked token, and argmax favours NaN.
     race.clamp_min_(torch.finfo(race.dtype).tiny)
     return probs.div_(race).argmax(dim=-1)
+
+
+def inverse_cdf_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """Categorical draw by inversion: [B, V] probabilities (modified) -> [B] int64 ids.
+
+    Zero-probability ids never win: the target is kept strictly below the row's total, and the search
+    returns the first index whose cumulative sum is strictly above it, which is a step of the cdf.
+    """
+    cdf = probs.cumsum_(dim=-1)  # in place: probs is the caller's scratch
+    uniform = torch.rand(probs.shape[0], 1, dtype=cdf.dtype, device=cdf.device)
+    for row, generator in generators.items():
+        uniform[row] = torch.rand(1, dtype=cdf.dtype, device=cdf.device, generator=generator)
+    # right=True: the first index whose cdf is strictly above the target, so a token of zero
+    # probability (a flat step of the cdf) is never chosen; U < 1 keeps the target under the total.
+    total = cdf[:, -1:]
+    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(1)
