@@ -1,4 +1,4 @@
-"""The reference backend's three routes (decode, fresh prefill, prefill with context) against a naive oracle.
+"""The reference and cpu backends' three routes (decode, fresh prefill, prefill with context) against a naive oracle.
 
 The oracle keeps each request's whole K/V sequence contiguous and computes causal softmax attention in
 float64, one request and one head at a time; the backend reads the same K/V through block tables.
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from brigade.attention.backend import AttentionMetadata
+from brigade.attention.cpu import CpuAttentionBackend
 from brigade.attention.reference import ReferenceAttentionBackend
 
 
@@ -34,13 +35,16 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("backend_cls", [ReferenceAttentionBackend, CpuAttentionBackend])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("case", list(CASES))
-def test_routes_match_the_naive_oracle(case, dtype, tol):
+def test_routes_match_the_naive_oracle(case, dtype, tol, backend_cls):
     gen = torch.Generator().manual_seed(hash(case) % 1000)
     H, Hkv, D, bs, num_blocks = 6, 2, 16, 8, 64
     reqs = CASES[case]
-    backend = ReferenceAttentionBackend(H, D, Hkv, D ** -0.5)
+    backend = backend_cls(H, D, Hkv, D ** -0.5)
+    if backend_cls is CpuAttentionBackend:
+        assert backend.use_kernel, CpuAttentionBackend._kernel_error  # the compiled decode really runs
     kv_cache = torch.randn(2, num_blocks, bs, Hkv, D, generator=gen).to(dtype)  # garbage outside the tables
     free = torch.randperm(num_blocks - 1, generator=gen).add(1).tolist()  # block 0 stays the null block
     tables, full_k, full_v, slots, q_rows = [], [], [], [], []

@@ -20,7 +20,7 @@ def test_empty_allowlist_loads_only_the_core_builtin_plugin(plugin_venv: PluginV
         assert row["reason"] == "not in BRIGADE_PLUGINS=" and row["hooks"] == []  # never imported
     assert "broken on purpose" not in result.stderr
     assert listing["platform"]["name"] == "cpu"
-    assert listing["registries"]["attention_backends"] == ["reference"]
+    assert listing["registries"]["attention_backends"] == ["cpu", "reference"]
 
 
 def test_allowlist_loads_exactly_the_named_plugins(plugin_venv: PluginVenv):
@@ -30,7 +30,7 @@ def test_allowlist_loads_exactly_the_named_plugins(plugin_venv: PluginVenv):
     assert {p["name"] for p in listing["plugins"] if p["status"] == "loaded"} == {"builtin", "probe", "oot"}
     assert record(listing, "broken")["reason"] == "not in BRIGADE_PLUGINS=oot,probe"
     assert listing["platform"]["name"] == "oot"
-    assert listing["registries"]["attention_backends"] == ["oot", "reference"]
+    assert listing["registries"]["attention_backends"] == ["cpu", "oot", "reference"]
 
 
 def test_allowlist_naming_an_uninstalled_plugin_is_fatal(plugin_venv: PluginVenv):

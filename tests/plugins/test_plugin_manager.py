@@ -51,14 +51,14 @@ def test_loading_is_idempotent_and_scopes_add_groups(manager: PluginManager):
     assert len(manager.loaded_groups()) == 5
     assert [r.name for r in manager.records()].count("builtin") == 1
     assert all(r.status is PluginStatus.DISABLED for r in manager.records() if r.name != "builtin")
-    assert manager.registries.attention_backends.names() == ["reference"]
+    assert manager.registries.attention_backends.names() == ["cpu", "reference"]
 
 
 def test_unknown_scope_and_unknown_names(manager: PluginManager):
     with pytest.raises(ValueError, match="unknown plugin scope 'worker'; use one of engine, api"):
         manager.load("worker")
     manager.load("engine")
-    with pytest.raises(UnknownNameError, match="unknown attention backend 'flash'; installed: reference"):
+    with pytest.raises(UnknownNameError, match="unknown attention backend 'flash'; installed: cpu, reference"):
         manager.registries.attention_backends.get("flash")
 
 

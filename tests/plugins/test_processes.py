@@ -49,7 +49,7 @@ def test_workers_started_by_fork_and_spawn_see_general_and_platform_plugins(plug
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["exitcode"] == 0 and out["pid"] != out["parent_pid"]
     assert out["kv_connectors"] == ["probe_connector"]  # a general plugin
-    assert out["attention_backends"] == ["oot", "reference"]  # the platform plugin's backend
+    assert out["attention_backends"] == ["cpu", "oot", "reference"]  # the platform plugin's backend
     assert out["platform"] == "oot"
     assert out["probe_registrations"] == 1  # registered once, even where the state was inherited
     if method == "fork":

@@ -32,6 +32,7 @@ def register_platforms(register: RegisterPlatform) -> None:
 @hookimpl(trylast=True)
 def register_attention_backends(register: RegisterComponent) -> None:
     register("reference", "brigade.attention.reference:ReferenceAttentionBackend")
+    register("cpu", "brigade.attention.cpu:CpuAttentionBackend")
 
 
 @hookimpl(trylast=True)
