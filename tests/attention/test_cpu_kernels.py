@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -76,13 +77,31 @@ def test_without_a_compiler_the_backend_warns_once_and_falls_back(tmp_path):
     assert lines[-1] == "USE_KERNEL False (2, 4, 32)"
 
 
+SUBNORMALS_AFTER_LOAD = """
+import numpy, torch
+from brigade.attention import cpu_kernels
+cpu_kernels.load()
+tiny = numpy.float32(1e-39)  # subnormal
+print(float(tiny * numpy.float32(0.5)) > 0.0, float(torch.tensor(1e-39) * 0.5) > 0.0)
+"""
+
+
+def test_loading_the_kernels_keeps_subnormals(tmp_path):
+    """A library linked with -ffast-math would set flush-to-zero for the whole process when loaded."""
+    env = {**os.environ, "BRIGADE_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", SUBNORMALS_AFTER_LOAD], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "True"]
+
+
 def test_build_is_cached_per_source(tmp_path, monkeypatch):
     monkeypatch.setenv("BRIGADE_CACHE_DIR", str(tmp_path))
     cpu_kernels.load.cache_clear()
     try:
         cpu_kernels.load()
         built = list((tmp_path / "kernels").glob("cpu_attention-*.so"))
-        assert len(built) == 1 and not list((tmp_path / "kernels").glob(".build-*"))
+        assert len(built) == 1 and not list((tmp_path / "kernels").glob(".build-*"))  # no .o or temp left
         cpu_kernels.load.cache_clear()
         cpu_kernels.load()  # found, not rebuilt
         assert list((tmp_path / "kernels").glob("cpu_attention-*.so")) == built

@@ -1,7 +1,7 @@
 """Build and load Brigade's compiled CPU kernels (``csrc/cpu_attention.c``) with the system C compiler.
 
 The source is compiled once per machine into ``$BRIGADE_CACHE_DIR/kernels`` (default
-``~/.cache/brigade/kernels``) with ``-O3 -march=native -fopenmp``; the file name carries a hash of the
+``~/.cache/brigade/kernels``) with ``-O3 -march=native -ffast-math -fopenmp`` and linked without fast-math; the file name carries a hash of the
 source, the flags, the compiler's version and the CPU's feature flags, so an edit, another compiler or
 another CPU builds anew. The shared object is written under a temporary name and renamed into place, so
 processes building at the same time never load a half-written file. It is loaded with ctypes after torch,
@@ -23,7 +23,11 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).parent / "csrc" / "cpu_attention.c"
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
+# Compiled with -ffast-math (vectorized expf) but linked without it: gcc < 13 links crtfastmath.o into a
+# shared object built with -ffast-math, whose load-time constructor turns on flush-to-zero for the whole
+# process and silently changes every float op of torch and numpy after it.
+COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]
+LINK_FLAGS = ["-shared", "-fopenmp"]
 ABI_VERSION = 1
 
 
@@ -63,7 +67,8 @@ def load() -> ctypes.CDLL:
     except (OSError, subprocess.SubprocessError) as e:
         raise KernelBuildError(f"C compiler {cc!r} does not run: {e}") from None
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), version.encode(), _cpu_flags().encode(),
+    flags = " ".join(COMPILE_FLAGS + ["|"] + LINK_FLAGS)
+    key = hashlib.sha256(b"\0".join([source, flags.encode(), version.encode(), _cpu_flags().encode(),
                                       platform.machine().encode()])).hexdigest()[:16]
     out_dir = cache_dir()
     target = out_dir / f"cpu_attention-{key}.so"
@@ -71,16 +76,18 @@ def load() -> ctypes.CDLL:
         out_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out_dir)
         os.close(fd)
+        obj = tmp[:-3] + ".o"
         try:
-            proc = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
-                                  timeout=300)
-            if proc.returncode != 0:
-                lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-                raise KernelBuildError(f"{cc} failed on {SOURCE.name}: {lines[-1] if lines else proc.returncode}")
+            for cmd in ([cc, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", obj], [cc, *LINK_FLAGS, obj, "-o", tmp, "-lm"]):
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+                if proc.returncode != 0:
+                    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+                    raise KernelBuildError(f"{cc} failed on {SOURCE.name}: {lines[-1] if lines else proc.returncode}")
             os.replace(tmp, target)
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            for path in (tmp, obj):
+                if os.path.exists(path):
+                    os.unlink(path)
     try:
         lib = ctypes.CDLL(str(target))
     except OSError as e:
