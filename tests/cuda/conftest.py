@@ -102,3 +102,6 @@ def cuda_ops_registered():
                      (RotaryEmbedding, rotary_embedding_cuda)):
         if op.registered_impl("cuda") is impl:
             op.unregister_impl("cuda")
+    from brigade.model_executor.layers.linear_method import unregister_dense_gemm
+
+    unregister_dense_gemm("cuda")

@@ -8,6 +8,7 @@ unquantized logits.
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 import transformers
@@ -86,3 +87,34 @@ def test_quantized_linear_method_loads_hf_shards_and_tracks_unquantized(tmp_path
     err = (logits["int8"] - logits["plain"]).abs().max().item()
     scale = logits["plain"].abs().max().item()
     assert 0 < err < 0.02 * scale  # quantization changed something, but only by rounding noise
+
+
+def test_dense_gemm_seam_binds_at_construction():
+    """A platform's dense GEMM replaces F.linear for layers built afterwards on its device type, only those."""
+
+    from brigade.model_executor.layers.linear import Linear
+    from brigade.model_executor.layers.linear_method import register_dense_gemm, unregister_dense_gemm
+    from brigade.model_executor.layers.vocab import LMHead
+
+    calls = []
+
+    def counting_gemm(x, weight, bias):
+        calls.append(tuple(x.shape))
+        return F.linear(x, weight, bias)
+
+    before = Linear(8, 4, dtype=torch.float32)
+    register_dense_gemm("cpu", counting_gemm)
+    try:
+        register_dense_gemm("cpu", counting_gemm)  # the same function again is fine
+        with pytest.raises(ValueError, match="already registered for cpu"):
+            register_dense_gemm("cpu", F.linear)
+        after = Linear(8, 4, dtype=torch.float32)
+        head = LMHead(10, 8, dtype=torch.float32)
+    finally:
+        unregister_dense_gemm("cpu")
+    for layer in (before, after, head):
+        layer.weight.data.normal_()
+    x = torch.randn(3, 8)
+    assert torch.equal(after(x), F.linear(x, after.weight)) and torch.equal(before(x), F.linear(x, before.weight))
+    head(x)
+    assert calls == [(3, 8), (3, 8)]  # the layer and head built while it was registered, not the one before

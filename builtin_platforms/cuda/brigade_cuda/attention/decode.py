@@ -21,6 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
+from brigade_cuda.pdl import pdl_launch
+
+
 LOG2E = 1.4426950408889634
 
 
@@ -33,8 +36,11 @@ def _decode_split_kernel(
     stride_mid_r, stride_mid_h, stride_mid_s, num_splits,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel first, then let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -92,8 +98,11 @@ def _decode_split_kernel(
 def _decode_merge_kernel(
     mid_o_ptr, mid_lse_ptr, out_ptr,
     stride_out_t, stride_out_h, stride_mid_r, stride_mid_h, stride_mid_s, num_splits,
-    HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, SPLITS_P2: tl.constexpr,
+    HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, SPLITS_P2: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel first, then let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     req = tl.program_id(0)
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_P2)
@@ -164,12 +173,13 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         *mid_strides, num_splits,
         BLOCK_SIZE=block_size, GROUP=group, GROUP_P2=max(16, triton.next_power_of_2(group)),
         HEAD_SIZE=head_size, HEAD_P2=head_p2, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1,
-        DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
+        DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
     )
     if num_splits > 1:
         _decode_merge_kernel[(num_decodes, num_heads)](
             mid_o, mid_lse, out, out.stride(0), out.stride(1), *mid_strides, num_splits,
             HEAD_SIZE=head_size, HEAD_P2=head_p2, SPLITS_P2=triton.next_power_of_2(num_splits), num_warps=4,
+            **pdl_launch(),
         )
 
 

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from brigade_cuda.pdl import pdl_launch
+
 
 @triton.jit
 def _write_kv_kernel(
@@ -20,7 +22,11 @@ def _write_kv_kernel(
     stride_cache_slot, stride_cache_h,
     NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
     HEADS_P2: tl.constexpr, HEAD_P2: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel first, then let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0)
     heads = tl.arange(0, HEADS_P2)[:, None]
     dims = tl.arange(0, HEAD_P2)[None, :]
@@ -67,5 +73,5 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
         k_cache.stride(1), k_cache.stride(2),
         NUM_KV_HEADS=num_kv_heads, HEAD_SIZE=head_size,
         HEADS_P2=triton.next_power_of_2(num_kv_heads), HEAD_P2=triton.next_power_of_2(head_size),
-        num_warps=4,
+        num_warps=4, **pdl_launch(),
     )

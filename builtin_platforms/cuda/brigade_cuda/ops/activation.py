@@ -10,9 +10,15 @@ import torch
 import triton
 import triton.language as tl
 
+from brigade_cuda.pdl import pdl_launch
+
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, d, stride_x, stride_out, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, d, stride_x, stride_out, BLOCK: tl.constexpr,
+                         USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel first, then let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -42,5 +48,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(1024, triton.next_power_of_2(d))
     _silu_and_mul_kernel[(num_tokens, triton.cdiv(d, block))](
-        x, out, d, x.stride(0), out.stride(0), BLOCK=block, num_warps=4)
+        x, out, d, x.stride(0), out.stride(0), BLOCK=block, num_warps=4, **pdl_launch())
     return out

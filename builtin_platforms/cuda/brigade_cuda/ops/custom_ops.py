@@ -1,4 +1,6 @@
-"""Binds the Triton ops to the model layers' ``CustomOp`` seam for the "cuda" device type (book ch. 11).
+"""Binds the Triton ops to the model layers' ``CustomOp`` seam for the "cuda" device type (book ch. 11),
+and the skinny GEMM to the dense-GEMM seam of unquantized linear layers (``BRIGADE_CUDA_SKINNY_GEMM=0``
+keeps cuBLAS everywhere).
 
 ``register_cuda_ops()`` registers one adapter per op with ``CustomOp.register_impl("cuda", fn)``. Call it
 once per process before the model is built (the CUDA platform's worker start-up); layers built
@@ -9,9 +11,13 @@ layouts the kernels do not address (so results never depend on which path ran, o
 
 from __future__ import annotations
 
+import os
+
 import torch
+import torch.nn.functional as F
 
 from brigade_cuda.ops.activation import silu_and_mul
+from brigade_cuda.ops.gemm import MAX_ROWS, skinny_linear
 from brigade_cuda.ops.layernorm import fused_add_rms_norm, rms_norm
 from brigade_cuda.ops.rotary import rotary_embedding
 
@@ -46,6 +52,15 @@ def rotary_embedding_cuda(layer, positions: torch.Tensor, query: torch.Tensor, k
                             is_neox_style=layer.is_neox_style)
 
 
+def dense_gemm_cuda(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` on CUDA: the Triton skinny GEMM for decode-sized batches (<= 16 rows of fp16/bf16),
+    cuBLAS for everything else."""
+    if (x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype == weight.dtype
+            and x.dtype in (torch.float16, torch.bfloat16) and x.stride(-1) == 1 and weight.stride(-1) == 1):
+        return skinny_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 def register_cuda_ops() -> None:
     """Register the Triton adapters for device type "cuda"; calling it again is a no-op.
 
@@ -59,3 +74,7 @@ def register_cuda_ops() -> None:
     RMSNorm.register_impl("cuda", rms_norm_cuda)
     SiluAndMul.register_impl("cuda", silu_and_mul_cuda)
     RotaryEmbedding.register_impl("cuda", rotary_embedding_cuda)
+    if os.environ.get("BRIGADE_CUDA_SKINNY_GEMM", "1") != "0":  # "0": cuBLAS for every shape (A/B timing)
+        from brigade.model_executor.layers.linear_method import register_dense_gemm
+
+        register_dense_gemm("cuda", dense_gemm_cuda)

@@ -14,13 +14,19 @@ import torch
 import triton
 import triton.language as tl
 
+from brigade_cuda.pdl import pdl_launch
+
 
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, eps, hidden,
     stride_x, stride_residual, stride_out,
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel first, then let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -48,7 +54,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     _rms_norm_kernel[(rows,)](
         x, residual if residual is not None else x, weight, out, eps, hidden,
         x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)),
+        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)), **pdl_launch(),
     )
 
 

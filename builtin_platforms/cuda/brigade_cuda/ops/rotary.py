@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from brigade_cuda.pdl import pdl_launch
+
 
 @triton.jit
 def _rotate_heads(x_ptr, token, stride_t, stride_h, cos, sin,
@@ -40,7 +42,11 @@ def _rotary_kernel(
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_cache,
     NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, Q_HEADS_P2: tl.constexpr,
     K_HEADS_P2: tl.constexpr, HALF: tl.constexpr, HALF_P2: tl.constexpr, IS_NEOX: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel first, then let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     pairs = tl.arange(0, HALF_P2)[None, :]
     # A [1, HALF_P2] row of one position, so every mask below is a tensor (see kv_write.py).
@@ -99,6 +105,6 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
         stride_q_t, stride_q_h, stride_k_t, stride_k_h, cos_sin_cache.stride(0),
         NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=num_k_heads,
         Q_HEADS_P2=triton.next_power_of_2(num_q_heads), K_HEADS_P2=triton.next_power_of_2(num_k_heads),
-        HALF=half, HALF_P2=triton.next_power_of_2(half), IS_NEOX=is_neox_style, num_warps=4,
+        HALF=half, HALF_P2=triton.next_power_of_2(half), IS_NEOX=is_neox_style, num_warps=4, **pdl_launch(),
     )
     return query, key

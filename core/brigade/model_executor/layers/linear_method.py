@@ -16,6 +16,7 @@ relative to the layer (``weight``, ``weight_scale``, ``qzeros``...), so HF names
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -49,17 +50,49 @@ class LinearMethod(ABC):
         """Turn checkpoint-format parameters into kernel format; called once after all weights are loaded."""
 
 
+DenseGemm = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+_DENSE_GEMMS: dict[str, DenseGemm] = {}
+
+
+def register_dense_gemm(device_type: str, gemm: DenseGemm) -> None:
+    """Use ``gemm(x, weight, bias)`` instead of ``F.linear`` for dense weights built on ``device_type``.
+
+    Same contract as ``F.linear`` (x [T, K], weight [N, K], bias [N] or None -> [T, N]); a platform uses it
+    for shapes its own kernels do better (the CUDA platform: few-token decode). Like ``CustomOp``, each layer
+    binds at construction, in the process that builds the model, before ``load_model``.
+
+    Raises ValueError when ``device_type`` already has a different function.
+    """
+    existing = _DENSE_GEMMS.get(device_type)
+    if existing is not None and existing is not gemm:
+        raise ValueError(f"a dense GEMM is already registered for {device_type} "
+                         f"({existing.__module__}.{existing.__qualname__})")
+    _DENSE_GEMMS[device_type] = gemm
+
+
+def unregister_dense_gemm(device_type: str) -> None:
+    """Forget the function for ``device_type`` (layers built afterwards use ``F.linear``)."""
+    _DENSE_GEMMS.pop(device_type, None)
+
+
+def dense_gemm_for_default_device() -> DenseGemm:
+    """The function registered for ``torch.get_default_device()``'s type, else ``F.linear``."""
+    return _DENSE_GEMMS.get(torch.get_default_device().type, F.linear)
+
+
 class UnquantizedLinearMethod(LinearMethod):
-    """A dense ``[sum(output_sizes), input_size]`` weight in the model dtype, applied with ``F.linear``."""
+    """A dense ``[sum(output_sizes), input_size]`` weight in the model dtype, applied with ``F.linear`` or the
+    platform's registered dense GEMM (``register_dense_gemm``)."""
 
     def create_weights(self, layer: nn.Module, *, input_size: int, output_sizes: list[int],
                        dtype: torch.dtype) -> None:
         weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=dtype), requires_grad=False)
         set_weight_attrs(weight, {"output_dim": 0})
         layer.register_parameter("weight", weight)
+        self.gemm = dense_gemm_for_default_device()
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, layer.weight, bias)
+        return self.gemm(x, layer.weight, bias)
 
 
 class QuantizationConfig(ABC):

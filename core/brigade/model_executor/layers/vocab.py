@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from brigade.model_executor.layers.linear_method import dense_gemm_for_default_device
 from brigade.model_executor.weight_utils import default_weight_loader, set_weight_attrs
 
 
@@ -47,6 +48,7 @@ class LMHead(nn.Module):
         else:
             self.bias = None
         self.tied = False
+        self.gemm = dense_gemm_for_default_device()
 
     def tie_to(self, embedding: VocabEmbedding) -> None:
         """Share ``embedding.weight`` (the same Parameter) instead of a weight of our own.
@@ -61,7 +63,7 @@ class LMHead(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Args: hidden_states [N, hidden_size]. Returns logits [N, vocab_size] in the same dtype."""
-        return F.linear(hidden_states, self.weight, self.bias)
+        return self.gemm(hidden_states, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size} -> {self.vocab_size}, tied={self.tied}"

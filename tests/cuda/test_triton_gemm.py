@@ -1,0 +1,98 @@
+"""GPU checks of the skinny GEMM (decode-sized ``x @ W.T + b``) against an fp32 product, and its binding.
+
+Skipped as a whole on machines without CUDA (CI); run on the H200 with ``pytest tests/cuda``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("triton")
+
+import torch.nn.functional as F  # noqa: E402
+
+from brigade.model_executor.layers.linear import Linear  # noqa: E402
+from brigade_cuda.ops.custom_ops import dense_gemm_cuda  # noqa: E402
+from brigade_cuda.ops.gemm import skinny_linear  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("m,n,k", [(1, 6144, 4096), (3, 1000, 4096), (16, 4096, 14336), (1, 100, 1000),
+                                   (7, 49152, 576), (2, 33, 40)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_skinny_linear_matches_fp32_product(m, n, k, dtype, bias, rel_err):
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    w = (torch.randn(n, k, device="cuda") * 0.05).to(dtype)
+    b = torch.randn(n, device="cuda").to(dtype) if bias else None
+    want = x.float() @ w.float().T + (b.float() if bias else 0)
+    got = skinny_linear(x, w, b)
+    assert got.shape == (m, n) and got.dtype == dtype
+    assert not got.isnan().any() and rel_err(got, want) < 1e-2
+
+
+@pytest.mark.parametrize("tile", [(16, 128, 4, 3), (64, 512, 8, 3), (32, 256, 4, 6)])
+def test_every_tile_shape_is_correct(tile, rel_err):
+    x = torch.randn(5, 4096 + 64, device="cuda").to(torch.bfloat16)  # K not a multiple of 512: masked tail
+    w = torch.randn(3000, 4096 + 64, device="cuda").to(torch.bfloat16)
+    assert rel_err(skinny_linear(x, w, tile=tile), x.float() @ w.float().T) < 1e-2
+
+
+def test_refusals():
+    x = torch.randn(17, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="at most 16"):
+        skinny_linear(x, torch.randn(8, 64, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="weight"):
+        skinny_linear(x[:2], torch.randn(8, 32, device="cuda", dtype=torch.bfloat16))
+
+
+def test_dense_gemm_binding_routes_by_rows(rel_err, cuda_ops_registered):
+    with torch.device("cuda"):
+        layer = Linear(256, 512, bias=True, dtype=torch.bfloat16)
+    assert layer.quant_method.gemm is dense_gemm_cuda
+    layer.weight.data.normal_(0, 0.05)
+    layer.bias.data.normal_()
+    for rows in (1, 16, 17, 300):  # skinny kernel, then cuBLAS
+        x = torch.randn(rows, 256, device="cuda", dtype=torch.bfloat16)
+        assert rel_err(layer(x), F.linear(x.float(), layer.weight.float(), layer.bias.float())) < 1e-2
+
+
+def test_pdl_chain_in_a_cuda_graph_matches_eager():
+    """The decode path's kernels, launched with programmatic dependent launch inside a captured graph,
+    give exactly eager's results (each kernel waits for its predecessor before reading)."""
+    from brigade_cuda.ops import fused_add_rms_norm, silu_and_mul
+    from brigade_cuda.pdl import pdl_enabled, pdl_launch
+
+    if torch.cuda.get_device_capability()[0] >= 9:
+        assert pdl_enabled()  # Hopper: the path under test is really on
+    assert "launch_pdl" not in pdl_launch()  # never outside a capture
+    bf16 = torch.bfloat16
+    x0 = torch.randn(1, 4096, device="cuda").to(bf16)
+    r0 = torch.randn(1, 4096, device="cuda").to(bf16)
+    norm_w = torch.randn(4096, device="cuda").to(bf16)
+    w1 = (torch.randn(28672, 4096, device="cuda") * 0.02).to(bf16)
+    w2 = (torch.randn(4096, 14336, device="cuda") * 0.02).to(bf16)
+    xs, rs = torch.empty_like(x0), torch.empty_like(r0)
+
+    def chain():
+        xs.copy_(x0)
+        rs.copy_(r0)
+        h, r = fused_add_rms_norm(xs, rs, norm_w, 1e-5)
+        y = skinny_linear(silu_and_mul(skinny_linear(h, w1)), w2)
+        return fused_add_rms_norm(y, r, norm_w, 1e-5)[0]
+
+    want = chain().clone()
+    chain()  # warm up outside the capture (compiles the PDL variants' siblings too)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured_kwargs = pdl_launch()
+        out = chain()
+    assert ("launch_pdl" in captured_kwargs) == pdl_enabled()
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
