@@ -74,7 +74,8 @@ def from_validation_error(exc: ValidationError | RequestValidationError) -> Open
     """A pydantic type error as a 400; ``param`` is the top-level field of the first error.
 
     FastAPI prefixes locations with "body"/"query"; union members show up as extra location parts, so
-    only the top-level field name is reported (e.g. ``stop`` for ``("stop", "list[str]", 0)``).
+    only the top-level field name is reported (e.g. ``stop`` for ``("stop", "list[str]", 0)``). A scalar
+    input is quoted back (``messages.0.role: Input should be 'system', ... or 'function', got 'wizard'``).
     """
     errors = exc.errors()
     if not errors:
@@ -85,8 +86,26 @@ def from_validation_error(exc: ValidationError | RequestValidationError) -> Open
     where = ".".join(str(p) for p in loc) or "body"
     if first.get("type") in ("json_invalid", "model_attributes_type") and not loc:
         return OpenAIError.bad_param(f"the request body is not a valid JSON object: {first.get('msg')}", None)
+    got = _quoted_input(first.get("input"))
     extra = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return OpenAIError.bad_param(f"{where}: {first.get('msg')}{extra}", param)
+    return OpenAIError.bad_param(f"{where}: {first.get('msg')}{got}{extra}", param)
+
+
+_MAX_QUOTED_CHARS = 60
+
+
+def _quoted_input(value: object) -> str:
+    """``", got <value>"`` for a string, number or boolean the client sent (cut to a few dozen characters);
+    "" for anything else (objects, lists, null, missing fields)."""
+    if isinstance(value, bool):
+        shown = "true" if value else "false"
+    elif isinstance(value, (int, float, str)):
+        shown = repr(value)
+    else:
+        return ""
+    if len(shown) > _MAX_QUOTED_CHARS:
+        shown = shown[:_MAX_QUOTED_CHARS] + "..."
+    return f", got {shown}"
 
 
 def error_json(error: OpenAIError) -> JSONResponse:

@@ -5,16 +5,23 @@ SDK clients and vLLM clients send the same bodies here. Unknown fields are kept 
 server can warn about them instead of rejecting the request (vLLM's behaviour).
 
 Range checks live in SamplingParams.verify, which names the bad field; these models only check types.
+Booleans are strict, as in OpenAI: only JSON ``true``/``false``, never ``"yes"``, ``"true"`` or ``1``.
+A message's ``role`` is one of CHAT_ROLES.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from brigade.sampling_params import InvalidParamError, StructuredOutputsParams
+
+
+ChatRole = Literal["system", "developer", "user", "assistant", "tool", "function"]
+CHAT_ROLES: tuple[str, ...] = get_args(ChatRole)
+"""The message roles OpenAI accepts ("function" is its deprecated form of "tool"); any other is a 400."""
 
 
 class OpenAIBaseModel(BaseModel):
@@ -26,7 +33,7 @@ class OpenAIBaseModel(BaseModel):
 class StreamOptions(OpenAIBaseModel):
     """``stream_options``: include_usage adds a final chunk with the whole request's usage."""
 
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class ResponseFormat(OpenAIBaseModel):
@@ -63,15 +70,15 @@ class SamplingFields(OpenAIBaseModel):
     repetition_penalty: float | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
     min_tokens: int = 0
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    stream: bool = False
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
@@ -144,17 +151,18 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = None
-    echo: bool = False
+    echo: StrictBool = False
     suffix: str | None = None
     best_of: int | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: StrictBool = True
     prompt_logprobs: int | None = None
 
 
 class ChatMessage(OpenAIBaseModel):
-    """One message: role and content (a string or a list of parts; only text parts are supported)."""
+    """One message: role (one of CHAT_ROLES) and content (a string or a list of parts; only text parts are
+    supported)."""
 
-    role: str
+    role: ChatRole
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
@@ -192,14 +200,14 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: StrictBool = False
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    add_special_tokens: bool = False
+    parallel_tool_calls: StrictBool | None = None
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    add_special_tokens: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
 
     def wanted_max_tokens(self) -> tuple[int | None, str]:
@@ -215,9 +223,9 @@ class TokenizeRequest(OpenAIBaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool | None = None
-    add_generation_prompt: bool = True
-    return_token_strs: bool = False
+    add_special_tokens: StrictBool | None = None
+    add_generation_prompt: StrictBool = True
+    return_token_strs: StrictBool = False
 
 
 class DetokenizeRequest(OpenAIBaseModel):
