@@ -2,7 +2,8 @@
 
 ``generate()`` is an async iterator of RequestOutputs per request. One background task reads every
 step's outputs from the engine, runs the output processor, and feeds each request's queue; stat
-loggers see each step there too. Closing or cancelling a ``generate()`` iterator aborts the request.
+loggers see each step there too. Closing or cancelling a ``generate()`` iterator aborts the request;
+``abort()`` ends the iterator with a final output whose ``finish_reason`` is "abort".
 """
 
 from __future__ import annotations
@@ -110,9 +111,13 @@ class AsyncLLM:
             asyncio.get_running_loop().create_task(self.client.abort_requests(engine_ids))
 
     async def abort(self, request_id: str) -> None:
-        """Abort a request; its generate() iterator ends without further outputs."""
-        self._queues.pop(request_id, None)
-        await self.client.abort_requests(self.output_processor.abort_request(request_id))
+        """Abort a request and free its KV blocks in the engine.
+
+        A generate() iterator still serving the request yields one last RequestOutput, with ``finished``
+        True and ``finish_reason`` "abort" on every sequence that was still running, and then ends (as
+        vLLM's does). An unknown or already finished request id is ignored.
+        """
+        await self.client.abort_requests(self.output_processor.abort_request(request_id, notify=True))
 
     def _ensure_output_task(self) -> None:
         if self._output_task is None or self._output_task.done():

@@ -95,17 +95,32 @@ class OutputProcessor:
     def has_unfinished_requests(self) -> bool:
         return bool(self.parents)
 
-    def abort_request(self, request_id: str) -> list[str]:
+    def abort_request(self, request_id: str, *, notify: bool = False) -> list[str]:
         """Forget a request; returns the engine ids to abort. Its unfinished sequences count as aborted
-        in the next step's statistics."""
+        in the next step's statistics.
+
+        Args:
+            notify: also send the request's sink its final output: ``finished`` True, each sequence that
+                was still running with ``finish_reason`` "abort" (with DELTA, one output per such
+                sequence, holding the text held back for stop strings; otherwise one output with all of
+                them). Nothing is sent for a request that is unknown or already finished.
+        """
         ids = self.engine_ids(request_id)
         now = time.time()
+        aborted: list[SequenceState] = []
         for eid in ids:
             seq = self.sequences.pop(eid)
             if seq.finish_reason is None:
                 seq.finish_reason = "abort"
                 self._record_finished(seq, now, self._aborted_stats)
-        self.parents.pop(request_id, None)
+                aborted.append(seq)
+        parent = self.parents.pop(request_id, None)
+        if notify and parent is not None and aborted:
+            if parent.params.output_kind == RequestOutputKind.DELTA:
+                for seq in aborted:
+                    parent.sink(self._make_output(parent, seq))
+            else:
+                parent.sink(self._make_output(parent, None))
         return ids
 
     def fail_all(self, message: str) -> list[str]:
