@@ -1,15 +1,8 @@
 #!/usr/bin/env bash
 # GPU session C (one device call): skinny-GEMM correctness, tile sweep against cuBLAS (writes the tiles the
 # kernel reads), then batch-1 latency with the skinny GEMM and with cuBLAS only (A/B in the same run).
-set -uo pipefail
-out=${OUT:-/tmp/out}; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 BRIGADE_LOGGING_LEVEL=WARNING
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e builtin_platforms/cuda 2>&1 | tail -3
-M=benchmarks/configs/llama-3.1-8b
-C="--load-format dummy --dtype bfloat16 --skip-tokenizer-init"
+source "$(dirname "$0")/common.sh"
 T=builtin_platforms/cuda/brigade_cuda/ops/gemm_tiles.json
-run() { echo "+ $*"; timeout ${STEP_TIMEOUT:-150} "$@" 2>&1 | grep -v -i "warn\|deprecat" | tail -${TAIL:-25}; }
 run python3 -m pytest -q -x tests/cuda/test_triton_gemm.py
 STEP_TIMEOUT=220 TAIL=12 run env PYTHONPATH=/tmp/site:core:builtin_platforms/cuda:benchmarks/kernels \
     python3 benchmarks/kernels/bench_gemm.py --json "$out/gemm_sweep.json" --write-tiles $T

@@ -1,14 +1,7 @@
 #!/usr/bin/env bash
 # GPU session G (one device call), the final code: every GPU test, then benchmarks 1-3 of issue 4
 # (latency with the HF generate peer, throughput 1024/128 and ShareGPT-like) with the skinny GEMM and PDL on.
-set -uo pipefail
-out=${OUT:-/tmp/out}; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 BRIGADE_LOGGING_LEVEL=WARNING
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e builtin_platforms/cuda 2>&1 | tail -3
-M=benchmarks/configs/llama-3.1-8b
-C="--load-format dummy --dtype bfloat16 --skip-tokenizer-init"
-run() { echo "+ $*"; timeout ${STEP_TIMEOUT:-150} "$@" 2>&1 | grep -v -i "warn\|deprecat" | tail -${TAIL:-25}; }
+source "$(dirname "$0")/common.sh"
 STEP_TIMEOUT=200 TAIL=6 run python3 -m pytest -q -x tests/cuda
 python3 -m brigade.benchmarks.roofline $M > "$out/roofline.json"; tail -3 "$out/roofline.json"
 TAIL=5 run brigade bench latency $M $C --max-model-len 2048 --batch-size 1 --input-len 128 --output-len 256 \

@@ -17,45 +17,24 @@ from typing import ClassVar
 
 import torch
 
-from brigade.platforms.interface import Platform
+from brigade.platforms.interface import Platform, TorchCudaPlatform
 
 logger = logging.getLogger(__name__)
 
 _NVIDIA_NODE = re.compile(r"nvidia\d+")
 
 
-class CudaPlatform(Platform):
-    """NVIDIA GPUs through torch.cuda: NCCL between workers, bf16 by default, CUDA graphs.
+class CudaPlatform(TorchCudaPlatform):
+    """NVIDIA GPUs through torch.cuda: NCCL between workers, bf16 by default, CUDA graphs, Triton kernels.
 
     Device ids follow CUDA_VISIBLE_DEVICES (an empty value counts as unset, see ``Platform``).
     """
 
     name: ClassVar[str] = "cuda"
-    device_type: ClassVar[str] = "cuda"
-    dist_backend: ClassVar[str] = "nccl"
     device_control_env_var: ClassVar[str | None] = "CUDA_VISIBLE_DEVICES"
     default_attention_backend: ClassVar[str] = "triton"
     default_block_size: ClassVar[int] = 16
     worker_cls: ClassVar[str] = "brigade_cuda.worker.CudaWorker"
-    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)
-    default_dtype: ClassVar[torch.dtype] = torch.bfloat16
-
-    @classmethod
-    def synchronize(cls) -> None:
-        torch.cuda.synchronize()
-
-    @classmethod
-    def mem_get_info(cls) -> tuple[int, int]:
-        """(free, total) bytes of the current CUDA device."""
-        return torch.cuda.mem_get_info()
-
-    @classmethod
-    def empty_cache(cls) -> None:
-        torch.cuda.empty_cache()
-
-    @classmethod
-    def supports_cuda_graphs(cls) -> bool:
-        return True
 
 
 def nvml_device_count(library: str = "libnvidia-ml.so.1") -> int | None:

@@ -10,35 +10,15 @@ from typing import ClassVar
 
 import torch
 
-from brigade.platforms.interface import Platform
+from brigade.platforms.interface import Platform, TorchCudaPlatform
 
 
-class RocmPlatform(Platform):
+class RocmPlatform(TorchCudaPlatform):
     """AMD GPUs: HIP_VISIBLE_DEVICES picks devices, RCCL (as "nccl") between workers, bf16 by default."""
 
     name: ClassVar[str] = "rocm"
-    device_type: ClassVar[str] = "cuda"  # HIP builds keep torch's "cuda" device type
-    dist_backend: ClassVar[str] = "nccl"  # served by RCCL on ROCm
     device_control_env_var: ClassVar[str | None] = "HIP_VISIBLE_DEVICES"
     default_attention_backend: ClassVar[str] = "reference"
-    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)
-    default_dtype: ClassVar[torch.dtype] = torch.bfloat16
-
-    @classmethod
-    def synchronize(cls) -> None:
-        torch.cuda.synchronize()
-
-    @classmethod
-    def mem_get_info(cls) -> tuple[int, int]:
-        return torch.cuda.mem_get_info()
-
-    @classmethod
-    def empty_cache(cls) -> None:
-        torch.cuda.empty_cache()
-
-    @classmethod
-    def supports_cuda_graphs(cls) -> bool:
-        return True  # HIP graphs
 
 
 def detect_rocm() -> type[Platform] | None:

@@ -121,3 +121,34 @@ class Platform:
     @classmethod
     def supports_cuda_graphs(cls) -> bool:
         return False
+
+
+class TorchCudaPlatform(Platform):
+    """Base of platforms whose devices PyTorch drives through ``torch.cuda`` (NVIDIA CUDA builds and AMD HIP
+    builds alike): device type "cuda", "nccl" between workers (RCCL on ROCm), bf16 by default, graph capture.
+
+    Subclasses set ``name``, ``device_control_env_var``, the attention backend and worker, and keep their own
+    side-effect-free detector (nothing here is called during detection).
+    """
+
+    device_type: ClassVar[str] = "cuda"
+    dist_backend: ClassVar[str] = "nccl"
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)
+    default_dtype: ClassVar[torch.dtype] = torch.bfloat16
+
+    @classmethod
+    def synchronize(cls) -> None:
+        torch.cuda.synchronize()
+
+    @classmethod
+    def mem_get_info(cls) -> tuple[int, int]:
+        """(free, total) bytes of the current device."""
+        return torch.cuda.mem_get_info()
+
+    @classmethod
+    def empty_cache(cls) -> None:
+        torch.cuda.empty_cache()
+
+    @classmethod
+    def supports_cuda_graphs(cls) -> bool:
+        return True  # CUDA graphs, or HIP graphs on ROCm
