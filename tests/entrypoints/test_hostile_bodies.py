@@ -1,6 +1,7 @@
 """Bodies a fuzzer or a hostile client sends: lone surrogates, 70-bit seeds, absurd nesting, message roles
-OpenAI does not know, strings or numbers where OpenAI wants a JSON boolean. Each gets a 400 in OpenAI's
-shape (never a 500, never a lenient reading), and the server keeps serving."""
+OpenAI does not know, strings or numbers where OpenAI wants a JSON boolean, strings, booleans, decimals or
+NaN where it wants a JSON number. Each gets a 400 in OpenAI's shape (never a 500, never a lenient reading),
+and the server keeps serving."""
 
 from __future__ import annotations
 
@@ -124,3 +125,139 @@ def test_json_booleans_still_work(server):
     response = httpx.post(server.url("/v1/chat/completions"), timeout=60,
                           json={**CHAT, "stream": False, "logprobs": False, "ignore_eos": False})
     assert response.status_code == 200 and response.json()["choices"][0]["logprobs"] is None
+
+
+# ---- strict numbers ---------------------------------------------------------------------------------
+
+NOT_NUMBERS = [
+    # integer fields: a numeric string, a decimal (even a whole one) or a boolean is not an integer
+    ("/v1/completions", {**COMPLETION, "max_tokens": "5"}, "max_tokens"),
+    ("/v1/completions", {**COMPLETION, "max_tokens": 5.0}, "max_tokens"),
+    ("/v1/completions", {**COMPLETION, "max_tokens": True}, "max_tokens"),
+    ("/v1/completions", {**COMPLETION, "n": "2"}, "n"),
+    ("/v1/completions", {**COMPLETION, "seed": "3"}, "seed"),
+    ("/v1/completions", {**COMPLETION, "seed": 3.5}, "seed"),
+    ("/v1/completions", {**COMPLETION, "logprobs": "2"}, "logprobs"),
+    ("/v1/completions", {**COMPLETION, "logprobs": True}, "logprobs"),
+    ("/v1/completions", {**COMPLETION, "top_k": "5"}, "top_k"),
+    ("/v1/completions", {**COMPLETION, "min_tokens": "1"}, "min_tokens"),
+    ("/v1/completions", {**COMPLETION, "best_of": "1"}, "best_of"),
+    ("/v1/completions", {**COMPLETION, "prompt_logprobs": "1"}, "prompt_logprobs"),
+    ("/v1/completions", {**COMPLETION, "priority": "0"}, "priority"),
+    ("/v1/completions", {**COMPLETION, "stop_token_ids": ["2"]}, "stop_token_ids"),
+    ("/v1/completions", {**COMPLETION, "allowed_token_ids": [1, "2"]}, "allowed_token_ids"),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": "5"}, "max_tokens"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": "4"}, "max_completion_tokens"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 4.0}, "max_completion_tokens"),
+    ("/v1/chat/completions", {**CHAT, "n": "2"}, "n"),
+    ("/v1/chat/completions", {**CHAT, "seed": "3"}, "seed"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": "1"}, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "top_k": "5"}, "top_k"),
+    ("/v1/chat/completions", {**CHAT, "min_tokens": "1"}, "min_tokens"),
+    ("/detokenize", {"tokens": ["1", "2"]}, "tokens"),
+    # number fields: a numeric string or a boolean is not a number
+    ("/v1/completions", {**COMPLETION, "temperature": "0.5"}, "temperature"),
+    ("/v1/completions", {**COMPLETION, "temperature": True}, "temperature"),
+    ("/v1/completions", {**COMPLETION, "top_p": "0.9"}, "top_p"),
+    ("/v1/completions", {**COMPLETION, "min_p": "0.1"}, "min_p"),
+    ("/v1/completions", {**COMPLETION, "presence_penalty": "0"}, "presence_penalty"),
+    ("/v1/completions", {**COMPLETION, "frequency_penalty": "0.1"}, "frequency_penalty"),
+    ("/v1/completions", {**COMPLETION, "repetition_penalty": "1.1"}, "repetition_penalty"),
+    ("/v1/completions", {**COMPLETION, "logit_bias": {"100": "5"}}, "logit_bias"),
+    ("/v1/chat/completions", {**CHAT, "temperature": "0.5"}, "temperature"),
+    ("/v1/chat/completions", {**CHAT, "top_p": "0.9"}, "top_p"),
+    ("/v1/chat/completions", {**CHAT, "presence_penalty": "0"}, "presence_penalty"),
+    ("/v1/chat/completions", {**CHAT, "frequency_penalty": False}, "frequency_penalty"),
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {"100": True}}, "logit_bias"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", NOT_NUMBERS,
+                         ids=[f"{p[2]}-{i}" for i, p in enumerate(NOT_NUMBERS)])
+def test_non_number_for_a_number_field_is_a_400(server, path, body, param):
+    response = httpx.post(server.url(path), json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert error["message"].startswith(param), error["message"]
+    assert "valid integer" in error["message"] or "valid number" in error["message"], error["message"]
+    ok = httpx.post(server.url(path.replace("/detokenize", "/v1/completions")), timeout=60,
+                    json=COMPLETION if path != "/v1/chat/completions" else CHAT)
+    assert ok.status_code == 200, ok.text
+
+
+# json.loads takes these non-JSON tokens; OpenAI refuses them, and no sampler wants an infinite temperature
+NOT_FINITE = [
+    ("temperature", b"Infinity"), ("temperature", b"NaN"), ("top_p", b"-Infinity"),
+    ("repetition_penalty", b"Infinity"), ("presence_penalty", b"NaN"),
+]
+
+
+@pytest.mark.parametrize("param,token", NOT_FINITE)
+def test_nan_or_infinity_is_a_400(server, param, token):
+    body = b'{"prompt": "Hello", "max_tokens": 2, "%s": %s}' % (param.encode(), token)
+    response = httpx.post(server.url("/v1/completions"), content=body, timeout=60,
+                          headers={"Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert "finite number" in error["message"], error["message"]
+
+
+def test_numeric_strings_are_400s_through_the_openai_client(server):
+    client = openai.OpenAI(base_url=server.url("/v1"), api_key="unused", max_retries=0, timeout=60)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt="Hello", max_tokens="5")
+    assert info.value.status_code == 400 and info.value.body["param"] == "max_tokens"
+    assert "got '5'" in info.value.body["message"], info.value.body
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                       max_completion_tokens=2, temperature="0.5")
+    assert info.value.status_code == 400 and info.value.body["param"] == "temperature"
+    out = client.completions.create(model=MODEL, prompt="Hello", max_tokens=2)
+    assert out.usage.completion_tokens >= 1
+
+
+def test_json_numbers_still_work(server):
+    """Integers for number fields, decimals, token-id prompts and logit_bias (string keys, int or float
+    values) are all taken, and mean what they say."""
+    client = openai.OpenAI(base_url=server.url("/v1"), api_key="unused", max_retries=0, timeout=60)
+    out = client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=3, n=2, seed=3, logprobs=2, temperature=1, top_p=1,
+        presence_penalty=0, frequency_penalty=0,
+        extra_body={"top_k": 5, "min_p": 0, "repetition_penalty": 1, "min_tokens": 1, "ignore_eos": True,
+                    "priority": 0, "stop_token_ids": [2]})
+    assert len(out.choices) == 2 and out.usage.completion_tokens == 6
+    # logprobs=2: the two best candidates, plus the sampled token when it is not one of them
+    assert all(len(choice.logprobs.tokens) == 3 for choice in out.choices)
+    assert all(2 <= len(top) <= 3 for choice in out.choices for top in choice.logprobs.top_logprobs)
+    out = client.completions.create(model=MODEL, prompt="Hello", max_tokens=2, temperature=0.5, top_p=0.9,
+                                    presence_penalty=0.5, frequency_penalty=-0.5,
+                                    extra_body={"min_p": 0.05, "repetition_penalty": 1.1})
+    assert out.usage.completion_tokens >= 1
+
+    # token-id prompts, one and a batch
+    ids = httpx.post(server.url("/tokenize"), json={"prompt": "The capital of France is"},
+                     timeout=60).json()["tokens"]
+    out = client.completions.create(model=MODEL, prompt=ids, max_tokens=2, temperature=0)
+    assert out.usage.prompt_tokens == len(ids)
+    out = client.completions.create(model=MODEL, prompt=[ids, ids[:2]], max_tokens=2, temperature=0)
+    assert len(out.choices) == 2 and out.choices[0].text == client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=2, temperature=0).choices[0].text
+
+    # logit_bias: the keys are token ids as JSON strings, the values JSON integers or decimals
+    forced = httpx.post(server.url("/tokenize"), json={"prompt": " banana"}, timeout=60).json()["tokens"][-1]
+    out = client.completions.create(model=MODEL, prompt=ids, max_tokens=3, temperature=0,
+                                    logit_bias={str(forced): 100}, extra_body={"ignore_eos": True})
+    expected = httpx.post(server.url("/detokenize"), json={"tokens": [forced] * 3}, timeout=60).json()["prompt"]
+    assert out.choices[0].text == expected
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                          max_completion_tokens=3, temperature=0, logit_bias={str(forced): 99.5},
+                                          logprobs=True, top_logprobs=1, seed=1, n=1, top_p=1.0,
+                                          extra_body={"ignore_eos": True, "top_k": 1, "min_tokens": 0})
+    assert chat.usage.completion_tokens == 3 and chat.choices[0].message.content == expected
+    assert all(len(entry.top_logprobs) == 1 for entry in chat.choices[0].logprobs.content)
+    back = httpx.post(server.url("/detokenize"), json={"tokens": ids}, timeout=60)
+    assert back.status_code == 200 and back.json()["prompt"] == "The capital of France is"

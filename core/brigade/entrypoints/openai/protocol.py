@@ -6,15 +6,17 @@ server can warn about them instead of rejecting the request (vLLM's behaviour).
 
 Range checks live in SamplingParams.verify, which names the bad field; these models only check types.
 Booleans are strict, as in OpenAI: only JSON ``true``/``false``, never ``"yes"``, ``"true"`` or ``1``.
+Numbers are strict too: an integer field takes only a JSON integer (not ``"5"``, ``5.0`` or ``true``) and a
+number field (``Number``) a JSON integer or decimal, finite (not ``"0.5"``, ``true``, ``NaN`` or ``Infinity``).
 A message's ``role`` is one of CHAT_ROLES.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt
 
 from brigade.sampling_params import InvalidParamError, StructuredOutputsParams
 
@@ -22,6 +24,10 @@ from brigade.sampling_params import InvalidParamError, StructuredOutputsParams
 ChatRole = Literal["system", "developer", "user", "assistant", "tool", "function"]
 CHAT_ROLES: tuple[str, ...] = get_args(ChatRole)
 """The message roles OpenAI accepts ("function" is its deprecated form of "tool"); any other is a 400."""
+
+
+Number = Annotated[float, Strict(), AllowInfNan(False)]
+"""A float request field: a finite JSON number; an integer (``"temperature": 1``) is taken as a float."""
 
 
 class OpenAIBaseModel(BaseModel):
@@ -59,21 +65,21 @@ class SamplingFields(OpenAIBaseModel):
     """
 
     model: str | None = None
-    n: int = 1
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+    n: StrictInt = 1
+    temperature: Number | None = None
+    top_p: Number | None = None
+    top_k: StrictInt | None = None
+    min_p: Number | None = None
+    seed: StrictInt | None = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    repetition_penalty: Number | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[StrictInt] | None = None
     ignore_eos: StrictBool = False
-    min_tokens: int = 0
-    logit_bias: dict[str, float] | None = None
-    allowed_token_ids: list[int] | None = None
+    min_tokens: StrictInt = 0
+    logit_bias: dict[str, Number] | None = None
+    allowed_token_ids: list[StrictInt] | None = None
     bad_words: list[str] | None = None
     skip_special_tokens: StrictBool = True
     spaces_between_special_tokens: StrictBool = True
@@ -83,7 +89,7 @@ class SamplingFields(OpenAIBaseModel):
     user: str | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
-    priority: int = 0
+    priority: StrictInt = 0
     cache_salt: str | None = None
     vllm_xargs: dict[str, Any] | None = None
     """vLLM's extra arguments for logits processors from plugins (SamplingParams.extra_args)."""
@@ -148,14 +154,14 @@ class CompletionRequest(SamplingFields):
     ``logprobs`` is the number of top candidates per token (0..20); ``echo`` prepends the prompt.
     """
 
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    max_tokens: StrictInt | None = 16
+    logprobs: StrictInt | None = None
     echo: StrictBool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: StrictInt | None = None
     add_special_tokens: StrictBool = True
-    prompt_logprobs: int | None = None
+    prompt_logprobs: StrictInt | None = None
 
 
 class ChatMessage(OpenAIBaseModel):
@@ -198,10 +204,10 @@ class ChatCompletionRequest(SamplingFields):
     """
 
     messages: list[ChatMessage]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
-    top_logprobs: int | None = None
+    top_logprobs: StrictInt | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
@@ -232,7 +238,7 @@ class DetokenizeRequest(OpenAIBaseModel):
     """POST /detokenize: token ids back to text."""
 
     model: str | None = None
-    tokens: list[int]
+    tokens: list[StrictInt]
 
 
 def parse_json_body(body: bytes) -> Any:
