@@ -123,6 +123,21 @@ def test_required_stream_sends_whole_calls_at_the_end():
     assert last.content == text[:30] and reason == "length"  # nothing parsable: the text is returned
 
 
+def test_required_answer_cut_off_keeps_its_complete_calls():
+    """A small model may repeat its call until max_tokens ends it inside the array: the whole calls count."""
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    cut = "[" + ", ".join([call] * 3) + ', {"name": "get_wea'
+    calls = plan("required").calls_from_output(cut)
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})] * 3
+    stream = ToolStream(plan("required"))
+    stream.feed(cut)
+    last, reason = stream.finish("length")
+    assert len(last.tool_calls) == 3 and last.content is None and reason == "length"
+    for text in ('[{"name": "get_wea', "[", "", '[{"name": "nope", "arguments": {}}, '):  # nothing whole and known
+        assert plan("required").calls_from_output(text) is None
+    assert plan("auto").calls_from_output(cut) is None  # only forced arrays are salvaged
+
+
 def test_conversation_for_a_template_without_tools():
     messages = [{"role": "user", "content": "Weather?"},
                 {"role": "assistant", "content": "", "tool_calls": [

@@ -98,7 +98,9 @@ class ToolPlan:
         if self.mode == "named":
             return [ToolCall(id=new_tool_call_id(), function=FunctionCall(name=self.named, arguments=text.strip()))]
         if self.mode == "required":
-            return _calls_from_json(text, self.tools)
+            # A cut-off answer (max_tokens inside the array, e.g. a small model repeating its call) still
+            # yields the calls it completed.
+            return _calls_from_json(text, self.tools) or _calls_from_items(_complete_array_items(text), self.tools)
         if self.mode == "auto":
             return parse_tool_calls(text, self.tools)[1] or None
         return None
@@ -225,9 +227,38 @@ def _calls_from_json(text: str, tools: dict[str, FunctionTool]) -> list[ToolCall
         value = json.loads(text)
     except json.JSONDecodeError:
         return None
-    items = value if isinstance(value, list) else [value]
+    return _calls_from_items(value if isinstance(value, list) else [value], tools)
+
+
+def _calls_from_items(items: list[Any], tools: dict[str, FunctionTool]) -> list[ToolCall] | None:
     calls = [_call(item, tools) for item in items]
     return calls if calls and all(c is not None for c in calls) else None
+
+
+def _complete_array_items(text: str) -> list[Any]:
+    """The whole items at the start of a JSON array that was cut off: ``[{..}, {..}, {"na`` -> two items.
+
+    Returns [] when ``text`` does not start with an array.
+    """
+    s = text.lstrip()
+    if not s.startswith("["):
+        return []
+    decoder, items, i = json.JSONDecoder(), [], 1
+    while True:
+        while i < len(s) and s[i].isspace():
+            i += 1
+        if i >= len(s) or s[i] == "]":
+            return items
+        try:
+            item, i = decoder.raw_decode(s, i)
+        except json.JSONDecodeError:
+            return items
+        items.append(item)
+        while i < len(s) and s[i].isspace():
+            i += 1
+        if i >= len(s) or s[i] != ",":
+            return items
+        i += 1
 
 
 def parse_tool_calls(text: str, tools: dict[str, FunctionTool]) -> tuple[str | None, list[ToolCall]]:
