@@ -88,6 +88,17 @@ def test_model_errors():
         config_from_args(parse("/a", "--model", "/b"))
 
 
+def test_generate_model_errors_show_its_own_usage(smollm2_path):
+    """`brigade generate` takes PROMPT then MODEL; its errors say so, and spot the two swapped."""
+    run = subprocess.run
+    cmd = [*brigade_command(), "generate"]
+    missing = run([*cmd, "Hello"], capture_output=True, text=True, timeout=120)
+    assert missing.returncode != 0
+    assert "no model given" in missing.stderr and "brigade generate PROMPT MODEL" in missing.stderr
+    swapped = run([*cmd, str(smollm2_path), "Hello"], capture_output=True, text=True, timeout=120)
+    assert swapped.returncode != 0 and "the prompt comes first" in swapped.stderr
+
+
 @pytest.mark.parametrize("flags,needle", [
     (["--kv-transfer-config", "{bad"], "--kv-transfer-config is not valid JSON"),
     (["--port", "abc"], "argument --port: invalid int value: 'abc'"),

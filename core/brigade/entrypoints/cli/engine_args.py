@@ -99,9 +99,15 @@ def _model_path(args: argparse.Namespace) -> str:
     if positional and flag and positional != flag:
         raise ConfigError(f"MODEL {positional!r} and --model {flag!r} disagree; give the model once")
     model = positional or flag
+    command = getattr(args, "command", None) or "serve"
+    usage = "brigade generate PROMPT MODEL" if command == "generate" else f"brigade {command} MODEL"
     if not model:
-        raise ConfigError("no model given; pass an HF-format model directory: brigade serve MODEL")
+        raise ConfigError(f"no model given; pass an HF-format model directory: {usage} (or --model MODEL)")
     if not os.path.exists(model):
+        prompt = getattr(args, "prompt", None)
+        if command == "generate" and isinstance(prompt, str) and os.path.isdir(prompt):
+            raise ConfigError(f"MODEL {model!r} does not exist, but the prompt {prompt!r} is a directory: "
+                              f"the prompt comes first ({usage})")
         raise ConfigError(f"MODEL {model!r} does not exist; pass a local HF-format directory "
                           "(config.json, *.safetensors, tokenizer.json); nothing is fetched from a hub")
     return model
