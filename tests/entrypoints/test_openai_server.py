@@ -75,6 +75,11 @@ def test_health_version_models(server, client):
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL_NAME]
     assert models.data[0].max_model_len == MAX_MODEL_LEN
+    one = client.models.retrieve(MODEL_NAME)
+    assert one.id == MODEL_NAME and one.max_model_len == MAX_MODEL_LEN
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("no-such-model")
+    assert info.value.body["code"] == "model_not_found" and info.value.body["param"] == "model"
 
 
 def test_tokenize_detokenize_round_trip(server, tokenizer):

@@ -2,7 +2,7 @@
 
 The API server process only parses, renders chat templates, tokenizes and streams; the EngineCore runs
 in its own process behind AsyncLLM, so no route ever waits on model work (DESIGN.md). Routes follow
-API.md: /v1/completions, /v1/chat/completions, /v1/models (API key checked on /v1/*), and /health,
+API.md: /v1/completions, /v1/chat/completions, /v1/models and /v1/models/{id} (API key checked on /v1/*), and /health,
 /version, /tokenize, /detokenize, /metrics. Endpoint plugins the operator allowed are mounted last.
 """
 
@@ -178,10 +178,19 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
         body, content_type = stat_logger.render()
         return Response(content=body, media_type=content_type)
 
+    def model_card() -> ModelCard:
+        return ModelCard(id=served_name, root=config.model_config.model, max_model_len=engine.max_model_len)
+
     @app.get("/v1/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=served_name, root=config.model_config.model,
-                                         max_model_len=engine.max_model_len)])
+        return ModelList(data=[model_card()])
+
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str) -> ModelCard:
+        """One model by id (the openai client's ``models.retrieve``); 404 ``model_not_found`` otherwise."""
+        if model_id != served_name:
+            raise OpenAIError.model_not_found(model_id, served_name)
+        return model_card()
 
     @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(raw_request: Request) -> Response:
