@@ -110,3 +110,13 @@ def test_cli_exits_2_with_one_line(smollm2_path, flags, needle):
     error_lines = [line for line in result.stderr.splitlines() if "error" in line.lower()]
     assert len(error_lines) == 1 and needle in error_lines[0], result.stderr
     assert "usage:" not in result.stderr
+
+
+def test_kv_cache_memory_beyond_ram_is_refused_before_loading(smollm2_path):
+    """On the CPU the KV pool lives in RAM: asking for more than the machine has is one line, up front."""
+    proc = subprocess.run([*brigade_command(), "serve", str(smollm2_path), "--kv-cache-memory", "100000"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "--kv-cache-memory 100000 GiB is more than this machine's" in errors[0]
+    assert "tensors from" not in proc.stderr  # refused before any weight was read

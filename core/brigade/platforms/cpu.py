@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import ClassVar
 
 import torch
 
+from brigade.config import BrigadeConfig, ConfigError
 from brigade.platforms.interface import Platform
 
 
@@ -18,6 +20,27 @@ class CpuPlatform(Platform):
     dist_backend: ClassVar[str] = "gloo"
     default_attention_backend: ClassVar[str] = "cpu"
     default_dtype: ClassVar[torch.dtype] = torch.float32
+
+    @classmethod
+    def check_and_update_config(cls, config: BrigadeConfig) -> None:
+        """The base choices, then refuse a --kv-cache-memory larger than the machine's RAM (before any load).
+
+        Raises ConfigError (one line) naming the machine's total memory.
+        """
+        super().check_and_update_config(config)
+        requested = config.cache_config.kv_cache_memory_gib
+        total = _physical_memory_gib()
+        if requested is not None and total is not None and requested > total:
+            raise ConfigError(f"--kv-cache-memory {requested:g} GiB is more than this machine's {total:.1f} GiB of "
+                              f"memory; the KV cache lives in RAM on the CPU, so give well under {total:.0f}")
+
+
+def _physical_memory_gib() -> float | None:
+    """Total physical memory in GiB, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def detect_cpu() -> type[Platform]:
