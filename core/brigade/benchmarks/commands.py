@@ -32,7 +32,8 @@ def _platform():
 
 def _model_dtype(platform, config, hf_config) -> torch.dtype:
     """The dtype the engine's worker picks for this model (same rule), used for the HF peer too."""
-    config_dtype = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
+    # "dtype" first: reading "torch_dtype" warns (deprecated) in transformers 5.
+    config_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
     if isinstance(config_dtype, str):
         config_dtype = getattr(torch, config_dtype, None)
     return platform.resolve_dtype(config.model_config.dtype, config_dtype)

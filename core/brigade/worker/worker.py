@@ -39,7 +39,8 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         torch.manual_seed(self.config.model_config.seed)
-        config_dtype = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
+        # "dtype" first: reading "torch_dtype" warns (deprecated) in transformers 5.
+        config_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
         if isinstance(config_dtype, str):
             config_dtype = getattr(torch, config_dtype, None)
         dtype = self.platform.resolve_dtype(self.config.model_config.dtype, config_dtype)
