@@ -120,3 +120,15 @@ def test_kv_cache_memory_beyond_ram_is_refused_before_loading(smollm2_path):
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "--kv-cache-memory 100000 GiB is more than this machine's" in errors[0]
     assert "tensors from" not in proc.stderr  # refused before any weight was read
+
+
+@pytest.mark.parametrize("flags,expected,code", [
+    (["-tp", "2"], "tensor/pipeline parallelism of 2 is not implemented yet; run with -tp 1 -pp 1", 2),
+    (["--host", "999.1.1.1", "--port", "8799"], "check --host", 1),
+])
+def test_serve_refuses_before_starting_the_engine(smollm2_path, flags, expected, code):
+    proc = subprocess.run([*brigade_command(), "serve", str(smollm2_path), *flags], capture_output=True, text=True,
+                          timeout=120)
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert proc.returncode == code and len(errors) == 1 and expected in errors[0], proc.stderr[-2000:]
+    assert "tensors from" not in proc.stderr  # no model was loaded

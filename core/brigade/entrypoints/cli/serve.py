@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -83,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         settings = settings_from_args(args)
+        if config.parallel_config.world_size != 1:  # the executors refuse it too, but only after start-up
+            raise ConfigError(f"tensor/pipeline parallelism of {config.parallel_config.world_size} is not "
+                              "implemented yet; run with -tp 1 -pp 1")
     except ConfigError as exc:
         print(f"brigade serve: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -91,8 +95,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         sock = bind_socket(settings.host, settings.port)
     except OSError as exc:
-        print(f"brigade serve: error: cannot listen on {settings.host}:{settings.port} ({exc.strerror}); "
-              "pick another --port or stop the process using it", file=sys.stderr)
+        hint = ("pick another --port or stop the process using it" if exc.errno == errno.EADDRINUSE else
+                "check --host (an address of this machine, 0.0.0.0 for all, or a name that resolves) and --port")
+        print(f"brigade serve: error: cannot listen on {settings.host}:{settings.port} "
+              f"({exc.strerror or exc}); {hint}", file=sys.stderr)
         raise SystemExit(1) from None
     from brigade.engine.core_client import EngineStartupError
 
