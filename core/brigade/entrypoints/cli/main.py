@@ -34,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     from brigade.config import ConfigError
     from brigade.plugins import PluginLoadError, load_plugins, plugin_choices
 
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+    if (words[:1] != ["serve"] and "BRIGADE_LOGGING_LEVEL" not in os.environ
+            and logging.getLogger("brigade.plugins").level == logging.NOTSET):
+        # Which plugins loaded is the server's start-up log; other commands (and --help) keep only warnings.
+        logging.getLogger("brigade.plugins").setLevel(logging.WARNING)
     try:
         load_plugins("api")
     except PluginLoadError as exc:
