@@ -24,31 +24,30 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
 
     name = "cpu"
     supported_devices = ("cpu",)
-    _kernel_error: str | None = None  # why the kernels are unavailable, once known
-    _warned = False
+    _kernel_error: str | None = None  # why the kernels are unavailable ("" when they loaded), once known
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float):
         super().__init__(num_heads, head_size, num_kv_heads, scale)
-        self.use_kernel = self._kernels_available() and num_heads // num_kv_heads <= 16 and head_size <= 256
+        self.use_kernel = self._kernels_available()
 
-    @classmethod
-    def _kernels_available(cls) -> bool:
-        if cls._kernel_error is None:
+    @staticmethod
+    def _kernels_available() -> bool:
+        """Load the kernels once per process; the first failure is logged, once, with its reason."""
+        if CpuAttentionBackend._kernel_error is None:
             try:
                 cpu_kernels.load()
-                cls._kernel_error = ""
+                CpuAttentionBackend._kernel_error = ""
             except cpu_kernels.KernelBuildError as e:
-                cls._kernel_error = str(e)
-        if cls._kernel_error and not CpuAttentionBackend._warned:
-            CpuAttentionBackend._warned = True
-            logger.warning("cpu attention: compiled decode kernel unavailable (%s); decoding with the reference "
-                           "PyTorch route", cls._kernel_error)
-        return not cls._kernel_error
+                CpuAttentionBackend._kernel_error = str(e)
+                logger.warning("cpu attention: compiled decode kernel unavailable (%s); decoding with the "
+                               "reference PyTorch route", e)
+        return not CpuAttentionBackend._kernel_error
 
     def _decode(self, query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                 seq_lens_cpu: torch.Tensor) -> torch.Tensor:
         if (not self.use_kernel or query.dtype not in cpu_kernels.DECODE_DTYPES or kv_cache.dtype != query.dtype
-                or kv_cache.shape[2] > 128):
+                or not cpu_kernels.decode_supports(self.num_heads, self.num_kv_heads, self.head_size,
+                                                   kv_cache.shape[2])):
             return super()._decode(query, kv_cache, block_table, seq_lens_cpu)
         return cpu_kernels.decode_attention(query, kv_cache, block_table, seq_lens_cpu, self.scale,
                                             self.num_kv_heads)

@@ -1,11 +1,12 @@
 """Build and load Brigade's compiled CPU kernels (``csrc/cpu_attention.c``) with the system C compiler.
 
 The source is compiled once per machine into ``$BRIGADE_CACHE_DIR/kernels`` (default
-``~/.cache/brigade/kernels``) with ``-O3 -march=native -ffast-math -fopenmp`` and linked without fast-math; the file name carries a hash of the
-source, the flags, the compiler's version and the CPU's feature flags, so an edit, another compiler or
-another CPU builds anew. The shared object is written under a temporary name and renamed into place, so
-processes building at the same time never load a half-written file. It is loaded with ctypes after torch,
-so its OpenMP calls land in the libgomp torch already uses (one thread pool, no oversubscription).
+``~/.cache/brigade/kernels``) with ``-O3 -march=native -ffast-math -fopenmp`` and linked without fast-math.
+The file name carries a hash of the source, the flags, the compiler's version and the CPU's feature flags,
+so an edit, another compiler or another CPU builds anew. The shared object is written under a temporary
+name and renamed into place, so processes building at the same time never load a half-written file. It is
+loaded with ctypes after torch, so its OpenMP calls land in the libgomp torch already uses (one thread
+pool, no oversubscription).
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ SOURCE = Path(__file__).parent / "csrc" / "cpu_attention.c"
 # Compiled with -ffast-math (vectorized expf) but linked without it: gcc < 13 links crtfastmath.o into a
 # shared object built with -ffast-math, whose load-time constructor turns on flush-to-zero for the whole
 # process and silently changes every float op of torch and numpy after it.
-COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]
+# Largest query-head group (heads per KV head), head size and block size the decode kernel takes: they size
+# its per-program scratch arrays and are compiled in from here.
+LIMITS = {"MAX_GROUP": 16, "MAX_HEAD": 256, "MAX_BLOCK": 128}
+COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11",
+                 *(f"-D{name}={value}" for name, value in LIMITS.items())]
 LINK_FLAGS = ["-shared", "-fopenmp"]
 ABI_VERSION = 1
 
@@ -105,6 +110,12 @@ _DECODE = {torch.float32: "brigade_decode_attention_f32", torch.bfloat16: "briga
 DECODE_DTYPES = tuple(_DECODE)
 
 
+def decode_supports(num_heads: int, num_kv_heads: int, head_size: int, block_size: int) -> bool:
+    """Whether the decode kernel's compiled-in LIMITS take this shape."""
+    return (num_heads // num_kv_heads <= LIMITS["MAX_GROUP"] and head_size <= LIMITS["MAX_HEAD"]
+            and block_size <= LIMITS["MAX_BLOCK"])
+
+
 def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, scale: float, num_kv_heads: int) -> torch.Tensor:
     """Paged decode attention with one query token per request, reading K/V in place.
@@ -139,5 +150,5 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
                 block_table.stride(0), scale)
     if status:
         raise ValueError(f"decode kernel refuses group {num_heads // num_kv_heads}, head size {head_size} or "
-                         f"block size {kv_cache.shape[2]} (limits 16, 256, 128)")
+                         f"block size {kv_cache.shape[2]} (limits {', '.join(map(str, LIMITS.values()))})")
     return out

@@ -17,9 +17,11 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MAX_GROUP 16
-#define MAX_HEAD 256
-#define MAX_BLOCK 128
+/* Per-program scratch bounds, passed by cpu_kernels.py (-DMAX_GROUP=... from its LIMITS), the one place
+ * they are set; the Python side refuses larger shapes before calling. */
+#if !defined(MAX_GROUP) || !defined(MAX_HEAD) || !defined(MAX_BLOCK)
+#error "build with -DMAX_GROUP, -DMAX_HEAD and -DMAX_BLOCK (brigade/attention/cpu_kernels.py does)"
+#endif
 
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t u = ((uint32_t)h) << 16;
