@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU session E (one device call): GPU tests (skinny GEMM incl. a PDL graph chain, engine greedy vs
 # transformers), then batch-1 latency with PDL (weight-prefetching GEMM) on and off, and HF generate once.
+# The weight prefetch was a working-tree experiment, never committed (docs/benchmarks.md, "tried, dropped"):
+# on main this script times the committed GEMM, so its figures are not those of session2/latency_e_*.json.
 source "$(dirname "$0")/common.sh"
 STEP_TIMEOUT=200 TAIL=15 run python3 -m pytest -q -x tests/cuda/test_triton_gemm.py tests/cuda/test_engine_gpu.py tests/cuda/test_triton_ops.py
 python3 -m brigade.benchmarks.roofline $M > "$out/roofline.json"; tail -3 "$out/roofline.json"

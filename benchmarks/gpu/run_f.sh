@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU session F (one device call): skinny-GEMM tests, then batch-1 latency A/B/C alternated twice:
 # PDL with the GEMM's weight prefetch (default), PDL without prefetch, no PDL.
+# The prefetch variant (BRIGADE_CUDA_GEMM_PREFETCH) was a working-tree experiment, removed before commit
+# after these runs (docs/benchmarks.md, "tried, dropped"): on main the first two variants run the same code.
 source "$(dirname "$0")/common.sh"
 STEP_TIMEOUT=120 TAIL=4 run python3 -m pytest -q -x tests/cuda/test_triton_gemm.py
 python3 -m brigade.benchmarks.roofline $M > "$out/roofline.json"; tail -3 "$out/roofline.json"
