@@ -8,7 +8,12 @@ measured in the same run. ``--write-tiles`` saves the winners where the kernel r
 Usage (on a CUDA machine, from the repository root)::
 
     PYTHONPATH=core:builtin_platforms/cuda:benchmarks/kernels python benchmarks/kernels/bench_gemm.py \\
-        [--json PATH] [--write-tiles builtin_platforms/cuda/brigade_cuda/ops/gemm_tiles.json]
+        [--json PATH] [--write-tiles builtin_platforms/cuda/brigade_cuda/ops/gemm_tiles.json] [--gemv-only]
+
+``--gemv-only`` sweeps only the one-row CUDA-core kernel (``gemv``, tiles in ``GEMV_GRID``), keeps the
+tensor-core tiles already in the table, and also sweeps its fused variants: the down projection with
+SiLU-and-mul folded in (against ``silu_and_mul`` then the GEMV) and the qkv / gate_up projections with the
+residual add and RMSNorm folded in (``add_rms_norm_gemv``); their tiles are stored as ``NxK/variant``.
 """
 
 from __future__ import annotations
@@ -22,11 +27,16 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from bench_attention import copy_bandwidth
-from brigade_cuda.ops.gemm import skinny_linear
+from brigade_cuda.ops.activation import silu_and_mul
+from brigade_cuda.ops.gemm import GEMV_TILES, TILES, add_rms_norm_gemv, gemv, skinny_linear
+from brigade_cuda.ops.layernorm import fused_add_rms_norm
 
 SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096),
           "down_proj": (4096, 14336), "lm_head": (128256, 4096)}
 GRID = list(itertools.product([16, 32, 64], [128, 256, 512], [4, 8], [3, 4, 6]))
+# (block_n, block_k) pairs whose fp32 partial product fits in registers, x warps x stages
+GEMV_GRID = [(bn, bk, w, st) for bn, bk in [(4, 512), (4, 1024), (8, 256), (8, 512), (8, 1024), (16, 256),
+                                            (16, 512), (32, 256)] for w in (4, 8) for st in (1, 2, 4)]
 DTYPE = torch.bfloat16
 
 
@@ -34,14 +44,99 @@ def _time(fn) -> float:
     return do_bench(fn, warmup=10, rep=60, return_mode="median")  # ms; do_bench flushes L2 between runs
 
 
+def _best(fn, want, grid, row: dict, label: str):
+    """Fastest tile of ``grid`` for ``fn(tile)`` whose output matches ``want``: (tile, ms)."""
+    best = None
+    for tile in grid:
+        try:
+            got = fn(tile)
+            torch.cuda.synchronize()
+        except Exception as e:  # out of shared memory / registers for this tile
+            row.setdefault(f"{label}_refused", []).append([list(tile), type(e).__name__])
+            continue
+        err = ((got.float() - want).abs().max() / want.abs().max()).item()
+        if not err < 1e-2:
+            row.setdefault(f"{label}_wrong", []).append([list(tile), err])
+            continue
+        ms = _time(lambda: fn(tile))
+        if best is None or ms < best[1]:
+            best = (tile, ms)
+    return best
+
+
+def sweep_gemv(copy_bw: float) -> tuple[dict, dict]:
+    """One-row GEMV sweep per shape (and the SiLU-and-mul fold on the down projection)."""
+    results, tiles = {}, {}
+    for name, (n, k) in SHAPES.items():
+        w = torch.randn(n, k, device="cuda", dtype=DTYPE) * 0.02
+        nbytes = w.numel() * w.element_size()
+        x = torch.randn(1, k, device="cuda", dtype=DTYPE)
+        want = x.float() @ w.float().T
+        row = {"n": n, "k": k, "weight_bytes": nbytes}
+        row["cublas_ms_m1"] = _time(lambda: F.linear(x, w))
+        tc_tile = TILES.get(f"{n}x{k}")
+        row["triton_ms_m1"] = _time(lambda: skinny_linear(x, w, tile=tc_tile))
+        tile, ms = _best(lambda t: gemv(x, w, tile=t), want, GEMV_GRID, row, "gemv")
+        tiles[f"{n}x{k}"] = list(tile)
+        row["gemv_tile"], row["gemv_ms_m1"] = list(tile), ms
+        for impl in ("cublas", "triton", "gemv"):
+            row[f"{impl}_bw_frac_m1"] = nbytes / (row[f"{impl}_ms_m1"] * 1e-3) / copy_bw
+        line = (f"{name:13s} {n}x{k}: cuBLAS {row['cublas_ms_m1'] * 1e3:6.1f} us ({row['cublas_bw_frac_m1']:.0%}) | "
+                f"skinny {row['triton_ms_m1'] * 1e3:6.1f} us ({row['triton_bw_frac_m1']:.0%}) | "
+                f"gemv {ms * 1e3:6.1f} us ({row['gemv_bw_frac_m1']:.0%}) tile {tile}")
+        if name == "down_proj":
+            gu = torch.randn(1, 2 * k, device="cuda", dtype=DTYPE)
+            want_act = silu_and_mul(gu).float() @ w.float().T
+            ftile, fms = _best(lambda t: gemv(gu, w, silu_mul=True, tile=t), want_act, GEMV_GRID, row, "fold")
+            row["silu_fold_tile"], row["silu_fold_ms"] = list(ftile), fms
+            tiles[f"{n}x{k}/silu_mul"] = list(ftile)
+            row["silu_then_gemv_ms"] = _time(lambda: gemv(silu_and_mul(gu), w, tile=tile))
+            row["silu_then_skinny_ms"] = _time(lambda: skinny_linear(silu_and_mul(gu), w, tile=tc_tile))
+            line += (f" | silu folded {fms * 1e3:.1f} us {ftile} vs silu + gemv {row['silu_then_gemv_ms'] * 1e3:.1f}"
+                     f" vs silu + skinny {row['silu_then_skinny_ms'] * 1e3:.1f}")
+        if name in ("qkv_proj", "gate_up_proj"):
+            res, g = torch.randn(1, k, device="cuda", dtype=DTYPE), torch.randn(k, device="cuda", dtype=DTYPE)
+            normed, _ = fused_add_rms_norm(x.clone(), res.clone(), g, 1e-5)
+            want_norm = normed.float() @ w.float().T
+            ntile, nms = _best(lambda t: add_rms_norm_gemv(x, res, g, 1e-5, w, tile=t)[0], want_norm, GEMV_GRID,
+                               row, "norm_fold")
+            row["norm_fold_tile"], row["norm_fold_ms"] = list(ntile), nms
+            tiles[f"{n}x{k}/add_rms_norm"] = list(ntile)
+            row["norm_then_gemv_ms"] = _time(lambda: gemv(fused_add_rms_norm(x.clone(), res.clone(), g, 1e-5)[0], w,
+                                                          tile=tile))
+            line += (f" | norm folded {nms * 1e3:.1f} us {ntile} vs norm + gemv {row['norm_then_gemv_ms'] * 1e3:.1f}"
+                     " (incl. 2 clones)")
+        print(line, flush=True)
+        results[name] = row
+        del w
+    per_layer = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+    for impl in ("cublas", "triton", "gemv"):
+        total = 32 * sum(results[s][f"{impl}_ms_m1"] for s in per_layer) + results["lm_head"][f"{impl}_ms_m1"]
+        print(f"{impl}: all projections of one decode token at m=1: {total:.3f} ms")
+    return results, tiles
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the raw results here")
     parser.add_argument("--write-tiles", help="write the winning tiles here (the kernel's gemm_tiles.json)")
+    parser.add_argument("--gemv-only", action="store_true", help="sweep only the one-row GEMV kernel")
     args = parser.parse_args()
     torch.manual_seed(0)
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s")
+    if args.gemv_only:
+        results, gemv_tiles = sweep_gemv(copy_bw)
+        record = {"device": torch.cuda.get_device_name(), "copy_bandwidth_bytes_per_s": copy_bw,
+                  "dtype": str(DTYPE), "gemv_grid": GEMV_GRID, "shapes": results}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(record, f, indent=2)
+        if args.write_tiles:
+            with open(args.write_tiles, "w") as f:
+                json.dump({"device": record["device"], "measured_by": "benchmarks/kernels/bench_gemm.py",
+                           "tiles": {k: list(v) for k, v in TILES.items()}, "gemv_tiles": gemv_tiles}, f, indent=2)
+        return
     results, tiles = {}, {}
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k, device="cuda", dtype=DTYPE) * 0.02
@@ -92,8 +187,8 @@ def main() -> None:
             json.dump(record, f, indent=2)
     if args.write_tiles:
         with open(args.write_tiles, "w") as f:
-            json.dump({"device": record["device"], "measured_by": "benchmarks/kernels/bench_gemm.py", "tiles": tiles},
-                      f, indent=2)
+            json.dump({"device": record["device"], "measured_by": "benchmarks/kernels/bench_gemm.py", "tiles": tiles,
+                       "gemv_tiles": {k: list(v) for k, v in GEMV_TILES.items()}}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The reference and cpu backends' three routes (decode, fresh prefill, prefill with context) against a naive oracle.
+"""The reference and cpu backends' three routes (decode, fresh prefill, prefill with context) against a naive oracle,
+and the rotary seam (``AttentionBackend.forward_rotary``, ``Attention.forward(positions=, rotary_emb=)``).
 
 The oracle keeps each request's whole K/V sequence contiguous and computes causal softmax attention in
 float64, one request and one head at a time; the backend reads the same K/V through block tables.
@@ -9,9 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from brigade.attention.backend import AttentionMetadata
+from brigade.attention.backend import AttentionContext, AttentionMetadata
 from brigade.attention.cpu import CpuAttentionBackend
 from brigade.attention.reference import ReferenceAttentionBackend
+from brigade.model_executor.layers.attention import Attention
+from brigade.model_executor.layers.rotary_embedding import RopeParameters, RotaryEmbedding
 
 
 def naive(q, k, v, context_len, scale, group):
@@ -35,16 +38,12 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("backend_cls", [ReferenceAttentionBackend, CpuAttentionBackend])
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("case", list(CASES))
-def test_routes_match_the_naive_oracle(case, dtype, tol, backend_cls):
-    gen = torch.Generator().manual_seed(hash(case) % 1000)
-    H, Hkv, D, bs, num_blocks = 6, 2, 16, 8, 64
-    reqs = CASES[case]
-    backend = backend_cls(H, D, Hkv, D ** -0.5)
-    if backend_cls is CpuAttentionBackend:
-        assert backend.use_kernel, CpuAttentionBackend._kernel_error  # the compiled decode really runs
+def make_step(reqs, *, H, Hkv, D, bs, num_blocks, dtype, gen):
+    """One step's inputs for ``reqs`` [(context already cached, new tokens)], decodes first.
+
+    Returns (query, key, value, kv_cache, metadata, full_k, full_v): full_k/full_v hold each request's
+    whole K/V sequence; the cache holds every context and random garbage elsewhere.
+    """
     kv_cache = torch.randn(2, num_blocks, bs, Hkv, D, generator=gen).to(dtype)  # garbage outside the tables
     free = torch.randperm(num_blocks - 1, generator=gen).add(1).tolist()  # block 0 stays the null block
     tables, full_k, full_v, slots, q_rows = [], [], [], [], []
@@ -75,6 +74,21 @@ def test_routes_match_the_naive_oracle(case, dtype, tol, backend_cls):
         num_decodes=next((i for i, (_, n) in enumerate(reqs) if n != 1), len(reqs)),  # leading 1-token rows
         query_start_loc=qsl, seq_lens=seq_lens, block_table=torch.tensor(tables, dtype=torch.int32),
         slot_mapping=torch.tensor(slots, dtype=torch.int64), query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
+    return query, key, value, kv_cache, md, full_k, full_v
+
+
+@pytest.mark.parametrize("backend_cls", [ReferenceAttentionBackend, CpuAttentionBackend])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("case", list(CASES))
+def test_routes_match_the_naive_oracle(case, dtype, tol, backend_cls):
+    gen = torch.Generator().manual_seed(hash(case) % 1000)
+    H, Hkv, D, bs, num_blocks = 6, 2, 16, 8, 64
+    reqs = CASES[case]
+    backend = backend_cls(H, D, Hkv, D ** -0.5)
+    if backend_cls is CpuAttentionBackend:
+        assert backend.use_kernel, CpuAttentionBackend._kernel_error  # the compiled decode really runs
+    query, key, value, kv_cache, md, full_k, full_v = make_step(reqs, H=H, Hkv=Hkv, D=D, bs=bs,
+                                                                num_blocks=num_blocks, dtype=dtype, gen=gen)
     out = backend.forward(query, key, value, kv_cache, md)
     assert out.dtype == dtype and out.shape == query.shape
     assert not out.isnan().any()
@@ -87,3 +101,41 @@ def test_routes_match_the_naive_oracle(case, dtype, tol, backend_cls):
     # The step's K/V were written where the slot mapping says.
     flat = kv_cache.view(2, -1, Hkv, D)
     assert torch.equal(flat[0][md.slot_mapping], key) and torch.equal(flat[1][md.slot_mapping], value)
+
+
+@pytest.mark.parametrize("backend_cls", [ReferenceAttentionBackend, CpuAttentionBackend])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("neox", [True, False], ids=["neox", "gptj"])
+def test_default_forward_rotary_is_rotary_then_forward(neox, dtype, backend_cls):
+    """The base-class ``forward_rotary`` (not overridden on the CPU) equals the rotary op then ``forward``."""
+    gen = torch.Generator().manual_seed(5)
+    H, Hkv, D = 6, 2, 16
+    query, key, value, kv_cache, md, _, _ = make_step(CASES["mixed"], H=H, Hkv=Hkv, D=D, bs=8, num_blocks=64,
+                                                      dtype=dtype, gen=gen)
+    rope = RotaryEmbedding(D, 8, 4096, RopeParameters(10000.0), is_neox_style=neox)  # partial rotary
+    positions = torch.randint(0, 4096, (query.shape[0],), generator=gen)
+    backend = backend_cls(H, D, Hkv, D ** -0.5)
+    want_cache = kv_cache.clone()
+    q, k = rope(positions, query.reshape(query.shape[0], -1), key.reshape(key.shape[0], -1))
+    want = backend.forward(q.view(query.shape), k.view(key.shape), value, want_cache, md)
+    got = backend.forward_rotary(positions, query, key, value, kv_cache, md, rope)
+    assert torch.equal(got, want) and torch.equal(kv_cache, want_cache)
+    assert not torch.equal(q.view(query.shape), query)  # the rotation really happened
+
+
+def test_attention_layer_hands_the_rotation_to_the_backend():
+    """``Attention.forward`` with positions and rotary_emb equals rotating first and calling it without."""
+    gen = torch.Generator().manual_seed(9)
+    H, Hkv, D = 4, 2, 16
+    query, key, value, kv_cache, md, _, _ = make_step([(3, 1), (0, 5)], H=H, Hkv=Hkv, D=D, bs=8, num_blocks=16,
+                                                      dtype=torch.float32, gen=gen)
+    layer = Attention(H, D, Hkv, scale=D ** -0.5, layer_idx=0, backend_cls=ReferenceAttentionBackend)
+    rope = RotaryEmbedding(D, D, 64, RopeParameters(10000.0))
+    positions = torch.tensor([3, 0, 1, 2, 3, 4])
+    q, k, v = query.flatten(1), key.flatten(1), value.flatten(1)
+    want_cache = kv_cache.clone()
+    want = layer(*rope(positions, q, k), v, AttentionContext(md, [want_cache]))
+    got = layer(q, k, v, AttentionContext(md, [kv_cache]), positions=positions, rotary_emb=rope)
+    assert torch.equal(got, want) and torch.equal(kv_cache, want_cache)
+    with pytest.raises(ValueError, match="both positions and rotary_emb"):
+        layer(q, k, v, AttentionContext(md, [kv_cache]), positions=positions)

@@ -15,8 +15,10 @@ pytest.importorskip("triton")
 import torch.nn.functional as F  # noqa: E402
 
 from brigade.model_executor.layers.linear import Linear  # noqa: E402
-from brigade_cuda.ops.custom_ops import dense_gemm_cuda  # noqa: E402
-from brigade_cuda.ops.gemm import skinny_linear  # noqa: E402
+from brigade_cuda.ops.activation import silu_and_mul  # noqa: E402
+from brigade_cuda.ops.custom_ops import dense_gemm_cuda, silu_mul_gemm_cuda  # noqa: E402
+from brigade_cuda.ops.gemm import GEMV_TILES, add_rms_norm_gemv, gemv, skinny_linear  # noqa: E402
+from brigade_cuda.ops.layernorm import fused_add_rms_norm  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -40,12 +42,72 @@ def test_every_tile_shape_is_correct(tile, rel_err):
     assert rel_err(skinny_linear(x, w, tile=tile), x.float() @ w.float().T) < 1e-2
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 14336), (1000, 4096), (100, 1000), (49152, 576), (33, 40)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_matches_fp32_product(n, k, dtype, bias, rel_err):
+    x = torch.randn(1, k, device="cuda").to(dtype)
+    w = (torch.randn(n, k, device="cuda") * 0.05).to(dtype)
+    b = torch.randn(n, device="cuda").to(dtype) if bias else None
+    want = x.float() @ w.float().T + (b.float() if bias else 0)
+    got = gemv(x, w, b)
+    assert got.shape == (1, n) and got.dtype == dtype
+    assert not got.isnan().any() and rel_err(got, want) < 1e-2
+
+
+@pytest.mark.parametrize("n,k", [(4096, 14336), (896, 4864), (100, 1000)])
+def test_gemv_with_silu_mul_matches_the_two_kernels(n, k, rel_err):
+    gate_up = (torch.randn(1, 2 * k, device="cuda") * 3).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16)
+    b = torch.randn(n, device="cuda").to(torch.bfloat16)
+    act = silu_and_mul(gate_up)
+    got = gemv(gate_up, w, b, silu_mul=True)
+    assert rel_err(got, act.float() @ w.float().T + b.float()) < 1e-2
+    assert torch.equal(got, gemv(act, w, b))  # the same rounded activation, the same sum order
+    assert silu_mul_gemm_cuda(gate_up, w, b) is not None
+    assert silu_mul_gemm_cuda(torch.cat([gate_up, gate_up]), w, b) is None  # two rows: the caller runs two ops
+
+
+@pytest.mark.parametrize("n,k", [(6144, 4096), (28672, 4096), (1152, 896), (100, 1000)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_add_rms_norm_gemv_matches_norm_then_gemm(n, k, bias, rel_err):
+    bf16 = torch.bfloat16
+    x, residual = torch.randn(1, k, device="cuda").to(bf16) * 4, torch.randn(1, k, device="cuda").to(bf16)
+    norm_w = torch.randn(k, device="cuda").to(bf16)
+    w = (torch.randn(n, k, device="cuda") * 0.05).to(bf16)
+    b = torch.randn(n, device="cuda").to(bf16) if bias else None
+    x_in, r_in = x.clone(), residual.clone()
+    y, h = add_rms_norm_gemv(x_in, r_in, norm_w, 1e-5, w, b)
+    assert torch.equal(x_in, x) and torch.equal(r_in, residual)  # inputs untouched
+    normed, want_h = fused_add_rms_norm(x.clone(), residual.clone(), norm_w, 1e-5)
+    assert torch.equal(h, want_h)  # the residual stream, rounded the same way
+    h32 = want_h.float()
+    exact = (h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_w.float()) @ w.float().T
+    exact = exact + (b.float() if bias else 0)
+    assert not y.isnan().any() and rel_err(y, exact) < 1e-2
+    assert rel_err(y, gemv(normed, w, b)) < 1e-2  # and the unfused path, to bf16 precision
+    with pytest.raises(ValueError, match="norm weight"):
+        add_rms_norm_gemv(x, residual, norm_w[:-1], 1e-5, w)
+
+
+@pytest.mark.parametrize("tile", [(4, 1024, 8, 1), (8, 512, 4, 3), (16, 256, 4, 2), (32, 256, 8, 4)]
+                         + sorted(set(GEMV_TILES.values())))
+def test_every_gemv_tile_is_correct(tile, rel_err):
+    x = torch.randn(1, 4096 + 64, device="cuda").to(torch.bfloat16)  # K not a multiple of 512: masked tail
+    w = torch.randn(3001, 4096 + 64, device="cuda").to(torch.bfloat16)  # N not a multiple of block_n
+    assert rel_err(gemv(x, w, tile=tile), x.float() @ w.float().T) < 1e-2
+
+
 def test_refusals():
     x = torch.randn(17, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="at most 16"):
         skinny_linear(x, torch.randn(8, 64, device="cuda", dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="weight"):
         skinny_linear(x[:2], torch.randn(8, 32, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="exactly one row"):
+        gemv(x[:2], torch.randn(8, 64, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="weight"):
+        gemv(x[:1], torch.randn(8, 64, device="cuda", dtype=torch.bfloat16), silu_mul=True)  # needs [1, 128]
 
 
 def test_dense_gemm_binding_routes_by_rows(rel_err, cuda_ops_registered):
@@ -62,7 +124,7 @@ def test_dense_gemm_binding_routes_by_rows(rel_err, cuda_ops_registered):
 def test_pdl_chain_in_a_cuda_graph_matches_eager():
     """The decode path's kernels, launched with programmatic dependent launch inside a captured graph,
     give exactly eager's results (each kernel waits for its predecessor before reading)."""
-    from brigade_cuda.ops import fused_add_rms_norm, silu_and_mul
+    from brigade_cuda.ops import fused_add_rms_norm, silu_and_mul  # noqa: F811
     from brigade_cuda.pdl import pdl_enabled, pdl_launch
 
     if torch.cuda.get_device_capability()[0] >= 9:
@@ -81,6 +143,8 @@ def test_pdl_chain_in_a_cuda_graph_matches_eager():
         rs.copy_(r0)
         h, r = fused_add_rms_norm(xs, rs, norm_w, 1e-5)
         y = skinny_linear(silu_and_mul(skinny_linear(h, w1)), w2)
+        y = fused_add_rms_norm(y, r, norm_w, 1e-5)[0]
+        y = gemv(gemv(y, w1), w2, silu_mul=True)  # the one-row kernels in the chain too
         return fused_add_rms_norm(y, r, norm_w, 1e-5)[0]
 
     want = chain().clone()

@@ -118,3 +118,80 @@ def test_dense_gemm_seam_binds_at_construction():
     assert torch.equal(after(x), F.linear(x, after.weight)) and torch.equal(before(x), F.linear(x, before.weight))
     head(x)
     assert calls == [(3, 8), (3, 8)]  # the layer and head built while it was registered, not the one before
+
+
+def test_silu_mul_gemm_seam_folds_the_activation_into_the_down_projection():
+    """A platform's SiLU-mul GEMM runs the MLP's activation and down projection as one call where it takes the
+    batch (here: one row), gives the unfused result, and the MLP falls back to two ops when it returns None."""
+    from brigade.model_executor.layers.activation import SiluAndMul
+    from brigade.model_executor.layers.linear_method import register_dense_gemm, unregister_dense_gemm
+    from brigade.model_executor.models.llama import LlamaMLP
+
+    calls = []
+
+    def one_row_fold(x, weight, bias):
+        if x.shape[0] != 1:
+            return None
+        calls.append(tuple(x.shape))
+        return F.linear(SiluAndMul().forward_native(x), weight, bias)
+
+    with pytest.raises(ValueError, match="already registered for cpu"):
+        register_dense_gemm("cpu", F.linear, silu_mul_gemm=one_row_fold)
+        register_dense_gemm("cpu", F.linear, silu_mul_gemm=lambda x, w, b: None)
+    unregister_dense_gemm("cpu")
+    register_dense_gemm("cpu", F.linear, silu_mul_gemm=one_row_fold)
+    try:
+        fused = LlamaMLP(16, 40, bias=True, dtype=torch.float32, quant_config=None, prefix="mlp")
+    finally:
+        unregister_dense_gemm("cpu")
+    plain = LlamaMLP(16, 40, bias=True, dtype=torch.float32, quant_config=None, prefix="mlp")
+    for p in fused.parameters():
+        p.data.normal_()
+    plain.load_state_dict(fused.state_dict())
+    for rows in (1, 3):
+        x = torch.randn(rows, 16)
+        want = F.linear(SiluAndMul().forward_native(F.linear(x, plain.gate_up_proj.weight, plain.gate_up_proj.bias)),
+                        plain.down_proj.weight, plain.down_proj.bias)
+        torch.testing.assert_close(fused(x), want)
+        torch.testing.assert_close(plain(x), want)
+    assert calls == [(1, 80)]  # only the one-row batch took the fused path
+
+
+def test_add_rms_norm_gemm_seam_folds_the_norm_into_the_next_projection():
+    """A decoder layer routes each residual add + RMSNorm through the projection after it: a platform's
+    add-RMSNorm GEMM takes the batches it accepts (here one row) and the layer's output is unchanged."""
+    from brigade.model_executor.layers.layernorm import RMSNorm
+    from brigade.model_executor.layers.linear import Linear
+    from brigade.model_executor.layers.linear_method import register_dense_gemm, unregister_dense_gemm
+    from brigade.model_executor.models.llama import add_rms_norm_linear
+
+    calls = []
+
+    def one_row_fold(x, residual, norm_weight, eps, weight, bias):
+        if x.shape[0] != 1:
+            return None
+        calls.append(tuple(x.shape))
+        h = x + residual
+        normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * norm_weight
+        return F.linear(normed, weight, bias), h
+
+    register_dense_gemm("cpu", F.linear, add_rms_norm_gemm=one_row_fold)
+    try:
+        fused = Linear(16, 24, bias=True, dtype=torch.float32)
+    finally:
+        unregister_dense_gemm("cpu")
+    plain = Linear(16, 24, bias=True, dtype=torch.float32)
+    for p in fused.parameters():
+        p.data.normal_()
+    plain.load_state_dict(fused.state_dict())
+    norm = RMSNorm(16, 1e-6, dtype=torch.float32)
+    norm.weight.data.normal_()
+    for rows in (1, 3):
+        x, residual = torch.randn(rows, 16), torch.randn(rows, 16)
+        want_h = x + residual
+        want_y = plain(norm.forward_native(want_h.clone()))
+        for layer in (fused, plain):
+            y, h = add_rms_norm_linear(norm, layer, x.clone(), residual.clone())
+            torch.testing.assert_close(h, want_h)
+            torch.testing.assert_close(y, want_y)
+    assert calls == [(1, 16)]  # only the one-row batch of the layer built while it was registered

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from brigade.sample import LogitsProcessor, Sampler
@@ -175,3 +176,18 @@ def test_book_q1_penalties_before_temperature(metadata_for):
     greedy = draw(metadata_for, torch.tensor([[1.0, 0.0]]), SamplingParams(temperature=0.0, presence_penalty=2.0),
                      rows=1, outputs=[[0]])
     assert greedy.tolist() == [1]
+
+
+@pytest.mark.parametrize("vocab", [128256, 49152, 151936, 50257, 1009])
+def test_two_pass_argmax_equals_argmax_with_ties(vocab):
+    """The accelerator argmax (segment maxima, then the best segment) gives torch's answer, first index on ties."""
+    from brigade.sample.sampler import argmax_rows
+
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(4, vocab, generator=gen)
+    logits[1, 3] = logits[1, vocab - 1] = 50.0  # a tie across segments: the lower index wins
+    logits[2, vocab // 2] = logits[2, vocab // 2 + 1] = 50.0  # a tie inside one segment
+    logits[3] = 7.0  # all equal: index 0
+    for dtype in (torch.float32, torch.bfloat16):
+        x = logits.to(dtype)
+        assert torch.equal(argmax_rows(x, two_pass=True), x.argmax(dim=-1))

@@ -2,7 +2,9 @@
 
 The model runner builds one AttentionMetadata per step. Each attention layer calls its backend's
 ``forward``, which first writes the step's new K/V into the paged cache through ``slot_mapping`` and
-then attends over each request's context through its row of ``block_table``.
+then attends over each request's context through its row of ``block_table``. Models with rotary
+embeddings call ``forward_rotary`` instead, which rotates Q/K first; by default that is the rotary op
+followed by ``forward``, and a backend may override it to fuse the rotation with its KV write.
 
 Layout of the paged KV cache of one layer: ``[2, num_blocks, block_size, num_kv_heads, head_size]``
 (index 0 holds K, 1 holds V). Token ``t`` of request ``r`` lives in block ``block_table[r, t // block_size]``
@@ -12,6 +14,7 @@ at offset ``t % block_size``; its flat slot is ``block_id * block_size + offset`
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -107,3 +110,32 @@ class AttentionBackend(ABC):
             [num_tokens, num_heads, head_size], same dtype as query. Rows past num_actual_tokens are
             unspecified.
         """
+
+    def forward_rotary(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                       value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
+                       rotary_emb: Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
+                                            tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Rotate query and key at each token's position, then do what ``forward`` does.
+
+        The default calls ``rotary_emb(positions, query_flat, key_flat)`` on ``[num_tokens, heads *
+        head_size]`` views (the contract of ``RotaryEmbedding``, which may rotate in place or return new
+        tensors) and then ``self.forward`` on the rotated Q/K. A backend may override it to fuse the
+        rotation with its KV-cache write; the output and the cache must stay the same (up to the rounding
+        differences between rotary kernels).
+
+        Args:
+            positions: [num_tokens] int64 absolute position of each token (int32 also accepted by the
+                built-in rotary ops).
+            query: [num_tokens, num_heads, head_size], model dtype.
+            key, value: [num_tokens, num_kv_heads, head_size], model dtype.
+            kv_cache: [2, num_blocks, block_size, num_kv_heads, head_size], updated in place.
+            metadata: the step's AttentionMetadata; only the first ``num_actual_tokens`` rows are real.
+            rotary_emb: the model's rotary embedding (a
+                ``brigade.model_executor.layers.rotary_embedding.RotaryEmbedding``).
+
+        Returns:
+            As ``forward``: [num_tokens, num_heads, head_size] in query's dtype.
+        """
+        num_tokens = query.shape[0]
+        q, k = rotary_emb(positions, query.reshape(num_tokens, -1), key.reshape(num_tokens, -1))
+        return self.forward(q.view(query.shape), k.view(key.shape), value, kv_cache, metadata)

@@ -167,6 +167,9 @@ class ModelRunner:
         if not inputs.pending_rows:
             return
         src = [self.prev_rows[rid] for rid in inputs.pending_req_ids]
+        if inputs.pending_rows == src == list(range(len(src))):  # steady decode: row i takes sample i
+            inputs.input_ids[:len(src)].copy_(self.prev_sampled[:len(src)])
+            return
         index = torch.tensor([inputs.pending_rows, src], dtype=torch.int64)
         if self.device.type == "cuda":
             index = index.pin_memory()
@@ -191,7 +194,10 @@ class ModelRunner:
         md = inputs.metadata
         if (not keep_hidden and self.cuda_graphs is not None
                 and self.cuda_graphs.can_run(md.num_reqs, md.max_query_len)):
-            return self.cuda_graphs.run(inputs)[inputs.logits_indices], None  # decode: batch rows are token rows
+            logits = self.cuda_graphs.run(inputs)  # decode: batch rows are token rows
+            if len(inputs.sampling_req_ids) == md.num_reqs:  # every row samples: no gather kernel needed
+                return logits, None
+            return logits[inputs.logits_indices], None
         hidden = self.model(inputs.input_ids, inputs.positions,
                             AttentionContext(metadata=md, kv_caches=self.kv_caches))
         logits = self.model.compute_logits(hidden[inputs.logits_indices]) if inputs.sampling_req_ids else None

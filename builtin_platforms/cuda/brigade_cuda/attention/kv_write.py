@@ -43,6 +43,17 @@ def _write_kv_kernel(
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
+def has_contiguous_blocks(kv_cache: torch.Tensor) -> bool:
+    """True when ``kv_cache`` [2, num_blocks, block_size, num_kv_heads, head_size] can be addressed by flat
+    slot: each K and V half's ``[num_blocks * block_size, num_kv_heads, head_size]`` slots are row-major."""
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+        return False
+    _, _, block_size, num_kv_heads, head_size = kv_cache.shape
+    k_cache = kv_cache[0]
+    return (k_cache.stride(3) == 1 and k_cache.stride(2) == head_size
+            and k_cache.stride(1) == num_kv_heads * head_size and k_cache.stride(0) == block_size * k_cache.stride(1))
+
+
 def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                    slot_mapping: torch.Tensor) -> None:
     """Scatter new K/V rows into the paged cache, skipping slots equal to -1.
@@ -60,13 +71,12 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
     num_tokens = slot_mapping.shape[0]
     if num_tokens == 0:
         return
-    _, _, block_size, num_kv_heads, head_size = kv_cache.shape
+    num_kv_heads, head_size = kv_cache.shape[3], kv_cache.shape[4]
     if key.stride(-1) != 1 or value.stride(-1) != 1:
         raise ValueError("write_kv_cache needs key/value with a contiguous last dimension")
-    k_cache, v_cache = kv_cache[0], kv_cache[1]
-    if k_cache.stride(1) != num_kv_heads * head_size or k_cache.stride(2) != head_size \
-            or k_cache.stride(3) != 1 or k_cache.stride(0) != block_size * k_cache.stride(1):
+    if not has_contiguous_blocks(kv_cache):
         raise ValueError("write_kv_cache needs each KV-cache block laid out contiguously")
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
     _write_kv_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),

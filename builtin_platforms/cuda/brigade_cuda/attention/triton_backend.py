@@ -3,8 +3,10 @@
 
 A step's requests arrive decodes first (``metadata.num_decodes`` requests of one query token each),
 then prefills. ``forward`` launches at most four kernels: the KV-cache write, the decode split kernel
-and its merge, and the prefill kernel. It never reads device memory on the host (no ``.item()``, no
-``.tolist()``); only the host integers of the metadata size the grids.
+and its merge, and the prefill kernel. ``forward_rotary`` replaces the model's rotary kernel and the KV
+write with one fused kernel (``rotary_kv_write.py``); ``BRIGADE_CUDA_FUSED_ROPE_KV=0`` keeps them apart.
+Neither reads device memory on the host (no ``.item()``, no ``.tolist()``); only the host integers of the
+metadata size the grids.
 
 CUDA-graph capture of decode steps: capture with a fixed number of decode requests and set
 ``decode_num_splits`` to a fixed value (otherwise it is chosen per step from ``max_seq_len``, which
@@ -14,12 +16,27 @@ output rows are then zeros.
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Callable
+
 import torch
 
 from brigade.attention.backend import AttentionBackend, AttentionMetadata
+from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding
 from brigade_cuda.attention.decode import choose_num_splits, decode_attention
-from brigade_cuda.attention.kv_write import write_kv_cache
+from brigade_cuda.attention.kv_write import has_contiguous_blocks, write_kv_cache
 from brigade_cuda.attention.prefill import prefill_attention
+from brigade_cuda.attention.rotary_kv_write import rotary_write_kv_cache
+
+
+@functools.cache
+def fused_rope_kv_enabled() -> bool:
+    """False when ``BRIGADE_CUDA_FUSED_ROPE_KV=0`` (A/B timing: rotary op and KV write as two kernels).
+
+    Read once per process; tests call ``fused_rope_kv_enabled.cache_clear()`` after changing the env.
+    """
+    return os.environ.get("BRIGADE_CUDA_FUSED_ROPE_KV", "1") != "0"
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -60,6 +77,41 @@ class TritonAttentionBackend(AttentionBackend):
         """See ``AttentionBackend.forward``; query/key/value must have a contiguous last dimension."""
         num_tokens = metadata.num_actual_tokens
         write_kv_cache(key[:num_tokens], value[:num_tokens], kv_cache, metadata.slot_mapping[:num_tokens])
+        return self._attend(query, kv_cache, metadata)
+
+    def forward_rotary(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                       value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
+                       rotary_emb: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """See ``AttentionBackend.forward_rotary``: one fused rotary + KV-write kernel, then attention.
+
+        Fused when ``BRIGADE_CUDA_FUSED_ROPE_KV`` is not "0" and ``rotary_emb`` is a plain
+        ``RotaryEmbedding`` whose table the kernel reads (fp32 ``cos_sin_cache`` [max_position, rotary_dim]
+        on query's device, row-major), query/key/value have a contiguous last dimension and the cache
+        contiguous blocks; otherwise the base class's rotary op then ``forward``. Only the first
+        ``metadata.num_actual_tokens`` rows are rotated on the fused path (later rows' outputs are
+        unspecified either way), with the Triton rotation even when the layer is bound to its native op.
+        """
+        if not (fused_rope_kv_enabled() and self._can_fuse(rotary_emb, query, key, value, kv_cache)):
+            return super().forward_rotary(positions, query, key, value, kv_cache, metadata, rotary_emb)
+        num_tokens = metadata.num_actual_tokens
+        rotary_write_kv_cache(positions[:num_tokens], query[:num_tokens], key[:num_tokens], value[:num_tokens],
+                              kv_cache, metadata.slot_mapping[:num_tokens], rotary_emb.cos_sin_cache,
+                              is_neox_style=rotary_emb.is_neox_style)
+        return self._attend(query, kv_cache, metadata)
+
+    def _can_fuse(self, rotary_emb: object, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  kv_cache: torch.Tensor) -> bool:
+        # Exact type: a subclass may rotate differently from what its table says.
+        if type(rotary_emb) is not RotaryEmbedding or rotary_emb.head_size != self.head_size:
+            return False
+        table = rotary_emb.cos_sin_cache
+        return (table.dtype == torch.float32 and table.dim() == 2 and table.stride(1) == 1
+                and table.shape[1] == rotary_emb.rotary_dim and table.device == query.device
+                and query.stride(-1) == 1 and key.stride(-1) == 1 and value.stride(-1) == 1
+                and has_contiguous_blocks(kv_cache))
+
+    def _attend(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        """Decode and prefill attention over the cache, which already holds this step's K/V."""
         if query.stride(-1) != 1:
             query = query.contiguous()
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)

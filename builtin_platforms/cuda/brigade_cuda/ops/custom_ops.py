@@ -1,23 +1,27 @@
 """Binds the Triton ops to the model layers' ``CustomOp`` seam for the "cuda" device type (book ch. 11),
-and the skinny GEMM to the dense-GEMM seam of unquantized linear layers (``BRIGADE_CUDA_SKINNY_GEMM=0``
-keeps cuBLAS everywhere).
+and the skinny GEMM / one-row GEMV (with SiLU-and-mul folded into the down projection) to the dense-GEMM
+seam of unquantized linear layers (``BRIGADE_CUDA_SKINNY_GEMM=0`` keeps cuBLAS everywhere;
+``BRIGADE_CUDA_GEMV=0`` keeps the tensor-core skinny kernel and a separate activation at one row;
+``BRIGADE_CUDA_NORM_GEMV=0`` keeps the RMSNorm kernel before the qkv and gate_up projections).
 
 ``register_cuda_ops()`` registers one adapter per op with ``CustomOp.register_impl("cuda", fn)``. Call it
 once per process before the model is built (the CUDA platform's worker start-up); layers built
 afterwards on a CUDA device run these kernels, layers built earlier keep ``forward_native``. Each
 adapter has the same contract as the layer's ``forward_native`` and falls back to it for the rare
-layouts the kernels do not address (so results never depend on which path ran, only speed does).
+layouts the kernels do not address. The one-row fused GEMVs round differently from their unfused paths
+only where their docstrings say (the add-RMSNorm fold does not round the normalized row).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
 import torch.nn.functional as F
 
 from brigade_cuda.ops.activation import silu_and_mul
-from brigade_cuda.ops.gemm import MAX_ROWS, skinny_linear
+from brigade_cuda.ops.gemm import add_rms_norm_gemv, check_skinny, gemv, skinny_linear
 from brigade_cuda.ops.layernorm import fused_add_rms_norm, rms_norm
 from brigade_cuda.ops.rotary import rotary_embedding
 
@@ -53,12 +57,41 @@ def rotary_embedding_cuda(layer, positions: torch.Tensor, query: torch.Tensor, k
 
 
 def dense_gemm_cuda(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear`` on CUDA: the Triton skinny GEMM for decode-sized batches (<= 16 rows of fp16/bf16),
-    cuBLAS for everything else."""
-    if (x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype == weight.dtype
-            and x.dtype in (torch.float16, torch.bfloat16) and x.stride(-1) == 1 and weight.stride(-1) == 1):
+    """``F.linear`` on CUDA: the Triton one-row GEMV at batch 1, the skinny GEMM for other decode-sized
+    batches (<= 16 rows of fp16/bf16), cuBLAS for everything else."""
+    if check_skinny(x, weight) is None:
+        if x.shape[0] == 1 and _gemv_on():
+            return gemv(x, weight, bias)
         return skinny_linear(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def silu_mul_gemm_cuda(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``silu_and_mul(x) @ weight.T + bias`` in one GEMV for one row; None (run the two ops) otherwise."""
+    if x.shape[0] == 1 and _gemv_on() and check_skinny(x, weight, k_factor=2) is None:
+        return gemv(x, weight, bias, silu_mul=True)
+    return None
+
+
+def add_rms_norm_gemm_cuda(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                           weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Residual add, RMSNorm and ``@ weight.T + bias`` in one GEMV for one row; None (norm kernel, then the
+    GEMM) otherwise or with ``BRIGADE_CUDA_NORM_GEMV=0``."""
+    if (x.shape[0] == 1 and _gemv_on() and _norm_gemv_on() and residual.shape == x.shape
+            and residual.dtype == x.dtype and norm_weight.dtype == x.dtype and norm_weight.stride(0) == 1
+            and check_skinny(x, weight) is None and check_skinny(residual, weight) is None):
+        return add_rms_norm_gemv(x, residual, norm_weight, eps, weight, bias)
+    return None
+
+
+@functools.cache
+def _norm_gemv_on() -> bool:
+    return os.environ.get("BRIGADE_CUDA_NORM_GEMV", "1") != "0"  # "0": the RMSNorm kernel at one row too (A/B)
+
+
+@functools.cache
+def _gemv_on() -> bool:
+    return os.environ.get("BRIGADE_CUDA_GEMV", "1") != "0"  # "0": the tensor-core kernel at one row too (A/B)
 
 
 def register_cuda_ops() -> None:
@@ -77,4 +110,5 @@ def register_cuda_ops() -> None:
     if os.environ.get("BRIGADE_CUDA_SKINNY_GEMM", "1") != "0":  # "0": cuBLAS for every shape (A/B timing)
         from brigade.model_executor.layers.linear_method import register_dense_gemm
 
-        register_dense_gemm("cuda", dense_gemm_cuda)
+        register_dense_gemm("cuda", dense_gemm_cuda, silu_mul_gemm=silu_mul_gemm_cuda,
+                            add_rms_norm_gemm=add_rms_norm_gemm_cuda)

@@ -7,11 +7,19 @@ partial sums back) and reaches about 73% of the copy bandwidth on the attention 
 one launch, no workspace, the weight streamed through a software pipeline (``num_stages``) into a tensor-core
 product with the ``x`` rows padded to 16. The tile is chosen per shape from the table below, measured on an
 H200 with ``benchmarks/kernels/bench_gemm.py``.
+
+A single row (batch-1 decode) takes a second kernel, ``gemv``: no tensor cores and no padding to 16 rows;
+each program keeps a ``[BLOCK_N, BLOCK_K]`` fp32 partial product in registers over the whole ``K`` and
+reduces it once at the end, so the loop is nothing but wide weight loads and FMAs. It can also compute
+its input as ``silu(gate) * up`` from a fused gate/up projection while it loads it (``gemv(silu_mul=True)``),
+or as the residual add and RMSNorm before a projection (``add_rms_norm_gemv``): the activation or the
+normalized row is then never written to memory and its kernel disappears from the step.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -57,16 +65,165 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_w
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok & (offs_n[None, :] < N))
 
 
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, g_ptr, r_out_ptr, eps, N, K, stride_wn,
+                 HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SILU_MUL: tl.constexpr,
+                 ADD_NORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 USE_PDL: tl.constexpr = False):
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_ok = offs_n[:, None] < N
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel first, then let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    sumsq = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        cols = k * BLOCK_K + offs_k
+        if EVEN_K:
+            k_ok = offs_k < BLOCK_K  # all true; folded away
+        else:
+            k_ok = cols < K
+        if EVEN_K and EVEN_N:
+            w = tl.load(w_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=n_ok & k_ok[None, :], other=0.0)
+        x = tl.load(x_ptr + cols, mask=k_ok, other=0.0)
+        if SILU_MUL:  # x holds the gate half; the up half sits K further on; round as silu_and_mul does
+            up = tl.load(x_ptr + K + cols, mask=k_ok, other=0.0).to(tl.float32)
+            gate = x.to(tl.float32)
+            act = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
+            x = (act * up).to(x_ptr.dtype.element_ty)
+        if ADD_NORM:  # x + residual, rounded as the residual stream stores it; program 0 writes it out
+            h = (x.to(tl.float32) + tl.load(r_ptr + cols, mask=k_ok, other=0.0).to(tl.float32))
+            h = h.to(x_ptr.dtype.element_ty)
+            if pid == 0:
+                tl.store(r_out_ptr + cols, h, mask=k_ok)
+            h = h.to(tl.float32)
+            sumsq += h * h
+            # the norm weight now, the 1/rms scale (a per-row scalar) after the reduction below
+            x = h * tl.load(g_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        w_ptrs += BLOCK_K
+    y = tl.sum(acc, 1)
+    if ADD_NORM:
+        y = y / tl.sqrt(tl.sum(sumsq, 0) / K + eps)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=offs_n < N)
+
+
 # (block_n, block_k, num_warps, num_stages) by weight shape "NxK", measured at one row on an H200 by
-# benchmarks/kernels/bench_gemm.py --write-tiles; shapes not listed take DEFAULT_TILE.
+# benchmarks/kernels/bench_gemm.py --write-tiles: "tiles" for the tensor-core kernel, "gemv_tiles" for the
+# one-row kernel; shapes not listed take the defaults. BRIGADE_CUDA_GEMM_TILES names another file.
 DEFAULT_TILE = (32, 256, 4, 4)
-TILES_FILE = Path(__file__).with_name("gemm_tiles.json")
-TILES: dict[str, tuple[int, int, int, int]] = (
-    {k: tuple(v) for k, v in json.loads(TILES_FILE.read_text())["tiles"].items()} if TILES_FILE.exists() else {})
+DEFAULT_GEMV_TILE = (8, 512, 4, 3)
+TILES_FILE = Path(os.environ.get("BRIGADE_CUDA_GEMM_TILES") or Path(__file__).with_name("gemm_tiles.json"))
+_TABLES = json.loads(TILES_FILE.read_text()) if TILES_FILE.exists() else {}
+TILES: dict[str, tuple[int, int, int, int]] = {k: tuple(v) for k, v in _TABLES.get("tiles", {}).items()}
+GEMV_TILES: dict[str, tuple[int, int, int, int]] = {k: tuple(v) for k, v in _TABLES.get("gemv_tiles", {}).items()}
 
 
 def _tile(n: int, k: int) -> tuple[int, int, int, int]:
     return TILES.get(f"{n}x{k}", DEFAULT_TILE)
+
+
+def check_skinny(x: torch.Tensor, weight: torch.Tensor, *, k_factor: int = 1) -> str | None:
+    """Why the skinny kernels cannot take ``x @ weight.T`` (one line), or None when they can.
+
+    ``k_factor`` is 2 for the SiLU-and-mul input (``x`` holds gate and up halves of ``weight``'s K each).
+    """
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != k_factor * weight.shape[1]:
+        return (f"needs x [M, {k_factor if k_factor > 1 else ''}K] and weight [N, K], got {tuple(x.shape)} and "
+                f"{tuple(weight.shape)}")
+    if x.shape[0] > MAX_ROWS or x.dtype != weight.dtype or x.dtype not in (torch.float16, torch.bfloat16):
+        return f"takes at most {MAX_ROWS} fp16/bf16 rows of the weight's dtype"
+    if x.stride(-1) != 1 or weight.stride(-1) != 1:
+        return "needs contiguous last dimensions"
+    return None
+
+
+def _gemv_tile(n: int, k: int, variant: str) -> tuple[int, int, int, int]:
+    key = f"{n}x{k}" + (f"/{variant}" if variant else "")
+    return GEMV_TILES.get(key) or GEMV_TILES.get(f"{n}x{k}", DEFAULT_GEMV_TILE)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
+         tile: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` for one row, or ``silu_and_mul(x) @ weight.T + bias`` with ``silu_mul``.
+
+    Args:
+        x: [1, K] fp16/bf16 (with ``silu_mul``: [1, 2K], gate then up), last dimension contiguous.
+        weight: [N, K], same dtype, last dimension contiguous.
+        bias: optional [N].
+        tile: (block_n, block_k, num_warps, num_stages); default from ``GEMV_TILES`` by shape.
+
+    Returns: a new [1, N] tensor in x's dtype (fp32 accumulation; with ``silu_mul`` the activation is
+    rounded to x's dtype first, exactly as ``silu_and_mul`` stores it).
+
+    Raises:
+        ValueError: on more than one row, mismatched shapes or dtypes, or a non-contiguous last dimension.
+    """
+    reason = check_skinny(x, weight, k_factor=2 if silu_mul else 1)
+    if reason is None and x.shape[0] != 1:
+        reason = "takes exactly one row"
+    if reason is not None:
+        raise ValueError(f"gemv {reason}")
+    n, k = weight.shape
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    _launch_gemv(x, weight, bias, y, None, None, None, 0.0, tile or _gemv_tile(n, k, "silu_mul" if silu_mul else ""),
+                 silu_mul=silu_mul)
+    return y
+
+
+def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                      weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                      tile: tuple[int, int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = x + residual``, then ``rms_norm(h) * norm_weight @ weight.T + bias``, for one row, in one kernel.
+
+    This is a decoder layer's residual add, RMSNorm (Zhang & Sennrich 2019) and the next projection (qkv or
+    gate_up) without the norm's kernel: every program streams the whole row while it streams its weight rows
+    anyway, so it accumulates ``sum(h**2)`` on the way and applies the per-row ``1/rms`` to its outputs at the
+    end (``W @ (h * g) / rms == W @ (h / rms * g)``). Rounding: ``h`` is rounded to the model dtype as the
+    residual stream stores it; the normalized row is not rounded before the product (the unfused path rounds
+    it to the model dtype), so results agree with the unfused path to bf16 precision, not bit for bit.
+
+    Args:
+        x, residual: [1, K] fp16/bf16, last dimension contiguous; neither is modified.
+        norm_weight: [K] the RMSNorm weight. eps: added to the mean square.
+        weight: [N, K], bias: optional [N], as ``gemv``.
+
+    Returns: ``(y [1, N], h [1, K])``, new tensors: the projection and the new residual stream.
+
+    Raises:
+        ValueError: on more than one row or a layout the kernel cannot address.
+    """
+    reason = check_skinny(x, weight) or check_skinny(residual, weight)
+    if reason is None and (x.shape[0] != 1 or residual.shape != x.shape or residual.dtype != x.dtype):
+        reason = "takes exactly one row, x and residual of one shape and dtype"
+    if reason is None and (norm_weight.shape != (x.shape[1],) or norm_weight.stride(0) != 1):
+        reason = f"needs a contiguous [{x.shape[1]}] norm weight"
+    if reason is not None:
+        raise ValueError(f"add_rms_norm_gemv {reason}")
+    n, k = weight.shape
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    h = torch.empty_like(x)
+    _launch_gemv(x, weight, bias, y, residual, norm_weight, h, eps, tile or _gemv_tile(n, k, "add_rms_norm"),
+                 add_norm=True)
+    return y, h
+
+
+def _launch_gemv(x, weight, bias, y, residual, norm_weight, h, eps, tile, *, silu_mul=False, add_norm=False):
+    n, k = weight.shape
+    block_n, block_k, num_warps, num_stages = tile
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, bias if bias is not None else y, y, residual if add_norm else y,
+        norm_weight if add_norm else y, h if add_norm else y, eps, n, k, weight.stride(0),
+        HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, EVEN_N=n % block_n == 0, SILU_MUL=silu_mul,
+        ADD_NORM=add_norm, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+        **pdl_launch())
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -84,13 +241,9 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     Raises:
         ValueError: on more than 16 rows, mismatched shapes or dtypes, or a non-contiguous last dimension.
     """
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"skinny_linear needs x [M, K] and weight [N, K], got {tuple(x.shape)} and "
-                         f"{tuple(weight.shape)}")
-    if x.shape[0] > MAX_ROWS or x.dtype != weight.dtype or x.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"skinny_linear takes at most {MAX_ROWS} fp16/bf16 rows of the weight's dtype")
-    if x.stride(-1) != 1 or weight.stride(-1) != 1:
-        raise ValueError("skinny_linear needs contiguous last dimensions")
+    reason = check_skinny(x, weight)
+    if reason is not None:
+        raise ValueError(f"skinny_linear {reason}")
     m, k = x.shape
     n = weight.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)

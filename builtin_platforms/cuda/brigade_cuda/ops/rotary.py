@@ -17,6 +17,36 @@ from brigade_cuda.pdl import pdl_launch
 
 
 @triton.jit
+def _pair_offsets(pairs, HALF: tl.constexpr, IS_NEOX: tl.constexpr):
+    """Channel offsets within a head of the two members of each rotated pair."""
+    if IS_NEOX:
+        first = pairs
+        second = pairs + HALF
+    else:
+        first = 2 * pairs
+        second = 2 * pairs + 1
+    return first, second
+
+
+@triton.jit
+def _rotate_pair(x1, x2, cos, sin):
+    """The rotation of fp32 pairs; the one place its arithmetic is written (bit-identical callers)."""
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
+@triton.jit
+def _load_cos_sin(positions_ptr, cos_sin_ptr, token, stride_cache, HALF: tl.constexpr, HALF_P2: tl.constexpr):
+    """The ``[1, HALF_P2]`` fp32 cos and sin rows at ``positions[token]`` (cos 1, sin 0 past HALF)."""
+    pairs = tl.arange(0, HALF_P2)[None, :]
+    # A [1, HALF_P2] row of one position, so every mask below is a tensor (see kv_write.py).
+    pos = tl.load(positions_ptr + token + pairs * 0).to(tl.int64)
+    pair_mask = pairs < HALF
+    cos = tl.load(cos_sin_ptr + pos * stride_cache + pairs, mask=pair_mask, other=1.0).to(tl.float32)
+    sin = tl.load(cos_sin_ptr + pos * stride_cache + HALF + pairs, mask=pair_mask, other=0.0).to(tl.float32)
+    return cos, sin
+
+
+@triton.jit
 def _rotate_heads(x_ptr, token, stride_t, stride_h, cos, sin,
                   NUM_HEADS: tl.constexpr, HEADS_P2: tl.constexpr, HALF: tl.constexpr,
                   HALF_P2: tl.constexpr, IS_NEOX: tl.constexpr):
@@ -24,16 +54,12 @@ def _rotate_heads(x_ptr, token, stride_t, stride_h, cos, sin,
     pairs = tl.arange(0, HALF_P2)[None, :]
     mask = (heads < NUM_HEADS) & (pairs < HALF)
     base = x_ptr + token * stride_t + heads * stride_h
-    if IS_NEOX:
-        first = base + pairs
-        second = base + pairs + HALF
-    else:
-        first = base + 2 * pairs
-        second = base + 2 * pairs + 1
-    x1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(second, mask=mask, other=0.0).to(tl.float32)
-    tl.store(first, (x1 * cos - x2 * sin).to(x_ptr.dtype.element_ty), mask=mask)
-    tl.store(second, (x2 * cos + x1 * sin).to(x_ptr.dtype.element_ty), mask=mask)
+    first, second = _pair_offsets(pairs, HALF, IS_NEOX)
+    x1 = tl.load(base + first, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(base + second, mask=mask, other=0.0).to(tl.float32)
+    out1, out2 = _rotate_pair(x1, x2, cos, sin)
+    tl.store(base + first, out1.to(x_ptr.dtype.element_ty), mask=mask)
+    tl.store(base + second, out2.to(x_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -48,12 +74,7 @@ def _rotary_kernel(
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
-    pairs = tl.arange(0, HALF_P2)[None, :]
-    # A [1, HALF_P2] row of one position, so every mask below is a tensor (see kv_write.py).
-    pos = tl.load(positions_ptr + token + pairs * 0).to(tl.int64)
-    pair_mask = pairs < HALF
-    cos = tl.load(cos_sin_ptr + pos * stride_cache + pairs, mask=pair_mask, other=1.0).to(tl.float32)
-    sin = tl.load(cos_sin_ptr + pos * stride_cache + HALF + pairs, mask=pair_mask, other=0.0).to(tl.float32)
+    cos, sin = _load_cos_sin(positions_ptr, cos_sin_ptr, token, stride_cache, HALF, HALF_P2)
     _rotate_heads(q_ptr, token, stride_q_t, stride_q_h, cos, sin, NUM_Q_HEADS, Q_HEADS_P2, HALF, HALF_P2,
                   IS_NEOX)
     _rotate_heads(k_ptr, token, stride_k_t, stride_k_h, cos, sin, NUM_K_HEADS, K_HEADS_P2, HALF, HALF_P2,

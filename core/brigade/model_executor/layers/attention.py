@@ -3,10 +3,14 @@
 The layer knows its index in the model and nothing about batching. Per step it reshapes the flat
 projections to heads and calls its backend with its own KV cache, ``ctx.kv_caches[layer_idx]``,
 and the step's shared metadata, both passed explicitly through ``AttentionContext`` rather than a
-module-level forward context.
+module-level forward context. Given the model's rotary embedding and the positions, it leaves the Q/K
+rotation to the backend (``forward_rotary``), which may fuse it into its KV-cache write.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,23 +37,36 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.backend = backend_cls(num_heads, head_size, num_kv_heads, scale)
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                ctx: AttentionContext) -> torch.Tensor:
-        """Write this step's K/V into the layer's cache and attend.
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ctx: AttentionContext, *,
+                positions: torch.Tensor | None = None, rotary_emb: Callable[..., Any] | None = None
+                ) -> torch.Tensor:
+        """Write this step's K/V into the layer's cache and attend, rotating Q/K first when asked.
 
         Args:
             query: [num_tokens, num_heads * head_size]
             key, value: [num_tokens, num_kv_heads * head_size]
             ctx: the step's metadata and every layer's KV cache.
+            positions: [num_tokens] int64 absolute positions; with ``rotary_emb``, the backend applies
+                the rotation (``AttentionBackend.forward_rotary``, which may fuse it with the KV write).
+            rotary_emb: the model's ``RotaryEmbedding``, or None when query/key are already rotated.
 
         Returns:
             [num_tokens, num_heads * head_size] in query's dtype.
+
+        Raises:
+            ValueError: only one of ``positions`` and ``rotary_emb`` is given.
         """
+        if (positions is None) != (rotary_emb is None):
+            raise ValueError("Attention.forward needs both positions and rotary_emb, or neither")
         num_tokens = query.shape[0]
         q = query.view(num_tokens, self.num_heads, self.head_size)
         k = key.view(num_tokens, self.num_kv_heads, self.head_size)
         v = value.view(num_tokens, self.num_kv_heads, self.head_size)
-        out = self.backend.forward(q, k, v, ctx.kv_caches[self.layer_idx], ctx.metadata)
+        kv_cache = ctx.kv_caches[self.layer_idx]
+        if rotary_emb is None:
+            out = self.backend.forward(q, k, v, kv_cache, ctx.metadata)
+        else:
+            out = self.backend.forward_rotary(positions, q, k, v, kv_cache, ctx.metadata, rotary_emb)
         return out.reshape(num_tokens, self.num_heads * self.head_size)
 
     def extra_repr(self) -> str:

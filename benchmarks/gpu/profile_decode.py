@@ -1,0 +1,104 @@
+"""Where the time of a batch-1 decode step goes on the GPU: kernels of the captured decode graphs, by name.
+
+Runs one request (128 random prompt tokens, ``--output-len`` greedy tokens, ignore_eos) through ``LLM`` on a
+model directory with dummy weights, under ``torch.profiler`` (CUPTI records each kernel of a replayed CUDA
+graph), and reports per decode step:
+
+* ``span``: first to last kernel of the decode region over the number of decode steps (about the TPOT);
+* ``busy``: the union of kernel intervals, and ``idle`` = span - busy (gaps where no kernel runs);
+* per kernel name: launches per step and device time per step.
+
+With programmatic dependent launch on (``BRIGADE_CUDA_PDL``, the default) a kernel starts while its
+predecessor drains and its recorded time includes the wait, so per-kernel times are only meaningful with
+``BRIGADE_CUDA_PDL=0``; span and busy are meaningful either way.
+
+Usage (CUDA machine, Brigade and brigade-cuda installed)::
+
+    python benchmarks/gpu/profile_decode.py benchmarks/configs/llama-3.1-8b --json out.json [--trace t.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from brigade.entrypoints.llm import LLM
+from brigade.sampling_params import SamplingParams
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def analyze(kernels: list[dict], num_layers: int) -> dict:
+    """Per-step figures of the decode region: kernels after the last prefill-attention kernel."""
+    kernels = sorted(kernels, key=lambda k: k["ts"])
+    last_prefill = max((i for i, k in enumerate(kernels) if "prefill" in k["name"]), default=-1)
+    decode = kernels[last_prefill + 1:]
+    steps = sum("_decode_split_kernel" in k["name"] for k in decode) / num_layers
+    if not decode or steps < 1:
+        raise SystemExit("no decode kernels in the trace")
+    span = decode[-1]["ts"] + decode[-1]["dur"] - decode[0]["ts"]
+    busy = _union([(k["ts"], k["ts"] + k["dur"]) for k in decode])
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for k in decode:
+        by_name[k["name"]].append(k["dur"])
+    table = sorted(({"kernel": name[:90], "per_step": len(d) / steps, "us_per_step": sum(d) / steps,
+                     "mean_us": sum(d) / len(d)} for name, d in by_name.items()), key=lambda r: -r["us_per_step"])
+    return {"decode_steps": steps, "span_us_per_step": span / steps, "busy_us_per_step": busy / steps,
+            "idle_us_per_step": (span - busy) / steps, "kernels_per_step": len(decode) / steps,
+            "sum_kernel_us_per_step": sum(k["dur"] for k in decode) / steps, "by_kernel": table}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--trace", help="also write the Chrome trace here")
+    args = parser.parse_args()
+    llm = LLM(args.model, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048)
+    rng = random.Random(0)
+    prompt = [rng.randrange(1000, 30000) for _ in range(128)]
+    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0)
+    llm.generate([prompt], params, use_tqdm=False)  # warm-up: compiles, graphs captured at start
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        llm.generate([prompt], params, use_tqdm=False)
+        torch.cuda.synchronize()
+    trace = args.trace or "/tmp/brigade_decode_trace.json"
+    prof.export_chrome_trace(trace)
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    kernels = [{"name": e["name"], "ts": float(e["ts"]), "dur": float(e["dur"])}
+               for e in events if e.get("cat") == "kernel"]
+    num_layers = llm.engine.core.executor.hf_config.num_hidden_layers
+    result = analyze(kernels, num_layers)
+    result["env"] = {k: v for k, v in os.environ.items() if k.startswith("BRIGADE_CUDA")}
+    result["device"] = torch.cuda.get_device_name()
+    print(f"decode steps {result['decode_steps']:.0f}: span {result['span_us_per_step']:.0f} us/step, busy "
+          f"{result['busy_us_per_step']:.0f}, idle {result['idle_us_per_step']:.0f}, "
+          f"{result['kernels_per_step']:.0f} kernels/step, kernel time sum {result['sum_kernel_us_per_step']:.0f}")
+    for row in result["by_kernel"][:16]:
+        print(f"  {row['us_per_step']:8.1f} us/step  x{row['per_step']:5.1f}  mean {row['mean_us']:6.2f}  "
+              f"{row['kernel']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
