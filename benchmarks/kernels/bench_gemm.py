@@ -11,9 +11,8 @@ Usage (on a CUDA machine, from the repository root)::
         [--json PATH] [--write-tiles builtin_platforms/cuda/brigade_cuda/ops/gemm_tiles.json] [--gemv-only]
 
 ``--gemv-only`` sweeps only the one-row CUDA-core kernel (``gemv``, tiles in ``GEMV_GRID``), keeps the
-tensor-core tiles already in the table, and also sweeps its fused variants: the down projection with
-SiLU-and-mul folded in (against ``silu_and_mul`` then the GEMV) and the qkv / gate_up projections with the
-residual add and RMSNorm folded in (``add_rms_norm_gemv``); their tiles are stored as ``NxK/variant``.
+tensor-core tiles already in the table, and also sweeps the down projection with SiLU-and-mul folded in
+(against ``silu_and_mul`` then the GEMV), whose tile is stored as ``NxK/silu_mul``.
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ from triton.testing import do_bench
 
 from bench_attention import copy_bandwidth
 from brigade_cuda.ops.activation import silu_and_mul
-from brigade_cuda.ops.gemm import GEMV_TILES, TILES, add_rms_norm_gemv, gemv, skinny_linear
-from brigade_cuda.ops.layernorm import fused_add_rms_norm
+from brigade_cuda.ops.gemm import GEMV_TILES, TILES, gemv, skinny_linear
 
 SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096),
           "down_proj": (4096, 14336), "lm_head": (128256, 4096)}
@@ -94,18 +92,6 @@ def sweep_gemv(copy_bw: float) -> tuple[dict, dict]:
             row["silu_then_skinny_ms"] = _time(lambda: skinny_linear(silu_and_mul(gu), w, tile=tc_tile))
             line += (f" | silu folded {fms * 1e3:.1f} us {ftile} vs silu + gemv {row['silu_then_gemv_ms'] * 1e3:.1f}"
                      f" vs silu + skinny {row['silu_then_skinny_ms'] * 1e3:.1f}")
-        if name in ("qkv_proj", "gate_up_proj"):
-            res, g = torch.randn(1, k, device="cuda", dtype=DTYPE), torch.randn(k, device="cuda", dtype=DTYPE)
-            normed, _ = fused_add_rms_norm(x.clone(), res.clone(), g, 1e-5)
-            want_norm = normed.float() @ w.float().T
-            ntile, nms = _best(lambda t: add_rms_norm_gemv(x, res, g, 1e-5, w, tile=t)[0], want_norm, GEMV_GRID,
-                               row, "norm_fold")
-            row["norm_fold_tile"], row["norm_fold_ms"] = list(ntile), nms
-            tiles[f"{n}x{k}/add_rms_norm"] = list(ntile)
-            row["norm_then_gemv_ms"] = _time(lambda: gemv(fused_add_rms_norm(x.clone(), res.clone(), g, 1e-5)[0], w,
-                                                          tile=tile))
-            line += (f" | norm folded {nms * 1e3:.1f} us {ntile} vs norm + gemv {row['norm_then_gemv_ms'] * 1e3:.1f}"
-                     " (incl. 2 clones)")
         print(line, flush=True)
         results[name] = row
         del w

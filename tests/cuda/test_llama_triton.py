@@ -27,7 +27,7 @@ CONFIG = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidde
                                "original_max_position_embeddings": 1024},
               architectures=["LlamaForCausalLM"])
 # A mixed step (two decodes, a fresh prefill, a prefix-cached chunk), a pure decode step, then one decode
-# alone (the one-row GEMVs with the SiLU-and-mul and add-RMSNorm folds).
+# alone (the one-row GEMVs, SiLU-and-mul folded into the down projection).
 STEPS = [([1, 1, 40, 9], [30, 700, 0, 100]), ([1, 1, 1], [71, 5, 1500]), ([1], [300])]
 
 
@@ -37,10 +37,9 @@ def test_fast_path_matches_pytorch_path(dtype, tol, cuda_ops_registered, paged_b
     from brigade_cuda.ops import custom_ops
 
     folds = []
-    for name in ("gemv", "add_rms_norm_gemv"):
-        real = getattr(custom_ops, name)
-        monkeypatch.setattr(custom_ops, name, lambda *a, _real=real, _name=name, **kw: (
-            folds.append((_name, kw.get("silu_mul", False))), _real(*a, **kw))[1])
+    real = custom_ops.gemv
+    monkeypatch.setattr(custom_ops, "gemv", lambda *a, **kw: (folds.append(kw.get("silu_mul", False)),
+                                                              real(*a, **kw))[1])
     hf_config = transformers.LlamaConfig(**CONFIG)
     torch.manual_seed(0)
     # The PyTorch path binds forward_native: its ops are built on the CPU, then moved.
@@ -66,9 +65,9 @@ def test_fast_path_matches_pytorch_path(dtype, tol, cuda_ops_registered, paged_b
             out = fast.compute_logits(fast(input_ids, positions, AttentionContext(batch.metadata, caches)))
         err = rel_err(out, ref)
         assert err < tol, f"logits relative error {err:.2e} at step {query_lens}"
-    if dtype == torch.bfloat16:  # the one-decode step took every one-row kernel (fp32 keeps the GEMM paths)
+    if dtype == torch.bfloat16:  # the one-decode step took the one-row kernels (fp32 keeps the GEMM paths)
         layers = hf_config.num_hidden_layers
-        assert folds.count(("add_rms_norm_gemv", False)) == 2 * layers - 1  # all norms but the first one
-        assert folds.count(("gemv", True)) == layers  # SiLU-and-mul folded into every down projection
+        assert folds.count(True) == layers  # SiLU-and-mul folded into every down projection
+        assert folds.count(False) == 3 * layers + 1  # qkv, o, gate_up of every layer and the LM head
     else:
         assert not folds

@@ -95,34 +95,6 @@ def test_decode_split_counts(num_splits, paged_batch_factory, rel_err):
     _check(batch, backend, torch.bfloat16, rel_err)
 
 
-@pytest.mark.parametrize("num_splits", [2, 7, 32])
-def test_fused_merge_equals_the_merge_kernel_and_resets_its_tickets(num_splits, paged_batch_factory, rel_err,
-                                                                     monkeypatch):
-    """The in-kernel merge (last split to finish merges) gives the separate merge kernel's output on every one
-    of many back-to-back launches, and leaves every ticket at zero."""
-    from brigade_cuda.attention import decode
-
-    gen = torch.Generator().manual_seed(num_splits)
-    batch = paged_batch_factory([1] * 6, [0, 3, 100, 129, 2000, 5000], num_heads=32, num_kv_heads=8,
-                                head_size=128, block_size=16, dtype=torch.bfloat16, device="cuda", generator=gen)
-    md = batch.metadata
-    outs = {}
-    for fused in (False, True):
-        monkeypatch.setenv("BRIGADE_CUDA_DECODE_FUSED_MERGE", "1" if fused else "0")
-        decode.fused_merge_enabled.cache_clear()
-        runs = []
-        for _ in range(50):
-            out = torch.full_like(batch.query, float("nan"))
-            decode.decode_attention(batch.query, batch.kv_cache, md.block_table, md.seq_lens, out,
-                                    num_decodes=6, num_splits=num_splits, scale=128 ** -0.5)
-            runs.append(out)
-        outs[fused] = runs
-    decode.fused_merge_enabled.cache_clear()
-    assert int(decode._COUNTERS[torch.device("cuda", torch.cuda.current_device())].abs().sum()) == 0
-    for out in outs[True]:
-        assert rel_err(out, outs[False][0]) < 1e-3
-
-
 def test_kv_write_skips_padding_slots(paged_batch_factory):
     gen = torch.Generator().manual_seed(7)
     batch = paged_batch_factory([5, 9], [3, 0], num_heads=8, num_kv_heads=2, head_size=128, block_size=16,

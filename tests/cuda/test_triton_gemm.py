@@ -17,8 +17,7 @@ import torch.nn.functional as F  # noqa: E402
 from brigade.model_executor.layers.linear import Linear  # noqa: E402
 from brigade_cuda.ops.activation import silu_and_mul  # noqa: E402
 from brigade_cuda.ops.custom_ops import dense_gemm_cuda, silu_mul_gemm_cuda  # noqa: E402
-from brigade_cuda.ops.gemm import GEMV_TILES, add_rms_norm_gemv, gemv, skinny_linear  # noqa: E402
-from brigade_cuda.ops.layernorm import fused_add_rms_norm  # noqa: E402
+from brigade_cuda.ops.gemm import GEMV_TILES, gemv, skinny_linear  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -68,28 +67,6 @@ def test_gemv_with_silu_mul_matches_the_two_kernels(n, k, rel_err):
     assert silu_mul_gemm_cuda(torch.cat([gate_up, gate_up]), w, b) is None  # two rows: the caller runs two ops
 
 
-@pytest.mark.parametrize("n,k", [(6144, 4096), (28672, 4096), (1152, 896), (100, 1000)])
-@pytest.mark.parametrize("bias", [False, True])
-def test_add_rms_norm_gemv_matches_norm_then_gemm(n, k, bias, rel_err):
-    bf16 = torch.bfloat16
-    x, residual = torch.randn(1, k, device="cuda").to(bf16) * 4, torch.randn(1, k, device="cuda").to(bf16)
-    norm_w = torch.randn(k, device="cuda").to(bf16)
-    w = (torch.randn(n, k, device="cuda") * 0.05).to(bf16)
-    b = torch.randn(n, device="cuda").to(bf16) if bias else None
-    x_in, r_in = x.clone(), residual.clone()
-    y, h = add_rms_norm_gemv(x_in, r_in, norm_w, 1e-5, w, b)
-    assert torch.equal(x_in, x) and torch.equal(r_in, residual)  # inputs untouched
-    normed, want_h = fused_add_rms_norm(x.clone(), residual.clone(), norm_w, 1e-5)
-    assert torch.equal(h, want_h)  # the residual stream, rounded the same way
-    h32 = want_h.float()
-    exact = (h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_w.float()) @ w.float().T
-    exact = exact + (b.float() if bias else 0)
-    assert not y.isnan().any() and rel_err(y, exact) < 1e-2
-    assert rel_err(y, gemv(normed, w, b)) < 1e-2  # and the unfused path, to bf16 precision
-    with pytest.raises(ValueError, match="norm weight"):
-        add_rms_norm_gemv(x, residual, norm_w[:-1], 1e-5, w)
-
-
 @pytest.mark.parametrize("tile", [(4, 1024, 8, 1), (8, 512, 4, 3), (16, 256, 4, 2), (32, 256, 8, 4)]
                          + sorted(set(GEMV_TILES.values())))
 def test_every_gemv_tile_is_correct(tile, rel_err):
@@ -121,11 +98,17 @@ def test_dense_gemm_binding_routes_by_rows(rel_err, cuda_ops_registered):
         assert rel_err(layer(x), F.linear(x.float(), layer.weight.float(), layer.bias.float())) < 1e-2
 
 
-def test_pdl_chain_in_a_cuda_graph_matches_eager():
+@pytest.mark.parametrize("early", [False, True], ids=["trigger-after-wait", "trigger-before-wait"])
+def test_pdl_chain_in_a_cuda_graph_matches_eager(early, monkeypatch):
     """The decode path's kernels, launched with programmatic dependent launch inside a captured graph,
-    give exactly eager's results (each kernel waits for its predecessor before reading)."""
+    give exactly eager's results (each kernel waits for its predecessor before reading), whether a kernel
+    lets its successor launch after or before its own wait."""
+    from brigade_cuda import pdl
     from brigade_cuda.ops import fused_add_rms_norm, silu_and_mul  # noqa: F811
     from brigade_cuda.pdl import pdl_enabled, pdl_launch
+
+    monkeypatch.setenv("BRIGADE_CUDA_PDL_EARLY", "1" if early else "0")
+    pdl.pdl_early.cache_clear()
 
     if torch.cuda.get_device_capability()[0] >= 9:
         assert pdl_enabled()  # Hopper: the path under test is really on
@@ -155,6 +138,8 @@ def test_pdl_chain_in_a_cuda_graph_matches_eager():
         captured_kwargs = pdl_launch()
         out = chain()
     assert ("launch_pdl" in captured_kwargs) == pdl_enabled()
+    assert captured_kwargs.get("PDL_EARLY", early) == early
+    pdl.pdl_early.cache_clear()
     for _ in range(3):
         out.zero_()
         graph.replay()

@@ -23,6 +23,8 @@ import functools
 import os
 
 import torch
+import triton
+import triton.language as tl
 
 
 @functools.cache
@@ -39,11 +41,32 @@ def pdl_enabled() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
 
 
+@functools.cache
+def pdl_early() -> bool:
+    """Trigger the next kernel's launch before waiting (``BRIGADE_CUDA_PDL_EARLY=1``), see ``gdc_prologue``."""
+    return os.environ.get("BRIGADE_CUDA_PDL_EARLY", "0") == "1"
+
+
+@triton.jit
+def gdc_prologue(EARLY: tl.constexpr):
+    """First statement of a kernel launched with PDL: wait for the previous kernel (always before any global
+    memory access) and allow the next one to launch. ``EARLY`` allows it before the wait, so a chain of small
+    kernels can have its successors resident and waiting while an earlier kernel still runs; the wait still
+    comes first among memory accesses, so "predecessor complete" stays transitive."""
+    if EARLY:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    else:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
 def pdl_launch() -> dict:
-    """Keyword arguments for a kernel launch: ``USE_PDL`` (the kernel's constexpr) and, when on, ``launch_pdl``.
+    """Keyword arguments for a kernel launch: ``USE_PDL`` and ``PDL_EARLY`` (the kernel's constexprs) and,
+    when on, ``launch_pdl``.
 
     On only while the current stream is capturing a CUDA graph and ``pdl_enabled()``.
     """
     if pdl_enabled() and torch.cuda.is_current_stream_capturing():
-        return {"USE_PDL": True, "launch_pdl": True}
+        return {"USE_PDL": True, "PDL_EARLY": pdl_early(), "launch_pdl": True}
     return {"USE_PDL": False}

@@ -5,12 +5,9 @@ A decode request has one query token per head but a long context. One program pe
 ``(request, kv head, split)`` runs an online softmax over one contiguous chunk of the request's
 context, reading K/V through the block table, for all ``num_heads // num_kv_heads`` query heads that
 share the KV head at once (GQA: each K/V row is loaded once for the whole group). A second kernel merges
-the per-split partial results with their log-sum-exp weights; by default that merge runs inside the
-first kernel instead, in the program that finishes last for its (request, KV head), found with an atomic
-ticket (the "semaphore" fix-up of split-K GEMMs), so a decode layer launches one attention kernel, not
-two. With one split the first kernel writes the output directly and no merge is needed. The split count
-is a runtime argument (only "one or more", and for the fused merge its next power of two, is compiled
-in), so varying it from step to step costs few recompilations.
+the per-split partial results with their log-sum-exp weights. With one split the first kernel writes
+the output directly and the merge is skipped. The split count is a runtime argument (only "one or
+more" is compiled in), so varying it from step to step costs no recompilation.
 
 CUDA graphs: the launch grid is ``(num_decodes, num_kv_heads, num_splits)`` and every per-request
 quantity (context length, chunk bounds) is read on the device, so a graph captured for one
@@ -20,14 +17,11 @@ while capturing (``TritonAttentionBackend.decode_num_splits``).
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from brigade_cuda.pdl import pdl_launch
+from brigade_cuda.pdl import gdc_prologue, pdl_launch
 
 
 LOG2E = 1.4426950408889634
@@ -39,15 +33,13 @@ def _decode_split_kernel(
     scale_log2,
     stride_q_t, stride_q_h, stride_out_t, stride_out_h,
     stride_cache_block, stride_cache_tok, stride_cache_h, stride_bt_r,
-    stride_mid_r, stride_mid_h, stride_mid_s, num_splits, counter_ptr, num_kv_heads,
+    stride_mid_r, stride_mid_h, stride_mid_s, num_splits,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr = False, SPLITS_P2: tl.constexpr = 1,
-    USE_PDL: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False,
 ):
-    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel first, then let the next one launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel, let the next one launch
+        gdc_prologue(PDL_EARLY)
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -99,52 +91,16 @@ def _decode_split_kernel(
         tl.store(mid_o_ptr + mid[:, None] * HEAD_P2 + dims[None, :], o, mask=out_mask)
         lse = tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf"))
         tl.store(mid_lse_ptr + mid, lse, mask=head_mask)
-        if FUSED_MERGE:
-            # The last split of this (request, KV head) to finish merges all of them: the merge kernel's
-            # launch disappears. All threads' partials are stored (barrier) before the ticket is taken with
-            # release semantics; the winner's acquire makes every split's partials visible to it.
-            tl.debug_barrier()
-            ticket_ptr = counter_ptr + req * num_kv_heads + kv_head
-            ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
-            if ticket == num_splits - 1:
-                _merge_group(mid_o_ptr, mid_lse_ptr, out_ptr, req, kv_head, stride_out_t, stride_out_h,
-                             stride_mid_r, stride_mid_h, stride_mid_s, num_splits,
-                             GROUP, HEAD_SIZE, HEAD_P2, SPLITS_P2)
-                tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-
-
-@triton.jit
-def _merge_group(mid_o_ptr, mid_lse_ptr, out_ptr, req, kv_head, stride_out_t, stride_out_h,
-                 stride_mid_r, stride_mid_h, stride_mid_s, num_splits,
-                 GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, SPLITS_P2: tl.constexpr):
-    """Merge the split partials of the GROUP query heads of one KV head (fused-merge path); reads bypass L1."""
-    splits = tl.arange(0, SPLITS_P2)
-    dims = tl.arange(0, HEAD_P2)
-    split_mask = splits < num_splits
-    for g in tl.static_range(GROUP):
-        head = kv_head * GROUP + g
-        mid = req.to(tl.int64) * stride_mid_r + head * stride_mid_h + splits * stride_mid_s  # [S]
-        lse = tl.load(mid_lse_ptr + mid, mask=split_mask, other=float("-inf"), cache_modifier=".cg")
-        lse_max = tl.max(lse, 0)
-        lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-        w = tl.exp2(lse - lse_max)
-        o = tl.load(mid_o_ptr + mid[:, None] * HEAD_P2 + dims[None, :],
-                    mask=split_mask[:, None] & (dims[None, :] < HEAD_SIZE), other=0.0, cache_modifier=".cg")
-        total = tl.sum(w, 0)
-        merged = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
-        tl.store(out_ptr + req.to(tl.int64) * stride_out_t + head * stride_out_h + dims,
-                 merged.to(out_ptr.dtype.element_ty), mask=dims < HEAD_SIZE)
 
 
 @triton.jit
 def _decode_merge_kernel(
     mid_o_ptr, mid_lse_ptr, out_ptr,
     stride_out_t, stride_out_h, stride_mid_r, stride_mid_h, stride_mid_s, num_splits,
-    HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, SPLITS_P2: tl.constexpr, USE_PDL: tl.constexpr = False,
+    HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, SPLITS_P2: tl.constexpr, USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False,
 ):
-    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel first, then let the next one launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel, let the next one launch
+        gdc_prologue(PDL_EARLY)
     req = tl.program_id(0)
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_P2)
@@ -178,28 +134,6 @@ def choose_num_splits(num_decodes: int, num_kv_heads: int, max_seq_len: int, num
     return max(1, min(wanted, useful, max_splits))
 
 
-@functools.cache
-def fused_merge_enabled() -> bool:
-    """Merge the splits inside the split kernel (last split to finish merges) unless
-    ``BRIGADE_CUDA_DECODE_FUSED_MERGE=0``, which launches the separate merge kernel (A/B timing)."""
-    return os.environ.get("BRIGADE_CUDA_DECODE_FUSED_MERGE", "1") != "0"
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _merge_counters(device: torch.device, needed: int) -> torch.Tensor:
-    """Zeroed int32 tickets, one per (request, KV head), shared by every layer and kept at zero between
-    launches (each merge resets its own). Allocated once, outside any CUDA-graph capture, at 64k entries."""
-    counters = _COUNTERS.get(device)
-    if counters is None or counters.numel() < needed:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("decode attention's merge tickets must be allocated before CUDA-graph capture")
-        counters = torch.zeros(max(65536, needed), dtype=torch.int32, device=device)
-        _COUNTERS[device] = counters
-    return counters
-
-
 def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, out: torch.Tensor, *, num_decodes: int, num_splits: int,
                      scale: float, block_n: int = 64, num_warps: int = 4, num_stages: int = 3) -> None:
@@ -229,20 +163,17 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     else:
         mid_o = mid_lse = out  # unused by the kernel with a single split
     mid_strides = (num_heads * num_splits, num_splits, 1)
-    fused_merge = num_splits > 1 and fused_merge_enabled()
-    counters = _merge_counters(query.device, num_decodes * num_kv_heads) if fused_merge else seq_lens
     _decode_split_kernel[(num_decodes, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_table, seq_lens, out, mid_o, mid_lse,
         scale * LOG2E,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
-        *mid_strides, num_splits, counters, num_kv_heads,
+        *mid_strides, num_splits,
         BLOCK_SIZE=block_size, GROUP=group, GROUP_P2=max(16, triton.next_power_of_2(group)),
         HEAD_SIZE=head_size, HEAD_P2=head_p2, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1,
-        DOT_PRECISION=precision, FUSED_MERGE=fused_merge, SPLITS_P2=triton.next_power_of_2(num_splits),
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
+        DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
     )
-    if num_splits > 1 and not fused_merge:
+    if num_splits > 1:
         _decode_merge_kernel[(num_decodes, num_heads)](
             mid_o, mid_lse, out, out.stride(0), out.stride(1), *mid_strides, num_splits,
             HEAD_SIZE=head_size, HEAD_P2=head_p2, SPLITS_P2=triton.next_power_of_2(num_splits), num_warps=4,

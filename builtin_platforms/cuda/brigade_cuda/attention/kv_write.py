@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from brigade_cuda.pdl import pdl_launch
+from brigade_cuda.pdl import gdc_prologue, pdl_launch
 
 
 @triton.jit
@@ -22,11 +22,10 @@ def _write_kv_kernel(
     stride_cache_slot, stride_cache_h,
     NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
     HEADS_P2: tl.constexpr, HEAD_P2: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False,
 ):
-    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel first, then let the next one launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel, let the next one launch
+        gdc_prologue(PDL_EARLY)
     token = tl.program_id(0)
     heads = tl.arange(0, HEADS_P2)[:, None]
     dims = tl.arange(0, HEAD_P2)[None, :]

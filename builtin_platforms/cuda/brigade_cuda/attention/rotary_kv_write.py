@@ -19,7 +19,7 @@ import triton.language as tl
 
 from brigade_cuda.attention.kv_write import has_contiguous_blocks
 from brigade_cuda.ops.rotary import _head_view_strides, _load_cos_sin, _pair_offsets, _rotate_heads, _rotate_pair
-from brigade_cuda.pdl import pdl_launch
+from brigade_cuda.pdl import gdc_prologue, pdl_launch
 
 
 @triton.jit
@@ -30,11 +30,10 @@ def _rotary_kv_write_kernel(
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, Q_HEADS_P2: tl.constexpr,
     KV_HEADS_P2: tl.constexpr, HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr,
     HALF: tl.constexpr, HALF_P2: tl.constexpr, IS_NEOX: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False,
 ):
-    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel first, then let the next one launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel, let the next one launch
+        gdc_prologue(PDL_EARLY)
     token = tl.program_id(0).to(tl.int64)
     cos, sin = _load_cos_sin(positions_ptr, cos_sin_ptr, token, stride_cos_sin, HALF, HALF_P2)
     _rotate_heads(q_ptr, token, stride_q_t, stride_q_h, cos, sin, NUM_Q_HEADS, Q_HEADS_P2, HALF, HALF_P2,

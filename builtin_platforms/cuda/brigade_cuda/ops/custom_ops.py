@@ -1,15 +1,13 @@
 """Binds the Triton ops to the model layers' ``CustomOp`` seam for the "cuda" device type (book ch. 11),
 and the skinny GEMM / one-row GEMV (with SiLU-and-mul folded into the down projection) to the dense-GEMM
 seam of unquantized linear layers (``BRIGADE_CUDA_SKINNY_GEMM=0`` keeps cuBLAS everywhere;
-``BRIGADE_CUDA_GEMV=0`` keeps the tensor-core skinny kernel and a separate activation at one row;
-``BRIGADE_CUDA_NORM_GEMV=0`` keeps the RMSNorm kernel before the qkv and gate_up projections).
+``BRIGADE_CUDA_GEMV=0`` keeps the tensor-core skinny kernel and a separate activation at one row).
 
 ``register_cuda_ops()`` registers one adapter per op with ``CustomOp.register_impl("cuda", fn)``. Call it
 once per process before the model is built (the CUDA platform's worker start-up); layers built
 afterwards on a CUDA device run these kernels, layers built earlier keep ``forward_native``. Each
 adapter has the same contract as the layer's ``forward_native`` and falls back to it for the rare
-layouts the kernels do not address. The one-row fused GEMVs round differently from their unfused paths
-only where their docstrings say (the add-RMSNorm fold does not round the normalized row).
+layouts the kernels do not address (so results never depend on which path ran, only speed does).
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from brigade_cuda.ops.activation import silu_and_mul
-from brigade_cuda.ops.gemm import add_rms_norm_gemv, check_skinny, gemv, skinny_linear
+from brigade_cuda.ops.gemm import check_skinny, gemv, skinny_linear
 from brigade_cuda.ops.layernorm import fused_add_rms_norm, rms_norm
 from brigade_cuda.ops.rotary import rotary_embedding
 
@@ -73,22 +71,6 @@ def silu_mul_gemm_cuda(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return None
 
 
-def add_rms_norm_gemm_cuda(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                           weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Residual add, RMSNorm and ``@ weight.T + bias`` in one GEMV for one row; None (norm kernel, then the
-    GEMM) otherwise or with ``BRIGADE_CUDA_NORM_GEMV=0``."""
-    if (x.shape[0] == 1 and _gemv_on() and _norm_gemv_on() and residual.shape == x.shape
-            and residual.dtype == x.dtype and norm_weight.dtype == x.dtype and norm_weight.stride(0) == 1
-            and check_skinny(x, weight) is None and check_skinny(residual, weight) is None):
-        return add_rms_norm_gemv(x, residual, norm_weight, eps, weight, bias)
-    return None
-
-
-@functools.cache
-def _norm_gemv_on() -> bool:
-    return os.environ.get("BRIGADE_CUDA_NORM_GEMV", "1") != "0"  # "0": the RMSNorm kernel at one row too (A/B)
-
-
 @functools.cache
 def _gemv_on() -> bool:
     return os.environ.get("BRIGADE_CUDA_GEMV", "1") != "0"  # "0": the tensor-core kernel at one row too (A/B)
@@ -110,5 +92,4 @@ def register_cuda_ops() -> None:
     if os.environ.get("BRIGADE_CUDA_SKINNY_GEMM", "1") != "0":  # "0": cuBLAS for every shape (A/B timing)
         from brigade.model_executor.layers.linear_method import register_dense_gemm
 
-        register_dense_gemm("cuda", dense_gemm_cuda, silu_mul_gemm=silu_mul_gemm_cuda,
-                            add_rms_norm_gemm=add_rms_norm_gemm_cuda)
+        register_dense_gemm("cuda", dense_gemm_cuda, silu_mul_gemm=silu_mul_gemm_cuda)

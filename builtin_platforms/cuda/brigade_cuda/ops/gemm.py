@@ -11,9 +11,10 @@ H200 with ``benchmarks/kernels/bench_gemm.py``.
 A single row (batch-1 decode) takes a second kernel, ``gemv``: no tensor cores and no padding to 16 rows;
 each program keeps a ``[BLOCK_N, BLOCK_K]`` fp32 partial product in registers over the whole ``K`` and
 reduces it once at the end, so the loop is nothing but wide weight loads and FMAs. It can also compute
-its input as ``silu(gate) * up`` from a fused gate/up projection while it loads it (``gemv(silu_mul=True)``),
-or as the residual add and RMSNorm before a projection (``add_rms_norm_gemv``): the activation or the
-normalized row is then never written to memory and its kernel disappears from the step.
+its input as ``silu(gate) * up`` from a fused gate/up projection while it loads it (``gemv(silu_mul=True)``):
+the activation is then never written to memory and its kernel disappears from the step. (Folding the
+residual add and RMSNorm into the qkv and gate_up GEMVs the same way was measured slower on the H200, see
+``docs/benchmarks.md``: the extra per-iteration loads cost more than the norm kernel they remove.)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from brigade_cuda.pdl import pdl_launch
+from brigade_cuda.pdl import gdc_prologue, pdl_launch
 
 
 MAX_ROWS = 16  # x rows the kernel takes (tl.dot's smallest M); larger batches go to cuBLAS
@@ -35,7 +36,7 @@ MAX_ROWS = 16  # x rows the kernel takes (tl.dot's smallest M); larger batches g
 @triton.jit
 def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                         HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False):
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False):
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -44,9 +45,8 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_w
     n_ok = offs_n[:, None] < N
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel first, then let the next one launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel, let the next one launch
+        gdc_prologue(PDL_EARLY)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
@@ -66,20 +66,17 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_w
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, g_ptr, r_out_ptr, eps, N, K, stride_wn,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
                  HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SILU_MUL: tl.constexpr,
-                 ADD_NORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 USE_PDL: tl.constexpr = False):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     n_ok = offs_n[:, None] < N
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel first, then let the next one launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel, let the next one launch
+        gdc_prologue(PDL_EARLY)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    sumsq = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         cols = k * BLOCK_K + offs_k
         if EVEN_K:
@@ -96,20 +93,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, g_ptr, r_out_ptr, eps, N, K,
             gate = x.to(tl.float32)
             act = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
             x = (act * up).to(x_ptr.dtype.element_ty)
-        if ADD_NORM:  # x + residual, rounded as the residual stream stores it; program 0 writes it out
-            h = (x.to(tl.float32) + tl.load(r_ptr + cols, mask=k_ok, other=0.0).to(tl.float32))
-            h = h.to(x_ptr.dtype.element_ty)
-            if pid == 0:
-                tl.store(r_out_ptr + cols, h, mask=k_ok)
-            h = h.to(tl.float32)
-            sumsq += h * h
-            # the norm weight now, the 1/rms scale (a per-row scalar) after the reduction below
-            x = h * tl.load(g_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         w_ptrs += BLOCK_K
     y = tl.sum(acc, 1)
-    if ADD_NORM:
-        y = y / tl.sqrt(tl.sum(sumsq, 0) / K + eps)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=offs_n < N)
@@ -173,57 +159,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"gemv {reason}")
     n, k = weight.shape
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    _launch_gemv(x, weight, bias, y, None, None, None, 0.0, tile or _gemv_tile(n, k, "silu_mul" if silu_mul else ""),
-                 silu_mul=silu_mul)
-    return y
-
-
-def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                      weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                      tile: tuple[int, int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``h = x + residual``, then ``rms_norm(h) * norm_weight @ weight.T + bias``, for one row, in one kernel.
-
-    This is a decoder layer's residual add, RMSNorm (Zhang & Sennrich 2019) and the next projection (qkv or
-    gate_up) without the norm's kernel: every program streams the whole row while it streams its weight rows
-    anyway, so it accumulates ``sum(h**2)`` on the way and applies the per-row ``1/rms`` to its outputs at the
-    end (``W @ (h * g) / rms == W @ (h / rms * g)``). Rounding: ``h`` is rounded to the model dtype as the
-    residual stream stores it; the normalized row is not rounded before the product (the unfused path rounds
-    it to the model dtype), so results agree with the unfused path to bf16 precision, not bit for bit.
-
-    Args:
-        x, residual: [1, K] fp16/bf16, last dimension contiguous; neither is modified.
-        norm_weight: [K] the RMSNorm weight. eps: added to the mean square.
-        weight: [N, K], bias: optional [N], as ``gemv``.
-
-    Returns: ``(y [1, N], h [1, K])``, new tensors: the projection and the new residual stream.
-
-    Raises:
-        ValueError: on more than one row or a layout the kernel cannot address.
-    """
-    reason = check_skinny(x, weight) or check_skinny(residual, weight)
-    if reason is None and (x.shape[0] != 1 or residual.shape != x.shape or residual.dtype != x.dtype):
-        reason = "takes exactly one row, x and residual of one shape and dtype"
-    if reason is None and (norm_weight.shape != (x.shape[1],) or norm_weight.stride(0) != 1):
-        reason = f"needs a contiguous [{x.shape[1]}] norm weight"
-    if reason is not None:
-        raise ValueError(f"add_rms_norm_gemv {reason}")
-    n, k = weight.shape
-    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    h = torch.empty_like(x)
-    _launch_gemv(x, weight, bias, y, residual, norm_weight, h, eps, tile or _gemv_tile(n, k, "add_rms_norm"),
-                 add_norm=True)
-    return y, h
-
-
-def _launch_gemv(x, weight, bias, y, residual, norm_weight, h, eps, tile, *, silu_mul=False, add_norm=False):
-    n, k = weight.shape
-    block_n, block_k, num_warps, num_stages = tile
+    block_n, block_k, num_warps, num_stages = tile or _gemv_tile(n, k, "silu_mul" if silu_mul else "")
     _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else y, y, residual if add_norm else y,
-        norm_weight if add_norm else y, h if add_norm else y, eps, n, k, weight.stride(0),
+        x, weight, bias if bias is not None else y, y, n, k, weight.stride(0),
         HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, EVEN_N=n % block_n == 0, SILU_MUL=silu_mul,
-        ADD_NORM=add_norm, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
-        **pdl_launch())
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **pdl_launch())
+    return y
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

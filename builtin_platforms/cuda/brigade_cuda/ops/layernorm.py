@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from brigade_cuda.pdl import pdl_launch
+from brigade_cuda.pdl import gdc_prologue, pdl_launch
 
 
 @triton.jit
@@ -22,11 +22,10 @@ def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, eps, hidden,
     stride_x, stride_residual, stride_out,
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False,
 ):
-    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel first, then let the next one launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel, let the next one launch
+        gdc_prologue(PDL_EARLY)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden

@@ -64,17 +64,6 @@ class LinearBase(nn.Module):
         """
         return self.quant_method.apply_silu_mul(self, x, self.bias)
 
-    def forward_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor,
-                             norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``(forward(norm(x + residual)), x + residual)`` with the add and the norm inside the GEMM, or None when
-        the layer's method has no such kernel for this input (the caller then runs ``norm`` and ``forward``).
-
-        Args: x, residual [num_tokens, input_size]; norm an ``RMSNorm`` (its ``weight`` and
-        ``variance_epsilon`` are read). Neither input is modified.
-        """
-        return self.quant_method.apply_add_rms_norm(self, x, residual, norm.weight, norm.variance_epsilon,
-                                                    self.bias)
-
     def extra_repr(self) -> str:
         return (f"in={self.input_size}, out={self.output_sizes}, bias={self.bias is not None}, "
                 f"method={type(self.quant_method).__name__}")

@@ -57,30 +57,15 @@ class LinearMethod(ABC):
         """
         return None
 
-    def apply_add_rms_norm(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor,
-                           norm_weight: torch.Tensor, eps: float,
-                           bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``(rms_norm(x + residual) * norm_weight @ W.T + b, x + residual)`` in one kernel, or None when this
-        method has none for ``x`` (the default; the caller then runs the norm and ``apply``).
-
-        Args: x, residual [num_tokens, input_size] in the model dtype; norm_weight [input_size]; eps added to
-        the mean square. Neither input is modified; both results are new tensors.
-        """
-        return None
-
 
 DenseGemm = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 # (gate_up [T, 2K], weight [N, K], bias) -> [T, N], or None for a shape the kernel does not take
 SiluMulGemm = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], "torch.Tensor | None"]
-# (x, residual, norm_weight, eps, weight, bias) -> (y, x + residual), or None for a shape it does not take
-AddRmsNormGemm = Callable[..., "tuple[torch.Tensor, torch.Tensor] | None"]
 _DENSE_GEMMS: dict[str, DenseGemm] = {}
 _SILU_MUL_GEMMS: dict[str, SiluMulGemm] = {}
-_ADD_RMS_NORM_GEMMS: dict[str, AddRmsNormGemm] = {}
 
 
-def register_dense_gemm(device_type: str, gemm: DenseGemm, *, silu_mul_gemm: SiluMulGemm | None = None,
-                        add_rms_norm_gemm: AddRmsNormGemm | None = None) -> None:
+def register_dense_gemm(device_type: str, gemm: DenseGemm, *, silu_mul_gemm: SiluMulGemm | None = None) -> None:
     """Use ``gemm(x, weight, bias)`` instead of ``F.linear`` for dense weights built on ``device_type``.
 
     Same contract as ``F.linear`` (x [T, K], weight [N, K], bias [N] or None -> [T, N]); a platform uses it
@@ -89,15 +74,11 @@ def register_dense_gemm(device_type: str, gemm: DenseGemm, *, silu_mul_gemm: Sil
 
     ``silu_mul_gemm(x, weight, bias)``, optional, computes ``silu(x[:, :K]) * x[:, K:]`` as the product's
     input inside the GEMM (the SwiGLU down projection without its activation kernel) and returns None for
-    shapes it does not take; ``LinearMethod.apply_silu_mul`` reaches it. ``add_rms_norm_gemm(x, residual,
-    norm_weight, eps, weight, bias)``, optional, runs a decoder layer's residual add and RMSNorm inside the
-    next projection's GEMM and returns ``(y, x + residual)`` or None; ``LinearMethod.apply_add_rms_norm``
-    reaches it.
+    shapes it does not take; ``LinearMethod.apply_silu_mul`` reaches it.
 
     Raises ValueError when ``device_type`` already has a different function.
     """
-    tables = ((_DENSE_GEMMS, gemm, "dense GEMM"), (_SILU_MUL_GEMMS, silu_mul_gemm, "SiLU-mul GEMM"),
-              (_ADD_RMS_NORM_GEMMS, add_rms_norm_gemm, "add-RMSNorm GEMM"))
+    tables = ((_DENSE_GEMMS, gemm, "dense GEMM"), (_SILU_MUL_GEMMS, silu_mul_gemm, "SiLU-mul GEMM"))
     for table, fn, what in tables:
         existing = table.get(device_type)
         if fn is not None and existing is not None and existing is not fn:
@@ -110,7 +91,7 @@ def register_dense_gemm(device_type: str, gemm: DenseGemm, *, silu_mul_gemm: Sil
 
 def unregister_dense_gemm(device_type: str) -> None:
     """Forget the functions for ``device_type`` (layers built afterwards use ``F.linear``)."""
-    for table in (_DENSE_GEMMS, _SILU_MUL_GEMMS, _ADD_RMS_NORM_GEMMS):
+    for table in (_DENSE_GEMMS, _SILU_MUL_GEMMS):
         table.pop(device_type, None)
 
 
@@ -130,20 +111,12 @@ class UnquantizedLinearMethod(LinearMethod):
         layer.register_parameter("weight", weight)
         self.gemm = dense_gemm_for_default_device()
         self.silu_mul_gemm = _SILU_MUL_GEMMS.get(torch.get_default_device().type)
-        self.add_rms_norm_gemm = _ADD_RMS_NORM_GEMMS.get(torch.get_default_device().type)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return self.gemm(x, layer.weight, bias)
 
     def apply_silu_mul(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
         return None if self.silu_mul_gemm is None else self.silu_mul_gemm(x, layer.weight, bias)
-
-    def apply_add_rms_norm(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor,
-                           norm_weight: torch.Tensor, eps: float,
-                           bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if self.add_rms_norm_gemm is None:
-            return None
-        return self.add_rms_norm_gemm(x, residual, norm_weight, eps, layer.weight, bias)
 
 
 class QuantizationConfig(ABC):

@@ -26,7 +26,7 @@ from brigade.attention.backend import AttentionBackend, AttentionContext
 from brigade.model_executor.layers.activation import SiluAndMul
 from brigade.model_executor.layers.attention import Attention
 from brigade.model_executor.layers.layernorm import RMSNorm
-from brigade.model_executor.layers.linear import Linear, LinearBase, MergedColumnLinear, QKVLinear
+from brigade.model_executor.layers.linear import Linear, MergedColumnLinear, QKVLinear
 from brigade.model_executor.layers.linear_method import QuantizationConfig, get_linear_method
 from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope_parameters
 from brigade.model_executor.layers.vocab import LMHead, VocabEmbedding
@@ -65,10 +65,7 @@ class LlamaMLP(nn.Module):
         Where the platform folds SiLU-and-mul into the down projection's GEMM for this batch (the CUDA
         platform at one token), the activation is never materialized; otherwise it runs as its own op.
         """
-        return self.down(self.gate_up_proj(x))
-
-    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """The activation and down projection. Args: gate_up [T, 2 * intermediate]. Returns [T, hidden]."""
+        gate_up = self.gate_up_proj(x)
         out = self.down_proj.forward_silu_mul(gate_up)
         return out if out is not None else self.down_proj(self.act_fn(gate_up))
 
@@ -95,11 +92,7 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """Args: positions [T] int64, hidden_states [T, hidden]. Returns [T, hidden]."""
-        return self.attend(positions, self.qkv_proj(hidden_states), ctx)
-
-    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        """Rotary, paged attention and the output projection. Args: qkv [T, (H + 2 Hkv) * D]. Returns [T, hidden]."""
-        q, k, v = self.qkv_proj.split(qkv)  # [T, H*D], [T, Hkv*D], [T, Hkv*D]
+        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden_states))  # [T, H*D], [T, Hkv*D], [T, Hkv*D]
         # The backend applies the rotation (and may fuse it into its KV-cache write).
         return self.o_proj(self.attn(q, k, v, ctx, positions=positions, rotary_emb=self.rotary_emb))
 
@@ -122,33 +115,15 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
                 ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (this layer's output, running residual); their sum is the HF layer's output.
-
-        Each norm goes through ``add_rms_norm_linear`` with the projection after it, so a platform that folds
-        the residual add and RMSNorm into that projection's GEMM (the CUDA platform at one token) runs no
-        norm kernel at all.
-        """
-        attn = self.self_attn
+        """Returns (this layer's output, running residual); their sum is the HF layer's output."""
         if residual is None:
             residual = hidden_states
-            qkv = attn.qkv_proj(self.input_layernorm(hidden_states))
+            hidden_states = self.input_layernorm(hidden_states)
         else:
-            qkv, residual = add_rms_norm_linear(self.input_layernorm, attn.qkv_proj, hidden_states, residual)
-        hidden_states = attn.attend(positions, qkv, ctx)
-        gate_up, residual = add_rms_norm_linear(self.post_attention_layernorm, self.mlp.gate_up_proj,
-                                                hidden_states, residual)
-        return self.mlp.down(gate_up), residual
-
-
-def add_rms_norm_linear(norm: RMSNorm, linear: LinearBase, x: torch.Tensor,
-                        residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(linear(norm(x + residual)), x + residual)``: in one kernel where the linear layer's method has one for
-    this batch (``LinearBase.forward_add_rms_norm``), else the fused-add norm then the GEMM."""
-    fused = linear.forward_add_rms_norm(x, residual, norm)
-    if fused is not None:
-        return fused
-    hidden, residual = norm(x, residual)
-    return linear(hidden), residual
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states, ctx)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
 
 
 class LlamaModel(nn.Module):
