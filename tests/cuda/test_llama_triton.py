@@ -49,6 +49,10 @@ def test_fast_path_matches_pytorch_path(dtype, tol, cuda_ops_registered, paged_b
     with torch.device("cuda"):
         fast = LlamaForCausalLM(hf_config, dtype=dtype, attn_backend=TritonAttentionBackend).eval()
     fast.load_state_dict(slow.state_dict())
+    # The truth both paths are measured against: the same weights on the PyTorch path in fp32.
+    exact = LlamaForCausalLM(hf_config, dtype=torch.float32, attn_backend=ReferenceAttentionBackend)
+    exact.load_state_dict(slow.state_dict())
+    exact = exact.cuda().eval()
     impls = {type(m).__name__: m.impl_name for m in fast.modules() if hasattr(m, "impl_name")}
     assert set(impls.values()) == {"cuda"}, impls
     assert {m.impl_name for m in slow.modules() if hasattr(m, "impl_name")} == {"native"}
@@ -62,9 +66,14 @@ def test_fast_path_matches_pytorch_path(dtype, tol, cuda_ops_registered, paged_b
         with torch.inference_mode():
             ref = slow.compute_logits(slow(input_ids, positions, AttentionContext(
                 batch.metadata, [c.clone() for c in caches])))
+            truth = exact.compute_logits(exact(input_ids, positions, AttentionContext(
+                batch.metadata, [c.float() for c in caches])))
             out = fast.compute_logits(fast(input_ids, positions, AttentionContext(batch.metadata, caches)))
-        err = rel_err(out, ref)
-        assert err < tol, f"logits relative error {err:.2e} at step {query_lens}"
+        # In bf16 the two paths round differently; the fast one must be as close to fp32 as the PyTorch one
+        # (within 1.5x) or within tol of it. In fp32 the PyTorch path is the truth, so tol applies as is.
+        err, slow_err = rel_err(out, truth), rel_err(ref, truth)
+        assert err < max(tol, 1.5 * slow_err), (f"logits relative error {err:.2e} against fp32 at step {query_lens} "
+                                                f"(PyTorch path in {dtype}: {slow_err:.2e})")
     if dtype == torch.bfloat16:  # the one-decode step took the one-row kernels (fp32 keeps the GEMM paths)
         layers = hf_config.num_hidden_layers
         assert folds.count(True) == layers  # SiLU-and-mul folded into every down projection
