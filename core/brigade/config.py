@@ -201,6 +201,23 @@ class BrigadeConfig:
             raise ConfigError(f"--max-num-batched-tokens {sc.max_num_batched_tokens} is below --max-model-len "
                               f"{mc.max_model_len}; without chunked prefill it must be at least that")
 
+    def check_supported(self) -> None:
+        """Refuse, in one line, settings that parse (they are vLLM's flags) but that this build cannot run yet,
+        so they fail before anything loads instead of later or, worse, silently.
+
+        Raises:
+            ConfigError: tensor or pipeline parallelism above 1; a KV connector (``--kv-transfer-config``):
+                the hook and flag exist for connector plugins, but the scheduler and model runner do not
+                call connectors yet.
+        """
+        world = self.parallel_config.world_size
+        if world != 1:
+            raise ConfigError(f"tensor/pipeline parallelism of {world} is not implemented yet; run with -tp 1 -pp 1")
+        if self.kv_transfer_config is not None:
+            raise ConfigError(f"--kv-transfer-config: KV connector {self.kv_transfer_config.kv_connector!r} is "
+                              "installed, but this Brigade does not run KV connectors yet (its scheduler and model "
+                              "runner make no connector calls); remove --kv-transfer-config")
+
     def compute_hash(self) -> str:
         """A hash of every field that changes the compute graph (for compile caches)."""
         factors = dataclasses.asdict(self)

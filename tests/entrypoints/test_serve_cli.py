@@ -132,3 +132,23 @@ def test_serve_refuses_before_starting_the_engine(smollm2_path, flags, expected,
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert proc.returncode == code and len(errors) == 1 and expected in errors[0], proc.stderr[-2000:]
     assert "tensors from" not in proc.stderr  # no model was loaded
+
+
+@pytest.mark.parametrize("command", [["generate", "Hello"], ["bench", "latency"], ["bench", "throughput"]])
+def test_other_commands_refuse_parallelism_before_loading(smollm2_path, command):
+    """`-tp 2` is refused in one line by every command that starts an engine, before any weight is read."""
+    argv = [*command[:1], *command[1:], str(smollm2_path)] if command[0] == "generate" else [*command, str(smollm2_path)]
+    proc = subprocess.run([*brigade_command(), *argv, "-tp", "2"], capture_output=True, text=True, timeout=120)
+    errors = [line for line in proc.stderr.splitlines() if "tensor/pipeline parallelism of 2" in line]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert "tensors from" not in proc.stderr
+
+
+def test_llm_refuses_a_kv_connector_it_cannot_run(smollm2_path):
+    """A configured KV connector is never ignored: the engine refuses it, naming it, before loading weights."""
+    from brigade.config import ConfigError
+    from brigade.entrypoints.llm import LLM
+
+    with pytest.raises(ConfigError, match=r"KV connector 'shm' is installed, but this Brigade does not run KV "
+                                          r"connectors yet.*remove --kv-transfer-config"):
+        LLM(str(smollm2_path), kv_transfer_config={"kv_connector": "shm", "kv_role": "kv_both"})

@@ -71,6 +71,7 @@ def run_throughput(args: argparse.Namespace) -> int:
     from brigade.entrypoints.cli.engine_args import config_from_args
 
     config = config_from_args(args)
+    config.check_supported()  # ConfigError: one line from the CLI's main, before the model loads
     platform = _platform()
     seed = 0 if args.seed is None else args.seed
     setup: dict[str, object] = {}
@@ -117,6 +118,7 @@ def run_latency(args: argparse.Namespace) -> int:
     from brigade.model_executor.loader import get_hf_config
 
     config = config_from_args(args)
+    config.check_supported()  # ConfigError: one line from the CLI's main, before the model loads
     platform = _platform()
     seed = 0 if args.seed is None else args.seed
     hf_config = get_hf_config(config.model_config.model)
@@ -223,6 +225,7 @@ def run_serve(args: argparse.Namespace, serve_engine_argv: list[str]) -> int:
         from brigade.entrypoints.cli.engine_args import config_from_args
 
         engine_config = config_from_args(args)  # validates the flags before a server is started
+        engine_config.check_supported()
         url = urlparse(args.base_url)
         argv = [*serve_engine_argv, "--host", url.hostname, "--port", str(url.port or 80),
                 "--disable-log-requests", "--uvicorn-log-level", "warning"]

@@ -17,7 +17,12 @@ class Executor(ABC):
 
     @staticmethod
     def get_class(config: BrigadeConfig) -> type[Executor]:
-        """uni for one device (or when asked), mp for several."""
+        """uni for one device (or when asked), mp for several.
+
+        Raises:
+            ConfigError: settings this build cannot run (``BrigadeConfig.check_supported``).
+        """
+        config.check_supported()
         backend = config.parallel_config.distributed_executor_backend
         if backend is None:
             backend = "uni" if config.parallel_config.world_size == 1 else "mp"

@@ -17,6 +17,8 @@ while capturing (``TritonAttentionBackend.decode_num_splits``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -34,9 +36,12 @@ def _decode_split_kernel(
     stride_q_t, stride_q_h, stride_out_t, stride_out_h,
     stride_cache_block, stride_cache_tok, stride_cache_h, stride_bt_r,
     stride_mid_r, stride_mid_h, stride_mid_s, num_splits,
+    k_new_ptr, v_new_ptr, positions_ptr, cos_sin_ptr, slot_ptr,
+    stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h, stride_cos_sin,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, ROPE: tl.constexpr = False, HALF: tl.constexpr = 1, IS_NEOX: tl.constexpr = True,
+    USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False,
 ):
     if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel, let the next one launch
         gdc_prologue(PDL_EARLY)
@@ -54,17 +59,31 @@ def _decode_split_kernel(
     head_mask = group < GROUP
     dims = tl.arange(0, HEAD_P2)
     dim_mask = dims < HEAD_SIZE
-    q = tl.load(q_ptr + req.to(tl.int64) * stride_q_t + heads[:, None] * stride_q_h + dims[None, :],
-                mask=head_mask[:, None] & dim_mask[None, :], other=0.0)  # [G, D]
+    q_rows = q_ptr + req.to(tl.int64) * stride_q_t + heads[:, None] * stride_q_h
+    q_mask = head_mask[:, None] & dim_mask[None, :]
+    q = tl.load(q_rows + dims[None, :], mask=q_mask, other=0.0)  # [G, D]
+    cache_end = end
+    if ROPE:  # this step's query and key arrive unrotated; see decode_attention's ``rope``
+        last = seq_len - 1  # the new token's position in the context; its K/V is not in the cache yet
+        cache_end = tl.minimum(end, last)
+        cos, sin, partner = _rope_lanes(positions_ptr + req, cos_sin_ptr, stride_cos_sin, dims, HALF, IS_NEOX)
+        q_pair = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
+        q = (q.to(tl.float32) * cos[None, :] + q_pair * sin[None, :]).to(q_ptr.dtype.element_ty)
+        k_row = k_new_ptr + req.to(tl.int64) * stride_kn_t + kv_head * stride_kn_h
+        k_new = tl.load(k_row + dims, mask=dim_mask, other=0.0).to(tl.float32) * cos \
+            + tl.load(k_row + partner, mask=dim_mask, other=0.0).to(tl.float32) * sin
+        k_new = k_new.to(k_new_ptr.dtype.element_ty)  # [D], rounded as the rotary kernel stores it
+        v_new = tl.load(v_new_ptr + req.to(tl.int64) * stride_vn_t + kv_head * stride_vn_h + dims, mask=dim_mask,
+                        other=0.0)
 
     m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_P2], tl.float32)
     acc = tl.zeros([GROUP_P2, HEAD_P2], tl.float32)
     bt_row = block_table_ptr + req.to(tl.int64) * stride_bt_r
     head_off = kv_head * stride_cache_h
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in range(start, cache_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
-        pos_mask = pos < end
+        pos_mask = pos < cache_end
         block = tl.load(bt_row + pos // BLOCK_SIZE, mask=pos_mask, other=0).to(tl.int64)
         row = block * stride_cache_block + (pos % BLOCK_SIZE) * stride_cache_tok + head_off  # [N]
         kv_mask = pos_mask[:, None] & dim_mask[None, :]
@@ -79,6 +98,22 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
+    if ROPE:
+        if (last >= start) & (last < end):  # the split that owns the new token attends to it from registers
+            s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale_log2  # [G]
+            m_new = tl.maximum(m_i, s_new)
+            alpha = tl.exp2(m_i - m_new)
+            p_new = tl.exp2(s_new - m_new)
+            l_i = l_i * alpha + p_new
+            acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
+            m_i = m_new
+        if split == 0:  # and one program per (request, KV head) writes it to the cache (slot -1: padding)
+            slot = tl.load(slot_ptr + req).to(tl.int64)
+            if slot >= 0:
+                dst = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_tok + head_off
+                tl.store(k_cache_ptr + dst + dims, k_new.to(k_cache_ptr.dtype.element_ty), mask=dim_mask)
+                tl.store(v_cache_ptr + dst + dims, v_new.to(v_cache_ptr.dtype.element_ty), mask=dim_mask)
+
     # An empty split (or a zero-length padding request) has l_i == 0: emit zeros and weight -inf.
     has_any = l_i > 0
     o = acc / tl.where(has_any, l_i, 1.0)[:, None]
@@ -91,6 +126,28 @@ def _decode_split_kernel(
         tl.store(mid_o_ptr + mid[:, None] * HEAD_P2 + dims[None, :], o, mask=out_mask)
         lse = tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf"))
         tl.store(mid_lse_ptr + mid, lse, mask=head_mask)
+
+
+@triton.jit
+def _rope_lanes(position_ptr, cos_sin_ptr, stride_cos_sin, dims, HALF: tl.constexpr, IS_NEOX: tl.constexpr):
+    """Per channel d of a head: cos, signed sin and the partner channel p such that the rotated value is
+    ``x[d] * cos + x[p] * sin`` (the pairwise rotation of ``ops/rotary.py``, written per channel). Channels
+    past the rotary dimension get cos 1 and sin 0."""
+    pos = tl.load(position_ptr).to(tl.int64)
+    rotated = dims < 2 * HALF
+    if IS_NEOX:  # pairs (i, i + HALF)
+        first = dims < HALF
+        pair = tl.where(first, dims, dims - HALF)
+        partner = tl.where(first, dims + HALF, dims - HALF)
+    else:  # pairs (2i, 2i + 1)
+        first = dims % 2 == 0
+        pair = dims // 2
+        partner = tl.where(first, dims + 1, dims - 1)
+    cos = tl.load(cos_sin_ptr + pos * stride_cos_sin + pair, mask=rotated, other=1.0).to(tl.float32)
+    sin = tl.load(cos_sin_ptr + pos * stride_cos_sin + HALF + pair, mask=rotated, other=0.0).to(tl.float32)
+    sin = tl.where(first, -sin, sin)
+    partner = tl.where(rotated, partner, dims)
+    return cos, sin, partner
 
 
 @triton.jit
@@ -134,9 +191,27 @@ def choose_num_splits(num_decodes: int, num_kv_heads: int, max_seq_len: int, num
     return max(1, min(wanted, useful, max_splits))
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeRope:
+    """This step's unrotated keys and values and the rotary table, for ``decode_attention(rope=...)``.
+
+    key, value: [num_tokens, num_kv_heads, head_size] (row i: decode request i), last dimension contiguous;
+    positions: [num_tokens] int; slot_mapping: [num_tokens] int (-1: padding, nothing written);
+    cos_sin_cache: [max_position, rotary_dim] fp32, cos then sin, rows contiguous; is_neox_style as rotary.
+    """
+
+    key: torch.Tensor
+    value: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    is_neox_style: bool = True
+
+
 def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, out: torch.Tensor, *, num_decodes: int, num_splits: int,
-                     scale: float, block_n: int = 64, num_warps: int = 4, num_stages: int = 3) -> None:
+                     scale: float, block_n: int = 64, num_warps: int = 4, num_stages: int = 3,
+                     rope: DecodeRope | None = None) -> None:
     """Paged attention for ``num_decodes`` single-token requests, written into ``out[:num_decodes]``.
 
     Args:
@@ -147,6 +222,10 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         num_decodes: requests (and leading query rows) to process; num_splits: context chunks per request.
         scale: softmax scale (usually head_size ** -0.5).
         block_n, num_warps, num_stages: tile tuning knobs (tokens per inner step, Triton launch options).
+        rope: when given, ``query`` is unrotated and this step's K/V are not in the cache yet: the kernel
+            rotates the query and the new key in registers, attends to the new token from registers and
+            writes its rotated key and value to the cache (one program per request and KV head), so the
+            step needs no rotary and no KV-write kernel. ``query`` is left unrotated.
     """
     if num_decodes == 0:
         return
@@ -163,15 +242,22 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     else:
         mid_o = mid_lse = out  # unused by the kernel with a single split
     mid_strides = (num_heads * num_splits, num_splits, 1)
+    if rope is not None:
+        rope_args = (rope.key, rope.value, rope.positions, rope.cos_sin_cache, rope.slot_mapping,
+                     rope.key.stride(0), rope.key.stride(1), rope.value.stride(0), rope.value.stride(1),
+                     rope.cos_sin_cache.stride(0))
+        rope_kw = {"ROPE": True, "HALF": rope.cos_sin_cache.shape[1] // 2, "IS_NEOX": rope.is_neox_style}
+    else:
+        rope_args, rope_kw = (query, query, seq_lens, query, seq_lens, 0, 0, 0, 0, 0), {}
     _decode_split_kernel[(num_decodes, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_table, seq_lens, out, mid_o, mid_lse,
         scale * LOG2E,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
-        *mid_strides, num_splits,
+        *mid_strides, num_splits, *rope_args,
         BLOCK_SIZE=block_size, GROUP=group, GROUP_P2=max(16, triton.next_power_of_2(group)),
         HEAD_SIZE=head_size, HEAD_P2=head_p2, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1,
-        DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages, **pdl_launch(),
+        DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages, **rope_kw, **pdl_launch(),
     )
     if num_splits > 1:
         _decode_merge_kernel[(num_decodes, num_heads)](
@@ -181,4 +267,4 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         )
 
 
-__all__ = ["choose_num_splits", "decode_attention"]
+__all__ = ["DecodeRope", "choose_num_splits", "decode_attention"]

@@ -24,7 +24,7 @@ import torch
 
 from brigade.attention.backend import AttentionBackend, AttentionMetadata
 from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding
-from brigade_cuda.attention.decode import choose_num_splits, decode_attention
+from brigade_cuda.attention.decode import DecodeRope, choose_num_splits, decode_attention
 from brigade_cuda.attention.kv_write import has_contiguous_blocks, write_kv_cache
 from brigade_cuda.attention.prefill import prefill_attention
 from brigade_cuda.attention.rotary_kv_write import rotary_write_kv_cache
@@ -37,6 +37,14 @@ def fused_rope_kv_enabled() -> bool:
     Read once per process; tests call ``fused_rope_kv_enabled.cache_clear()`` after changing the env.
     """
     return os.environ.get("BRIGADE_CUDA_FUSED_ROPE_KV", "1") != "0"
+
+
+@functools.cache
+def decode_rope_enabled() -> bool:
+    """True when ``BRIGADE_CUDA_DECODE_ROPE=1``: pure-decode steps rotate and write the new K/V inside the
+    decode attention kernel (``decode_attention(rope=...)``), with no rotary/KV-write kernel at all. Off by
+    default until it is timed on a GPU (it is checked against the two-kernel path by tests/cuda)."""
+    return os.environ.get("BRIGADE_CUDA_DECODE_ROPE", "0") == "1"
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -93,6 +101,8 @@ class TritonAttentionBackend(AttentionBackend):
         """
         if not (fused_rope_kv_enabled() and self._can_fuse(rotary_emb, query, key, value, kv_cache)):
             return super().forward_rotary(positions, query, key, value, kv_cache, metadata, rotary_emb)
+        if decode_rope_enabled() and metadata.num_decodes == metadata.num_reqs:
+            return self._decode_with_rope(positions, query, key, value, kv_cache, metadata, rotary_emb)
         num_tokens = metadata.num_actual_tokens
         rotary_write_kv_cache(positions[:num_tokens], query[:num_tokens], key[:num_tokens], value[:num_tokens],
                               kv_cache, metadata.slot_mapping[:num_tokens], rotary_emb.cos_sin_cache,
@@ -109,6 +119,22 @@ class TritonAttentionBackend(AttentionBackend):
                 and table.shape[1] == rotary_emb.rotary_dim and table.device == query.device
                 and query.stride(-1) == 1 and key.stride(-1) == 1 and value.stride(-1) == 1
                 and has_contiguous_blocks(kv_cache))
+
+    def _decode_with_rope(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                          value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
+                          rotary_emb: RotaryEmbedding) -> torch.Tensor:
+        """A pure-decode step in one kernel (two with a split merge): rotary, KV write and attention."""
+        if query.stride(-1) != 1:
+            query = query.contiguous()
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        n = metadata.num_decodes
+        num_splits = self.decode_num_splits or choose_num_splits(
+            n, self.num_kv_heads, metadata.max_seq_len, self._multiprocessors(query.device))
+        rope = DecodeRope(key=key, value=value, positions=positions, slot_mapping=metadata.slot_mapping,
+                          cos_sin_cache=rotary_emb.cos_sin_cache, is_neox_style=rotary_emb.is_neox_style)
+        decode_attention(query, kv_cache, metadata.block_table, metadata.seq_lens, out, num_decodes=n,
+                         num_splits=num_splits, scale=self.scale, rope=rope)
+        return out
 
     def _attend(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         """Decode and prefill attention over the cache, which already holds this step's K/V."""

@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from brigade.sampling_params import InvalidParamError, SamplingParams
 
     config = config_from_args(args)
+    config.check_supported()  # ConfigError: one line from the CLI's main, before the model loads
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.sample_seed, stop=args.stop)

@@ -84,9 +84,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         settings = settings_from_args(args)
-        if config.parallel_config.world_size != 1:  # the executors refuse it too, but only after start-up
-            raise ConfigError(f"tensor/pipeline parallelism of {config.parallel_config.world_size} is not "
-                              "implemented yet; run with -tp 1 -pp 1")
+        config.check_supported()  # the engine refuses these too, but only after start-up
     except ConfigError as exc:
         print(f"brigade serve: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
