@@ -115,6 +115,9 @@ class SchedulerConfig:
             raise ConfigError(f"--max-num-batched-tokens must be at least 1, got {self.max_num_batched_tokens}")
         if self.policy not in ("fcfs", "priority"):
             raise ConfigError(f"--scheduling-policy {self.policy!r} is not known; use fcfs or priority")
+        if self.long_prefill_token_threshold < 0:
+            raise ConfigError(f"--long-prefill-token-threshold must be 0 (off) or more, got "
+                              f"{self.long_prefill_token_threshold}")
 
 
 @dataclass
@@ -206,13 +209,21 @@ class BrigadeConfig:
         so they fail before anything loads instead of later or, worse, silently.
 
         Raises:
-            ConfigError: tensor or pipeline parallelism above 1; a KV connector (``--kv-transfer-config``):
+            ConfigError: tensor, pipeline or data parallelism above 1; the ray executor; a KV connector
+                (``--kv-transfer-config``):
                 the hook and flag exist for connector plugins, but the scheduler and model runner do not
                 call connectors yet.
         """
-        world = self.parallel_config.world_size
+        parallel = self.parallel_config
+        world = parallel.world_size
         if world != 1:
             raise ConfigError(f"tensor/pipeline parallelism of {world} is not implemented yet; run with -tp 1 -pp 1")
+        if parallel.data_parallel_size != 1:
+            raise ConfigError(f"data parallelism of {parallel.data_parallel_size} is not implemented yet; run with "
+                              "-dp 1 (or one server per device behind a load balancer)")
+        if parallel.distributed_executor_backend not in (None, "uni", "mp"):
+            raise ConfigError(f"--distributed-executor-backend {parallel.distributed_executor_backend} is not "
+                              "available in this build; use uni or mp")
         if self.kv_transfer_config is not None:
             raise ConfigError(f"--kv-transfer-config: KV connector {self.kv_transfer_config.kv_connector!r} is "
                               "installed, but this Brigade does not run KV connectors yet (its scheduler and model "

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 
-from brigade.config import ModelConfig
+from brigade.config import ConfigError, ModelConfig
 
 
 def get_tokenizer(model_config: ModelConfig):
     """Load the model's fast tokenizer from its directory (None with ``skip_tokenizer_init``).
 
     Raises:
-        ValueError: when the directory has no usable tokenizer.
+        ConfigError (a ValueError): when the directory has no usable tokenizer.
     """
     from transformers import AutoTokenizer
 
@@ -21,7 +21,7 @@ def get_tokenizer(model_config: ModelConfig):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot load a tokenizer from {path!r}: {exc}") from exc
+        raise ConfigError(f"cannot load a tokenizer from {path!r}: {exc}") from exc
     if model_config.chat_template is not None:
         template = model_config.chat_template
         if os.path.isfile(template):

@@ -47,14 +47,14 @@ def tiny_llama(tmp_path_factory):
     {"enforce_eager": True},
     {"async_scheduling": False},
     {"max_num_batched_tokens": 64, "enable_prefix_caching": True},
-    {"num_gpu_blocks_override": 24, "block_size": 16},  # forces preemption while steps overlap
+    {"num_gpu_blocks_override": 24, "block_size": 16, "max_model_len": 384},  # preemption while steps overlap
 ], ids=["cudagraphs", "eager", "sync", "chunked", "preemption"])
 def test_engine_greedy_equals_transformers_on_gpu(tiny_llama, kwargs):
     from brigade import LLM, SamplingParams
 
     path, prompts, expected = tiny_llama
-    llm = LLM(path, dtype="float32", skip_tokenizer_init=True, max_model_len=512, gpu_memory_utilization=0.3,
-              **kwargs)
+    llm = LLM(path, dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.3,
+              **{"max_model_len": 512, **kwargs})
     assert llm.engine.core.overlap == kwargs.get("async_scheduling", True)
     runner = llm.engine.core.executor.worker.model_runner
     assert runner.attn_backend.name == "triton"

@@ -48,14 +48,15 @@ def expected(hf_reference, prompt_token_ids):
 CONFIGS = {
     "default": {},
     "chunked_prefill": {"max_num_batched_tokens": 16},
-    "preemption": {"num_gpu_blocks_override": 24, "block_size": 16},
+    # 24 blocks of 16 tokens: one request of max_model_len fits, a few of them together do not.
+    "preemption": {"num_gpu_blocks_override": 24, "block_size": 16, "max_model_len": 384},
     "no_prefix_caching": {"enable_prefix_caching": False},
 }
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_greedy_tokens_equal_transformers(name, smollm2_path, prompt_token_ids, expected):
-    llm = LLM(str(smollm2_path), dtype="float32", max_model_len=512, **CONFIGS[name])
+    llm = LLM(str(smollm2_path), dtype="float32", **{"max_model_len": 512, **CONFIGS[name]})
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, logprobs=0)
     outputs = llm.generate(prompt_token_ids, params, use_tqdm=False)
     for i, (out, ref) in enumerate(zip(outputs, expected)):

@@ -72,11 +72,38 @@ def test_defaults_and_model_flag(smollm2_path):
     (["--kv-transfer-config", '{"kv_connector": "shm", "kv_rank": 0}'],
      "--kv-transfer-config has unknown keys ['kv_rank']; allowed: kv_connector, kv_role, kv_connector_extra_config"),
     (["--kv-transfer-config", '{"kv_connector": "shm", "kv_role": "both"}'], "kv_role 'both' is not known"),
+    (["--chat-template", "/no/such/template.jinja"],
+     "--chat-template '/no/such/template.jinja' is not a file and has no Jinja markup"),
+    (["--tokenizer", "/no/such/tokenizer"], "--tokenizer '/no/such/tokenizer' is not a folder"),
+    (["--generation-config", "/no/such/dir"], "--generation-config '/no/such/dir' is not a folder; use auto, none"),
+    (["--long-prefill-token-threshold", "-1"], "--long-prefill-token-threshold must be 0 (off) or more, got -1"),
 ])
 def test_bad_values_name_the_flag(smollm2_path, flags, expected):
     with pytest.raises(ConfigError) as info:
         config_from_args(parse(str(smollm2_path), *flags))
     assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["-tp", "2"], "tensor/pipeline parallelism of 2 is not implemented yet"),
+    (["-dp", "2"], "data parallelism of 2 is not implemented yet; run with -dp 1"),
+    (["--distributed-executor-backend", "ray"], "--distributed-executor-backend ray is not available in this build"),
+    (["--kv-transfer-config", '{"kv_connector": "shm"}'], "KV connector 'shm' is installed, but this Brigade does "
+                                                          "not run KV connectors yet"),
+])
+def test_flags_this_build_cannot_run_are_refused(smollm2_path, flags, expected):
+    """vLLM's flags parse, but what the engine cannot run is refused in one line instead of ignored."""
+    config = config_from_args(parse(str(smollm2_path), *flags))
+    with pytest.raises(ConfigError) as info:
+        config.check_supported()
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_chat_template_text_is_still_accepted(smollm2_path, tmp_path):
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages[0]['content'] }}")
+    for value in (str(template), "{% for m in messages %}{{ m['content'] }}{% endfor %}"):
+        assert config_from_args(parse(str(smollm2_path), "--chat-template", value)).model_config.chat_template == value
 
 
 def test_model_errors():
@@ -152,3 +179,32 @@ def test_llm_refuses_a_kv_connector_it_cannot_run(smollm2_path):
     with pytest.raises(ConfigError, match=r"KV connector 'shm' is installed, but this Brigade does not run KV "
                                           r"connectors yet.*remove --kv-transfer-config"):
         LLM(str(smollm2_path), kv_transfer_config={"kv_connector": "shm", "kv_role": "kv_both"})
+
+
+def test_kv_cache_smaller_than_one_request_is_refused_at_start(smollm2_path):
+    """A cache that cannot hold one max_model_len request is refused (it would wait forever at the head of the
+    queue, holding every request behind it), in one line, naming both ways out."""
+    from brigade.config import ConfigError
+    from brigade.entrypoints.llm import LLM
+
+    with pytest.raises(ConfigError, match=r"the KV cache holds 64 tokens \(4 blocks of 16\), fewer than one request "
+                                          r"of --max-model-len 512; .* or set --max-model-len 64 or less"):
+        LLM(str(smollm2_path), max_model_len=512, num_gpu_blocks_override=4, block_size=16)
+    proc = subprocess.run([*brigade_command(), "serve", str(smollm2_path), "--max-model-len", "512",
+                           "--num-gpu-blocks-override", "4", "--port", "8797"], capture_output=True, text=True,
+                          timeout=180)
+    errors = [line for line in proc.stderr.splitlines() if "fewer than one request" in line]
+    assert proc.returncode != 0 and len(errors) == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_bench_errors_are_one_line(smollm2_path):
+    """A request set that cannot fit, and a server that is not there, are one line each, no traceback."""
+    too_long = subprocess.run([*brigade_command(), "bench", "throughput", str(smollm2_path), "--input-len", "9000",
+                               "--output-len", "8", "--num-prompts", "2"], capture_output=True, text=True, timeout=180)
+    assert too_long.returncode == 2 and "Traceback" not in too_long.stderr, too_long.stderr[-2000:]
+    assert "--input-len 9000 + --output-len 8 exceeds the max model length" in too_long.stderr
+    nobody = subprocess.run([*brigade_command(), "bench", "serve", str(smollm2_path), "--base-url", "http://127.0.0.1:9",
+                             "--num-prompts", "2"], capture_output=True, text=True, timeout=180)
+    assert nobody.returncode == 2 and "Traceback" not in nobody.stderr, nobody.stderr[-2000:]
+    assert "cannot reach a server at http://127.0.0.1:9" in nobody.stderr and "--launch" in nobody.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import logging
 import math
 import os
 import sys
@@ -19,6 +20,7 @@ import torch
 from brigade.benchmarks import results as rec
 from brigade.benchmarks.comparison import release_memory
 from brigade.benchmarks.datasets import make_requests, prompt_vocab_size, random_requests, token_counts
+from brigade.config import ConfigError
 
 _SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": "off", "ignore_eos": True}
 
@@ -186,7 +188,12 @@ def _server_facts(base_url: str, api_key: str | None, served_name: str | None) -
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     version = None
-    resp = httpx.get(base_url.rstrip("/") + "/version", timeout=10.0)
+    try:
+        resp = httpx.get(base_url.rstrip("/") + "/version", timeout=10.0)
+    except httpx.TransportError as exc:
+        raise ConfigError(f"cannot reach a server at {base_url} ({type(exc).__name__}: {exc}); start `brigade "
+                          "serve` there first, or pass --launch to start one with this command's engine flags") \
+            from None
     if resp.status_code == 200:
         version = resp.json().get("version")
     if served_name:
@@ -202,6 +209,7 @@ def run_serve(args: argparse.Namespace, serve_engine_argv: list[str]) -> int:
     from brigade.benchmarks.serve import run_serve_benchmark, serve_metrics
     from brigade.model_executor.loader import get_hf_config
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     model_dir = getattr(args, "model_tag", None) or args.model
     if not model_dir:
         print("brigade bench serve: pass MODEL (a local model directory): its config.json gives the vocabulary "

@@ -11,6 +11,8 @@ import math
 import random
 from dataclasses import dataclass
 
+from brigade.config import ConfigError
+
 DATASETS = ("random", "sharegpt-like")
 
 # ShareGPT-like lengths: lognormal (median, sigma), rounded and clipped to [MIN_LEN, MAX_LEN].
@@ -94,8 +96,8 @@ def make_requests(dataset: str, num_requests: int, *, input_len: int, output_len
     """
     if dataset == "random":
         if max_model_len is not None and input_len + output_len > max_model_len:
-            raise ValueError(f"--input-len {input_len} + --output-len {output_len} exceeds the max model length "
-                             f"{max_model_len}")
+            raise ConfigError(f"--input-len {input_len} + --output-len {output_len} exceeds the max model length "
+                              f"{max_model_len}")
         return random_requests(num_requests, input_len, output_len, vocab_size=vocab_size, seed=seed)
     if dataset == "sharegpt-like":
         return sharegpt_like_requests(num_requests, vocab_size=vocab_size, seed=seed, max_model_len=max_model_len)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from brigade.config import ConfigError
 from brigade.core.block_hash import BlockHash
 
 
@@ -89,7 +90,7 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, enable_caching: bool):
         if num_blocks < 2:
-            raise ValueError(f"the KV cache needs at least 2 blocks, got {num_blocks}; give it more memory")
+            raise ConfigError(f"the KV cache needs at least 2 blocks, got {num_blocks}; give it more memory")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from brigade.config import BrigadeConfig
+from brigade.config import BrigadeConfig, ConfigError
 from brigade.core.request import Request, RequestStatus
 from brigade.core.scheduler import Scheduler
 from brigade.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, UtilityMethod
@@ -34,6 +34,23 @@ def prepare_config(config: BrigadeConfig):
     return hf_config
 
 
+def check_kv_capacity(num_blocks: int, block_size: int, max_model_len: int) -> None:
+    """Refuse a KV cache that cannot hold one request of ``max_model_len`` tokens (as vLLM does at start-up).
+
+    Such a request could never be scheduled, even with every other request preempted, and would wait at the
+    head of the queue forever, holding everyone behind it.
+
+    Raises:
+        ConfigError: naming the capacity and both ways out.
+    """
+    capacity = num_blocks * block_size
+    if capacity < max_model_len:
+        raise ConfigError(f"the KV cache holds {capacity} tokens ({num_blocks} blocks of {block_size}), fewer than "
+                          f"one request of --max-model-len {max_model_len}; give the cache more memory "
+                          f"(--kv-cache-memory, --gpu-memory-utilization, --num-gpu-blocks-override) or set "
+                          f"--max-model-len {capacity} or less")
+
+
 class EngineCore:
     """Holds the scheduler and the executor; drives one step at a time."""
 
@@ -42,9 +59,10 @@ class EngineCore:
         hf_config = prepare_config(config)
         self.executor = Executor.get_class(config)(config, hf_config)
         num_blocks = self.executor.determine_num_kv_blocks()
-        self.executor.initialize_kv_cache(num_blocks)
         block_size = config.cache_config.block_size
         max_model_len = config.model_config.max_model_len
+        check_kv_capacity(num_blocks, block_size, max_model_len)
+        self.executor.initialize_kv_cache(num_blocks)
         logger.info("KV cache: %d blocks of %d tokens (%d tokens); maximum concurrency %.2fx at %d tokens "
                     "per request", num_blocks, block_size, num_blocks * block_size,
                     num_blocks * block_size / max_model_len, max_model_len)

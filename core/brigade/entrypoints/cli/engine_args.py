@@ -158,6 +158,25 @@ def _set(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
+def _check_paths(args: argparse.Namespace) -> None:
+    """Flags naming files or folders must name existing ones (Brigade never fetches from a hub).
+
+    ``--chat-template`` takes a file or the template text itself: a value with no Jinja markup (``{{``,
+    ``{%``, ``{#``) that is not a file is a path with a typo, not a template.
+    """
+    if args.tokenizer is not None and not os.path.isdir(args.tokenizer):
+        raise ConfigError(f"--tokenizer {args.tokenizer!r} is not a folder; give the folder holding tokenizer.json "
+                          "or tokenizer_config.json")
+    gen = args.generation_config
+    if gen not in (None, "auto", "none", "vllm") and not os.path.isdir(gen):
+        raise ConfigError(f"--generation-config {gen!r} is not a folder; use auto, none or the folder holding "
+                          "generation_config.json")
+    template = args.chat_template
+    if template is not None and not os.path.isfile(template) and not any(m in template for m in ("{{", "{%", "{#")):
+        raise ConfigError(f"--chat-template {template!r} is not a file and has no Jinja markup; give the path of "
+                          "a .jinja file or the template text")
+
+
 def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
     """Build the engine's BrigadeConfig from parsed engine flags.
 
@@ -179,6 +198,7 @@ def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
         _check_choice(flag, value, choices.get(kind, ()))
     if args.num_gpu_blocks_override is not None and args.num_gpu_blocks_override < 1:
         raise ConfigError(f"--num-gpu-blocks-override must be at least 1, got {args.num_gpu_blocks_override}")
+    _check_paths(args)
     model_config = ModelConfig(**_set(dict(
         model=model, tokenizer=args.tokenizer, served_model_name=args.served_model_name, dtype=args.dtype,
         max_model_len=args.max_model_len, seed=args.seed, load_format=args.load_format,

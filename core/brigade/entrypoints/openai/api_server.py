@@ -172,7 +172,7 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
             try:
                 stats = await asyncio.wait_for(engine.get_kv_cache_stats(), KV_STATS_TIMEOUT_S)
             except (TimeoutError, EngineDeadError) as exc:  # serve the last values rather than fail the scrape
-                logger.warning("KV cache gauges not refreshed: %s", exc or type(exc).__name__)
+                logger.warning("KV cache gauges not refreshed: %s", str(exc) or type(exc).__name__)
             else:
                 stat_logger.set_kv_cache_blocks(stats["num_free_blocks"], stats["num_total_blocks"])
         body, content_type = stat_logger.render()
