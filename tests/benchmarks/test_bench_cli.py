@@ -47,7 +47,7 @@ def check_throughput(values: dict, num_requests: int, num_output: int) -> None:
 
 def test_throughput_with_both_hf_peers(smollm2_path, tmp_path):
     out = tmp_path / "throughput.json"
-    proc = run_bench("throughput", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25",
+    proc = run_bench("throughput", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25", "--max-model-len", "2048",
                      "--num-prompts", "4", "--input-len", "16", "--output-len", "8", "--hf-peer", "both",
                      "--hf-batch-size", "3", "--output-json", str(out))
     record = load(out)
@@ -68,7 +68,7 @@ def test_throughput_with_both_hf_peers(smollm2_path, tmp_path):
 
 def test_latency_with_hf_peer(smollm2_path, tmp_path):
     out = tmp_path / "latency.json"
-    run_bench("latency", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25", "--batch-size", "2",
+    run_bench("latency", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25", "--max-model-len", "2048", "--batch-size", "2",
               "--input-len", "16", "--output-len", "6", "--num-iters-warmup", "1", "--num-iters", "2",
               "--hf-peer", "generate", "--output-json", str(out))
     record = load(out)
@@ -84,7 +84,7 @@ def test_latency_with_hf_peer(smollm2_path, tmp_path):
 
 def test_serve_launches_a_server_and_streams(smollm2_path, tmp_path, free_port):
     out = tmp_path / "serve.json"
-    proc = run_bench("serve", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25", "--launch",
+    proc = run_bench("serve", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25", "--max-model-len", "2048", "--launch",
                      "--base-url", f"http://127.0.0.1:{free_port}", "--num-prompts", "5", "--input-len", "12",
                      "--output-len", "6", "--request-rate", "20", "--output-json", str(out))
     assert "launching: brigade serve" in proc.stdout
@@ -128,7 +128,7 @@ def test_dummy_weights_on_a_shrunk_llama_8b_config(tmp_path, free_port):
     (model_dir / "config.json").write_text(json.dumps(config))
     out = tmp_path / "dummy.json"
     run_bench("throughput", str(model_dir), "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", "2048",
-              "--kv-cache-memory", "0.25", "--dataset", "sharegpt-like", "--num-prompts", "3", "--hf-peer", "generate",
+              "--kv-cache-memory", "0.25", "--max-model-len", "2048", "--dataset", "sharegpt-like", "--num-prompts", "3", "--hf-peer", "generate",
               "--output-json", str(out))
     record = load(out)
     bench = record["config"]["benchmark"]
@@ -139,7 +139,7 @@ def test_dummy_weights_on_a_shrunk_llama_8b_config(tmp_path, free_port):
     # The server checks prompt ids against its (synthetic, 259-id) tokenizer: the prompts must respect it.
     out = tmp_path / "dummy_serve.json"
     run_bench("serve", str(model_dir), "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", "2048",
-              "--kv-cache-memory", "0.25", "--launch", "--base-url", f"http://127.0.0.1:{free_port}",
+              "--kv-cache-memory", "0.25", "--max-model-len", "2048", "--launch", "--base-url", f"http://127.0.0.1:{free_port}",
               "--num-prompts", "3", "--input-len", "10", "--output-len", "4", "--output-json", str(out))
     metrics = load(out)["results"]["brigade"]
     assert (metrics["completed"], metrics["num_output_tokens"]) == (3, 12)
@@ -147,7 +147,7 @@ def test_dummy_weights_on_a_shrunk_llama_8b_config(tmp_path, free_port):
 
 def test_throughput_repeats_interleave_rounds_and_report_medians(smollm2_path, tmp_path):
     out = tmp_path / "repeats.json"
-    proc = run_bench("throughput", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25",
+    proc = run_bench("throughput", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25", "--max-model-len", "2048",
                      "--num-prompts", "3", "--input-len", "8", "--output-len", "4", "--hf-peer", "generate",
                      "--repeats", "3", "--output-json", str(out))
     assert "median of 3 interleaved rounds" in proc.stdout

@@ -63,6 +63,22 @@ def test_unknown_chat_role_is_a_400_naming_it_and_the_allowed_ones(server):
     assert out.choices[0].finish_reason in ("stop", "length") and out.usage.completion_tokens >= 1
 
 
+def test_null_content_is_refused_except_for_assistant_tool_calls(server):
+    """As OpenAI: a user (system, tool...) message needs content; only an assistant turn may carry tool calls
+    and no text."""
+    null_user = {"messages": [{"role": "user", "content": None}], "max_tokens": 2}
+    response = httpx.post(server.url("/v1/chat/completions"), json=null_user, timeout=60)
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == "messages", response.text
+    assert "messages[0].content: a user message needs content" in error["message"]
+    tool_turn = {"messages": [{"role": "user", "content": "hi"},
+                              {"role": "assistant", "content": None, "tool_calls": [
+                                  {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                              {"role": "tool", "tool_call_id": "c1", "content": "1"}], "max_tokens": 2}
+    response = httpx.post(server.url("/v1/chat/completions"), json=tool_turn, timeout=60)
+    assert response.status_code == 200, response.text
+
+
 @pytest.mark.parametrize("role", ["developer", "system"])
 def test_every_openai_role_is_accepted(server, role):
     body = {"messages": [{"role": role, "content": "Answer briefly."}, {"role": "user", "content": "hi"},

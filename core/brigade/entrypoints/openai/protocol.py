@@ -178,9 +178,13 @@ class ChatMessage(OpenAIBaseModel):
         """This message as the dict a chat template reads; list content is joined text.
 
         Raises:
-            InvalidParamError: a content part is not text (images, audio... are not supported).
+            InvalidParamError: a content part is not text (images, audio... are not supported), or a message
+                other than an assistant's (which may carry only tool calls) has no content, as OpenAI refuses.
         """
         content = self.content
+        if content is None and self.role != "assistant":
+            raise InvalidParamError(f"messages[{index}].content: a {self.role} message needs content (a string or "
+                                    "a list of text parts), got null", param="messages")
         if isinstance(content, list):
             texts = []
             for part in content:
