@@ -6,8 +6,8 @@ tail. With PDL a kernel is launched with ``launch_pdl=True``; each of its progra
 previous kernel in the stream to finish and flush (``gdc_wait``) and then allows the next kernel to be
 scheduled (``gdc_launch_dependents``), so the next kernel's launch and scheduling overlap this one's work.
 
-Correctness rule, kept by every kernel that takes ``USE_PDL``: ``gdc_wait`` is the first statement, before
-any global memory access, unconditionally. (Requesting the skinny GEMM's first weight tile ahead of the wait,
+Correctness rule, kept by every kernel that takes ``USE_PDL`` (through ``gdc_prologue``): ``gdc_wait`` comes
+before any global memory access, unconditionally. (Requesting the skinny GEMM's first weight tile ahead of the wait,
 which is safe because no kernel of a step writes weights, was measured slower on the H200: 4.54 against
 4.43 ms TPOT, the peeled first iteration costing more than the hidden latency.) A kernel therefore never completes before its predecessor, so
 "predecessor complete" holds transitively along the stream, and a kernel may read what any earlier kernel

@@ -9,6 +9,12 @@ the per-split partial results with their log-sum-exp weights. With one split the
 the output directly and the merge is skipped. The split count is a runtime argument (only "one or
 more" is compiled in), so varying it from step to step costs no recompilation.
 
+With ``rope`` (``DecodeRope``; ``BRIGADE_CUDA_DECODE_ROPE=1``, off by default until timed on a GPU) the
+step's query and key arrive unrotated and its K/V are not in the cache: each program rotates the query in
+registers, reads the cache up to the new token, the split that owns the new token attends to it from
+registers, and split 0 writes its rotated key and value to the cache. A decode layer then launches no
+rotary and no KV-write kernel.
+
 CUDA graphs: the launch grid is ``(num_decodes, num_kv_heads, num_splits)`` and every per-request
 quantity (context length, chunk bounds) is read on the device, so a graph captured for one
 ``(num_decodes, num_splits)`` replays correctly for any context lengths. Keep ``num_splits`` fixed
