@@ -127,6 +127,26 @@ def test_completion_stream_matches_and_usage(client):
     assert last.usage.prompt_tokens_details.cached_tokens == 0
 
 
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_continuous_usage_stats_count_tokens_chunk_by_chunk(client, route):
+    """vLLM's stream_options.continuous_usage_stats: every content chunk carries the usage so far."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    if route == "completions":
+        stream = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=5, temperature=0,
+                                           stream=True, stream_options=options)
+    else:
+        stream = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": PROMPT}],
+                                                max_tokens=5, temperature=0, stream=True, stream_options=options)
+    chunks = list(stream)
+    *content, last = chunks
+    counts = [c.usage.completion_tokens for c in content if c.usage is not None]
+    assert counts and counts == sorted(counts) and counts[-1] == 5  # grows to the final count
+    assert all(c.usage.prompt_tokens == last.usage.prompt_tokens for c in content if c.usage is not None)
+    assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens
+               for c in content if c.usage is not None)
+    assert last.choices == [] and last.usage.completion_tokens == 5
+
+
 def test_batched_prompts_token_ids_and_n(client, tokenizer):
     out = client.completions.create(model=MODEL_NAME, prompt=[PROMPT, PROMPT], n=2, max_tokens=2, temperature=0)
     assert [c.index for c in out.choices] == [0, 1, 2, 3]

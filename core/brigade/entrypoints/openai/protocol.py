@@ -37,9 +37,11 @@ class OpenAIBaseModel(BaseModel):
 
 
 class StreamOptions(OpenAIBaseModel):
-    """``stream_options``: include_usage adds a final chunk with the whole request's usage."""
+    """``stream_options``: include_usage adds a final chunk with the whole request's usage; with it,
+    continuous_usage_stats (vLLM's extension) also puts the usage so far in every chunk."""
 
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
 
 
 class ResponseFormat(OpenAIBaseModel):
@@ -97,6 +99,10 @@ class SamplingFields(OpenAIBaseModel):
     def include_usage(self) -> bool:
         """True when the stream must end with a usage chunk."""
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def continuous_usage(self) -> bool:
+        """True when every chunk carries the usage so far (``include_usage`` and ``continuous_usage_stats``)."""
+        return self.include_usage() and bool(self.stream_options.continuous_usage_stats)
 
     def to_structured_outputs(self) -> StructuredOutputsParams | None:
         """The grammar constraint asked for by ``response_format`` or ``structured_outputs``, or None.

@@ -208,10 +208,12 @@ class OpenAIServingChat(OpenAIServing):
                         sent.tool_calls = (sent.tool_calls or []) + (last.tool_calls or []) or None
                     elif sent.content is None and sent.tool_calls is None and logprobs is None:
                         continue  # text held back for a tool call: nothing to send yet
+                    so_far = (UsageInfo.from_counts(len(prompt_ids), result.num_generated_tokens(),
+                                                    result.num_cached_tokens) if request.continuous_usage() else None)
                     yield chunk([ChatStreamChoice(index=delta.index,
                                                   delta=DeltaMessage(content=sent.content, tool_calls=sent.tool_calls),
                                                   logprobs=logprobs, finish_reason=finish_reason,
-                                                  stop_reason=delta.stop_reason)])
+                                                  stop_reason=delta.stop_reason)], so_far)
             if request.include_usage():
                 usage = UsageInfo.from_counts(len(prompt_ids), result.num_generated_tokens(),
                                               result.num_cached_tokens)

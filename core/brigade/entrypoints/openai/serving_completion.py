@@ -200,8 +200,12 @@ class OpenAIServingCompletion(OpenAIServing):
                     choice = CompletionChoice(index=index, text=prefix + text, logprobs=logprobs,
                                               prompt_logprobs=prompt_logprobs,
                                               finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
+                    so_far = (UsageInfo.from_counts(len(prompts[i].token_ids), results[i].num_generated_tokens(),
+                                                    results[i].num_cached_tokens)
+                              if request.continuous_usage() else None)  # this prompt's usage so far
                     yield sse_event(CompletionStreamResponse(id=base_id, created=created,
-                                                             model=self.served_model_name, choices=[choice]),
+                                                             model=self.served_model_name, choices=[choice],
+                                                             usage=so_far),
                                     exclude=exclude)
                 if output.finished:
                     finished.add(i)
