@@ -135,17 +135,24 @@ def test_forward_rotary_replays_in_cuda_graph(paged_batch_factory, cuda_ops_regi
     rotary_embedding(positions, q, k, 128, rope.cos_sin_cache)
     want = backend.forward(q, k, v, cache_ref, md)
 
+    out, cache = _captured_forward_rotary(backend, batch, positions, rope)
+    assert torch.equal(cache, cache_ref) and torch.equal(out, want)
+
+
+def _captured_forward_rotary(backend, batch, positions, rope):
+    """``forward_rotary`` captured in a CUDA graph (compiled outside it), replayed on fresh, unrotated
+    copies of the batch's inputs: (output, cache) after the replay."""
     q, k, v, cache = _inputs(batch)
-    backend.forward_rotary(positions, q, k, v, cache, md, rope)  # compile outside the capture
+    backend.forward_rotary(positions, q, k, v, cache, batch.metadata, rope)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = backend.forward_rotary(positions, q, k, v, cache, md, rope)
-    for dst, src in zip((q, k, v, cache), _inputs(batch)):  # fresh, unrotated inputs for the replay
+        out = backend.forward_rotary(positions, q, k, v, cache, batch.metadata, rope)
+    for dst, src in zip((q, k, v, cache), _inputs(batch)):
         dst.copy_(src)
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(cache, cache_ref) and torch.equal(out, want)
+    return out, cache
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
@@ -208,16 +215,7 @@ def test_decode_rope_replays_in_cuda_graph(paged_batch_factory, cuda_ops_registe
         q, k, v, cache_ref = _inputs(batch)
         rotary_write_kv_cache(positions, q, k, v, cache_ref, md.slot_mapping, rope.cos_sin_cache)
         want = backend.forward(q, k, v, cache_ref.clone(), md)
-        q, k, v, cache = _inputs(batch)
-        backend.forward_rotary(positions, q, k, v, cache, md, rope)  # compile outside the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = backend.forward_rotary(positions, q, k, v, cache, md, rope)
-        for dst, src in zip((q, k, v, cache), _inputs(batch)):
-            dst.copy_(src)
-        graph.replay()
-        torch.cuda.synchronize()
+        out, cache = _captured_forward_rotary(backend, batch, positions, rope)
         assert rel_err(cache, cache_ref) < 1e-3 and rel_err(out[:3], want[:3]) < 1e-2
     finally:
         monkeypatch.undo()

@@ -124,20 +124,14 @@ class TritonAttentionBackend(AttentionBackend):
                           value: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
                           rotary_emb: RotaryEmbedding) -> torch.Tensor:
         """A pure-decode step in one kernel (two with a split merge): rotary, KV write and attention."""
-        if query.stride(-1) != 1:
-            query = query.contiguous()
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        n = metadata.num_decodes
-        num_splits = self.decode_num_splits or choose_num_splits(
-            n, self.num_kv_heads, metadata.max_seq_len, self._multiprocessors(query.device))
         rope = DecodeRope(key=key, value=value, positions=positions, slot_mapping=metadata.slot_mapping,
                           cos_sin_cache=rotary_emb.cos_sin_cache, is_neox_style=rotary_emb.is_neox_style)
-        decode_attention(query, kv_cache, metadata.block_table, metadata.seq_lens, out, num_decodes=n,
-                         num_splits=num_splits, scale=self.scale, rope=rope)
-        return out
+        return self._attend(query, kv_cache, metadata, rope=rope)
 
-    def _attend(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-        """Decode and prefill attention over the cache, which already holds this step's K/V."""
+    def _attend(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, *,
+                rope: DecodeRope | None = None) -> torch.Tensor:
+        """Decode and prefill attention over the cache, which already holds this step's K/V (with ``rope``,
+        a pure-decode step whose K/V the decode kernel rotates and writes itself; see ``decode_attention``)."""
         if query.stride(-1) != 1:
             query = query.contiguous()
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
@@ -146,7 +140,7 @@ class TritonAttentionBackend(AttentionBackend):
             num_splits = self.decode_num_splits or choose_num_splits(
                 num_decodes, self.num_kv_heads, metadata.max_seq_len, self._multiprocessors(query.device))
             decode_attention(query, kv_cache, metadata.block_table, metadata.seq_lens, out,
-                             num_decodes=num_decodes, num_splits=num_splits, scale=self.scale)
+                             num_decodes=num_decodes, num_splits=num_splits, scale=self.scale, rope=rope)
         num_prefills = metadata.num_reqs - num_decodes
         if num_prefills:
             prefill_attention(query, kv_cache, metadata.block_table, metadata.seq_lens,

@@ -14,6 +14,14 @@ from brigade_cuda.pdl import gdc_prologue, pdl_launch
 
 
 @triton.jit
+def silu_mul(gate, up, DTYPE: tl.constexpr):
+    """``silu(gate) * up`` from fp32 inputs, rounded as the native op: silu to ``DTYPE`` first, then the
+    product to ``DTYPE``. The one place this rule is written (the kernel below, the one-row GEMV's fold)."""
+    act = (gate / (1.0 + tl.exp(-gate))).to(DTYPE).to(tl.float32)
+    return (act * up).to(DTYPE)
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, d, stride_x, stride_out, BLOCK: tl.constexpr,
                          USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False):
     if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel, let the next one launch
@@ -23,8 +31,7 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, d, stride_x, stride_out, BLOCK: tl.cons
     mask = cols < d
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0).to(tl.float32)
-    act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + row * stride_out + cols, silu_mul(gate, up, out_ptr.dtype.element_ty), mask=mask)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

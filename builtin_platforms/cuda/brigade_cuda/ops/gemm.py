@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from brigade_cuda.ops.activation import silu_mul
 from brigade_cuda.pdl import gdc_prologue, pdl_launch
 
 
@@ -88,11 +89,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
         else:
             w = tl.load(w_ptrs, mask=n_ok & k_ok[None, :], other=0.0)
         x = tl.load(x_ptr + cols, mask=k_ok, other=0.0)
-        if SILU_MUL:  # x holds the gate half; the up half sits K further on; round as silu_and_mul does
+        if SILU_MUL:  # x holds the gate half; the up half sits K further on
             up = tl.load(x_ptr + K + cols, mask=k_ok, other=0.0).to(tl.float32)
-            gate = x.to(tl.float32)
-            act = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
-            x = (act * up).to(x_ptr.dtype.element_ty)
+            x = silu_mul(x.to(tl.float32), up, x_ptr.dtype.element_ty)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         w_ptrs += BLOCK_K
     y = tl.sum(acc, 1)
