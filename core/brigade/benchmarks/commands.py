@@ -70,10 +70,9 @@ def run_throughput(args: argparse.Namespace) -> int:
     """``brigade bench throughput``; returns the exit status."""
     from brigade.benchmarks.comparison import run_comparison
     from brigade.benchmarks.hf_peer import load_hf_model
-    from brigade.entrypoints.cli.engine_args import config_from_args
+    from brigade.entrypoints.cli.engine_args import runnable_config_from_args
 
-    config = config_from_args(args)
-    config.check_supported()  # ConfigError: one line from the CLI's main, before the model loads
+    config = runnable_config_from_args(args)  # ConfigError: one line from the CLI's main, before the model loads
     platform = _platform()
     seed = 0 if args.seed is None else args.seed
     setup: dict[str, object] = {}
@@ -115,12 +114,11 @@ def run_throughput(args: argparse.Namespace) -> int:
 def run_latency(args: argparse.Namespace) -> int:
     """``brigade bench latency``; returns the exit status."""
     from brigade.benchmarks.latency import BrigadeLatencyRunner, hf_latency_batch, latency_summary, run_iterations
-    from brigade.entrypoints.cli.engine_args import config_from_args
+    from brigade.entrypoints.cli.engine_args import runnable_config_from_args
     from brigade.entrypoints.llm import LLM
     from brigade.model_executor.loader import get_hf_config
 
-    config = config_from_args(args)
-    config.check_supported()  # ConfigError: one line from the CLI's main, before the model loads
+    config = runnable_config_from_args(args)  # ConfigError: one line from the CLI's main, before the model loads
     platform = _platform()
     seed = 0 if args.seed is None else args.seed
     hf_config = get_hf_config(config.model_config.model)
@@ -230,10 +228,9 @@ def run_serve(args: argparse.Namespace, serve_engine_argv: list[str]) -> int:
     api_key = args.api_key or os.environ.get("BRIGADE_API_KEY") or None
     engine_config: object = {"launched": False, "base_url": args.base_url}
     if args.launch:
-        from brigade.entrypoints.cli.engine_args import config_from_args
+        from brigade.entrypoints.cli.engine_args import runnable_config_from_args
 
-        engine_config = config_from_args(args)  # validates the flags before a server is started
-        engine_config.check_supported()
+        engine_config = runnable_config_from_args(args)  # validates the flags before a server is started
         url = urlparse(args.base_url)
         argv = [*serve_engine_argv, "--host", url.hostname, "--port", str(url.port or 80),
                 "--disable-log-requests", "--uvicorn-log-level", "warning"]

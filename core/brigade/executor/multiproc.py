@@ -110,16 +110,15 @@ class MultiprocExecutor(Executor):
     """Starts ``world_size`` worker processes and broadcasts every command to all of them.
 
     Raises:
-        ValueError: for tensor or pipeline parallelism above 1 (the model is not sharded yet).
+        ConfigError (a ValueError): for tensor or pipeline parallelism above 1 (the model is not sharded yet),
+            from ``BrigadeConfig.check_supported``.
         WorkerDiedError: when a worker fails to start or dies.
     """
 
     def __init__(self, config: BrigadeConfig, hf_config):
         super().__init__(config, hf_config)
+        config.check_supported()  # the model is not sharded yet: one worker process
         parallel = config.parallel_config
-        if parallel.world_size != 1:
-            raise ValueError(f"tensor/pipeline parallelism of {parallel.world_size} is not implemented yet; "
-                             "run with -tp 1 -pp 1 (the mp backend then runs one worker process)")
         method = os.environ.get("BRIGADE_WORKER_MULTIPROC_METHOD", "spawn")
         if method not in _START_METHODS:
             raise ValueError(f"BRIGADE_WORKER_MULTIPROC_METHOD={method!r} is not known; use "

@@ -177,6 +177,18 @@ def _check_paths(args: argparse.Namespace) -> None:
                           "a .jinja file or the template text")
 
 
+def runnable_config_from_args(args: argparse.Namespace) -> BrigadeConfig:
+    """``config_from_args``, then ``BrigadeConfig.check_supported``: what every command that starts an engine
+    needs before anything loads.
+
+    Raises:
+        ConfigError: a bad flag, or a setting this build cannot run; one line either way.
+    """
+    config = config_from_args(args)
+    config.check_supported()
+    return config
+
+
 def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
     """Build the engine's BrigadeConfig from parsed engine flags.
 

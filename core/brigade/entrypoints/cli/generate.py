@@ -27,12 +27,11 @@ def add_parser(subparsers, plugin_choices: dict[str, list[str]]) -> argparse.Arg
 
 
 def run(args: argparse.Namespace) -> int:
-    from brigade.entrypoints.cli.engine_args import config_from_args
+    from brigade.entrypoints.cli.engine_args import runnable_config_from_args
     from brigade.entrypoints.llm import LLM
     from brigade.sampling_params import InvalidParamError, SamplingParams
 
-    config = config_from_args(args)
-    config.check_supported()  # ConfigError: one line from the CLI's main, before the model loads
+    config = runnable_config_from_args(args)  # ConfigError: one line from the CLI's main, before the model loads
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.sample_seed, stop=args.stop)

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from brigade.config import ConfigError
-from brigade.entrypoints.cli.engine_args import add_engine_args, config_from_args
+from brigade.entrypoints.cli.engine_args import add_engine_args, runnable_config_from_args
 
 API_KEY_ENV = "BRIGADE_API_KEY"
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -82,9 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
     load_plugins("api")
     try:
-        config = config_from_args(args)
+        config = runnable_config_from_args(args)  # the engine refuses what it cannot run too, but after start-up
         settings = settings_from_args(args)
-        config.check_supported()  # the engine refuses these too, but only after start-up
     except ConfigError as exc:
         print(f"brigade serve: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
