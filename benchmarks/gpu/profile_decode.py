@@ -6,7 +6,9 @@ graph), and reports per decode step:
 
 * ``span``: first to last kernel of the decode region over the number of decode steps (about the TPOT);
 * ``busy``: the union of kernel intervals, and ``idle`` = span - busy (gaps where no kernel runs);
-* per kernel name: launches per step and device time per step.
+* per kernel name: launches per step and device time per step;
+* ``graph_replay_us``: one batch-1 decode graph replayed back to back (TPOT minus it is the work outside
+  the graph).
 
 With programmatic dependent launch on (``BRIGADE_CUDA_PDL``, the default) a kernel starts while its
 predecessor drains and its recorded time includes the wait, so per-kernel times are only meaningful with
@@ -64,6 +66,25 @@ def analyze(kernels: list[dict], num_layers: int) -> dict:
             "sum_kernel_us_per_step": sum(k["dur"] for k in decode) / steps, "by_kernel": table}
 
 
+def replay_times(graphs, batch_size: int = 1, iters: int = 200) -> dict[str, float]:
+    """Device time of one replay of each decode graph of ``batch_size`` (back to back, CUDA events), by
+    context bucket: the step's time inside its graph, so TPOT minus this is the per-step work outside it
+    (input copies, sampler, host gaps). Replays the buffers' current contents (the last decode step)."""
+    times = {}
+    for (size, bucket), graph in sorted(graphs.graphs.items()):
+        if size != batch_size:
+            continue
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times[str(bucket)] = start.elapsed_time(end) * 1000 / iters
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -87,11 +108,13 @@ def main() -> None:
                for e in events if e.get("cat") == "kernel"]
     num_layers = llm.engine.core.executor.hf_config.num_hidden_layers
     result = analyze(kernels, num_layers)
+    result["graph_replay_us"] = replay_times(llm.engine.core.executor.worker.model_runner.cuda_graphs)
     result["env"] = {k: v for k, v in os.environ.items() if k.startswith("BRIGADE_CUDA")}
     result["device"] = torch.cuda.get_device_name()
     print(f"decode steps {result['decode_steps']:.0f}: span {result['span_us_per_step']:.0f} us/step, busy "
           f"{result['busy_us_per_step']:.0f}, idle {result['idle_us_per_step']:.0f}, "
           f"{result['kernels_per_step']:.0f} kernels/step, kernel time sum {result['sum_kernel_us_per_step']:.0f}")
+    print("graph replay us/step by context bucket:", {k: round(v, 1) for k, v in result["graph_replay_us"].items()})
     for row in result["by_kernel"][:16]:
         print(f"  {row['us_per_step']:8.1f} us/step  x{row['per_step']:5.1f}  mean {row['mean_us']:6.2f}  "
               f"{row['kernel']}")

@@ -158,11 +158,44 @@ def bench_prefill(query_len: int, tile: tuple[int, int, int, int] | None = None)
     return {"query_len": query_len, "tile": tile, "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
 
 
+SHORT_CONFIGS = ((64, 4, 3), (64, 4, 2), (128, 4, 2), (128, 8, 2), (32, 4, 3), (64, 8, 3))
+
+
+def short_context_sweep(num_sms: int) -> list[dict]:
+    """Batch 1 and 4 at short contexts: the split-KV default (split kernel + merge) against one split (no
+    merge) over a few tiles, graph-replayed with PDL as in a decode graph; per call in microseconds."""
+    rows = []
+    for batch in (1, 4):
+        for context in (128, 256, 384, 512, 1024):
+            cases = rotated_cases(batch, context, min_bytes=64 << 20)
+            splits = choose_num_splits(batch, NUM_KV_HEADS, 2048, num_sms)  # what a max_model_len graph uses
+            row = {"batch": batch, "context": context, "default_splits": splits,
+                   "default_us": bench_decode_graph(cases, splits) * 1e3}
+            for block_n, warps, stages in SHORT_CONFIGS:
+                row[f"s1-n{block_n}-w{warps}-st{stages}_us"] = bench_decode_graph(
+                    cases, 1, block_n=block_n, num_warps=warps, num_stages=stages) * 1e3
+            for s in (2, 4):
+                row[f"s{s}_us"] = bench_decode_graph(cases, s) * 1e3
+            rows.append(row)
+            print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()})
+            del cases
+            torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the raw results here")
     parser.add_argument("--sweep", action="store_true", help="also sweep split counts and tile configs")
+    parser.add_argument("--short-only", action="store_true",
+                        help="only the short-context sweep (one split against split-KV, batch 1 and 4)")
     args = parser.parse_args()
+    if args.short_only:
+        rows = short_context_sweep(torch.cuda.get_device_properties(0).multi_processor_count)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "short_context": rows}, f, indent=1)
+        return
     props = torch.cuda.get_device_properties(0)
     results: dict = {"device": props.name, "num_sms": props.multi_processor_count, "torch": torch.__version__,
                      "triton": triton.__version__, "python": platform.python_version(),

@@ -72,3 +72,28 @@ def test_engine_greedy_equals_transformers_on_gpu(tiny_llama, kwargs):
         assert llm.engine.core.scheduler.num_preemptions_total > 0
     del llm
     torch.cuda.empty_cache()
+
+
+def test_short_context_graphs_give_the_same_tokens(tiny_llama, monkeypatch):
+    """Decode graphs captured per context bucket (single-split decode up to 64 tokens): contexts from 4 to
+    281 tokens cross the bucket while generating, and the tokens still equal transformers'."""
+    from brigade import LLM, SamplingParams
+    from brigade_cuda.attention.triton_backend import single_split_len
+
+    path, prompts, expected = tiny_llama
+    monkeypatch.setenv("BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN", "64")
+    single_split_len.cache_clear()
+    try:
+        llm = LLM(path, dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.3, max_model_len=512)
+        graphs = llm.engine.core.executor.worker.model_runner.cuda_graphs
+        assert (1, 64) in graphs.graphs and (1, 512) in graphs.graphs
+        params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
+        for p, ref in zip(prompts, expected):  # one at a time: batch-1 graphs, both buckets
+            assert llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids == ref
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outputs] == expected
+        del llm
+        torch.cuda.empty_cache()
+    finally:
+        monkeypatch.delenv("BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN")
+        single_split_len.cache_clear()

@@ -172,3 +172,22 @@ def test_validate_refuses_with_one_line_reasons():
                    dict(head_size=72, dtype=torch.bfloat16, block_size=16, device_type="cuda")):
         reason = TritonAttentionBackend.validate(**kwargs)
         assert reason and "\n" not in reason and "triton" in reason
+
+
+def test_short_contexts_take_one_split_and_their_own_graph_bucket(monkeypatch):
+    from brigade_cuda.attention.decode import choose_num_splits
+    from brigade_cuda.attention.triton_backend import single_split_len
+
+    assert choose_num_splits(1, 8, 300, 132) > 1
+    assert choose_num_splits(1, 8, 300, 132, single_split_len=512) == 1
+    assert choose_num_splits(1, 8, 513, 132, single_split_len=512) > 1
+    monkeypatch.setenv("BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN", "512")
+    single_split_len.cache_clear()
+    try:
+        assert TritonAttentionBackend.decode_graph_seq_lens(1, 2048) == (512, 2048)
+        assert TritonAttentionBackend.decode_graph_seq_lens(64, 2048) == (2048,)
+        assert TritonAttentionBackend.decode_graph_seq_lens(1, 512) == (512,)
+    finally:
+        monkeypatch.delenv("BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN")
+        single_split_len.cache_clear()
+    assert TritonAttentionBackend.decode_graph_seq_lens(1, 2048) == (2048,)

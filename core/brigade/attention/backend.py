@@ -82,6 +82,17 @@ class AttentionBackend(ABC):
         return (2, num_blocks, block_size, num_kv_heads, head_size)
 
     @classmethod
+    def decode_graph_seq_lens(cls, num_decodes: int, max_model_len: int) -> tuple[int, ...]:
+        """Context-length buckets to capture decode CUDA graphs of ``num_decodes`` requests for.
+
+        Ascending, the last one ``max_model_len``. A pure-decode step replays the graph of the smallest
+        bucket at least its ``max_seq_len``; while capturing, the metadata's ``max_seq_len`` is the bucket.
+        A backend whose launches depend on ``max_seq_len`` (a split-KV decode picking its split count) lists
+        more than one bucket to get short-context graphs; the default is one graph per batch size.
+        """
+        return (max_model_len,)
+
+    @classmethod
     def validate(cls, *, head_size: int, dtype: torch.dtype, block_size: int, device_type: str) -> str | None:
         """Return None when this backend can run the combination, else a one-line reason why not."""
         if cls.supported_devices and device_type not in cls.supported_devices:

@@ -92,7 +92,8 @@ class ModelRunner:
         max_len = self.config.model_config.max_model_len
         self.cuda_graphs = DecodeGraphs(self.model, self.kv_caches, [s for s in sizes if s <= max(max_seqs, 1)],
                                         max_blocks_per_req=-(-max_len // self.block_size), max_model_len=max_len,
-                                        device=self.device)
+                                        device=self.device,
+                                        seq_len_buckets=self.attn_backend.decode_graph_seq_lens)
         self.cuda_graphs.capture()
 
     # ---- one step -------------------------------------------------------------------------------

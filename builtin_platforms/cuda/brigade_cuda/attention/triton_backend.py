@@ -47,6 +47,17 @@ def decode_rope_enabled() -> bool:
     return os.environ.get("BRIGADE_CUDA_DECODE_ROPE", "0") == "1"
 
 
+@functools.cache
+def single_split_len() -> int:
+    """Contexts up to this many tokens are decoded in one split, with no merge kernel
+    (``BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN``; 0 turns it off). Decode graphs of up to
+    ``SHORT_GRAPH_MAX_BATCH`` requests are also captured for this context bucket."""
+    return int(os.environ.get("BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN", "0"))
+
+
+SHORT_GRAPH_MAX_BATCH = 32  # beyond this, a Llama-shaped batch fills the GPU with one split per request
+
+
 class TritonAttentionBackend(AttentionBackend):
     """Paged attention through Triton kernels on CUDA devices.
 
@@ -73,6 +84,14 @@ class TritonAttentionBackend(AttentionBackend):
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
         self.decode_num_splits = decode_num_splits
         self._num_sms: dict[int, int] = {}  # device index -> multiprocessor count, read once per device
+
+    @classmethod
+    def decode_graph_seq_lens(cls, num_decodes: int, max_model_len: int) -> tuple[int, ...]:
+        """A short-context bucket (``single_split_len``) for small batches, then ``max_model_len``."""
+        short = single_split_len()
+        if 0 < short < max_model_len and num_decodes <= SHORT_GRAPH_MAX_BATCH:
+            return (short, max_model_len)
+        return (max_model_len,)
 
     def _multiprocessors(self, device: torch.device) -> int:
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -138,7 +157,8 @@ class TritonAttentionBackend(AttentionBackend):
         num_decodes = metadata.num_decodes
         if num_decodes:
             num_splits = self.decode_num_splits or choose_num_splits(
-                num_decodes, self.num_kv_heads, metadata.max_seq_len, self._multiprocessors(query.device))
+                num_decodes, self.num_kv_heads, metadata.max_seq_len, self._multiprocessors(query.device),
+                single_split_len=single_split_len())
             decode_attention(query, kv_cache, metadata.block_table, metadata.seq_lens, out,
                              num_decodes=num_decodes, num_splits=num_splits, scale=self.scale, rope=rope)
         num_prefills = metadata.num_reqs - num_decodes
