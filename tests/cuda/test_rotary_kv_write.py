@@ -119,8 +119,19 @@ def test_backend_forward_rotary_equals_rotary_then_forward(dtype, fused, paged_b
         triton_backend.fused_rope_kv_enabled.cache_clear()
 
 
-def test_forward_rotary_replays_in_cuda_graph(paged_batch_factory, cuda_ops_registered):
-    """Captured (so with PDL on sm_90+), the fused decode step matches the eager two-kernel path."""
+def test_forward_rotary_replays_in_cuda_graph(paged_batch_factory, cuda_ops_registered, monkeypatch):
+    """Captured (so with PDL on sm_90+), the fused rotary + KV-write decode step (BRIGADE_CUDA_DECODE_ROPE=0)
+    matches the eager two-kernel path bit for bit."""
+    monkeypatch.setenv("BRIGADE_CUDA_DECODE_ROPE", "0")
+    triton_backend.decode_rope_enabled.cache_clear()
+    try:
+        _check_forward_rotary_replay(paged_batch_factory)
+    finally:
+        monkeypatch.undo()
+        triton_backend.decode_rope_enabled.cache_clear()
+
+
+def _check_forward_rotary_replay(paged_batch_factory):
     with torch.device("cuda"):
         rope = RotaryEmbedding(128, 128, 8192, LLAMA3_ROPE)
     gen = torch.Generator().manual_seed(23)
@@ -160,7 +171,7 @@ def _captured_forward_rotary(backend, batch, positions, rope):
 @pytest.mark.parametrize("neox,rotary_dim", [(True, 128), (False, 128), (True, 64)], ids=["neox", "gptj", "partial"])
 def test_decode_rope_equals_rotary_kv_write_then_decode(dtype, splits, neox, rotary_dim, paged_batch_factory,
                                                         cuda_ops_registered, monkeypatch, rel_err):
-    """BRIGADE_CUDA_DECODE_ROPE=1: a pure-decode step rotates, writes its K/V and attends in the decode kernel
+    """BRIGADE_CUDA_DECODE_ROPE (the default): a pure-decode step rotates, writes its K/V and attends in the decode kernel
     itself; the cache is bit-identical to the two-kernel path and the output equal to bf16/fp32 rounding."""
     monkeypatch.setenv("BRIGADE_CUDA_DECODE_ROPE", "1")
     triton_backend.decode_rope_enabled.cache_clear()

@@ -9,7 +9,9 @@ def test_plain_batch_builds_no_optional_tensor(metadata_for):
     md = metadata_for([SamplingParams(), SamplingParams(temperature=0.0)], vocab_size=50)
     assert (md.all_greedy, md.all_random) == (False, False)
     assert md.is_greedy.tolist() == [False, True]
-    assert md.temperature.tolist() == [1.0, 1.0]  # greedy row holds 1.0: division is a no-op
+    assert md.temperature is None  # the random row is at temperature 1.0: nothing to divide
+    md = metadata_for([SamplingParams(temperature=0.5), SamplingParams(temperature=0.0)], vocab_size=50)
+    assert md.temperature.tolist() == [0.5, 1.0]  # greedy row holds 1.0: division is a no-op
     assert md.top_k is None and md.top_p is None and md.min_p is None
     assert md.penalties is None and md.max_num_logprobs is None and md.generators == {}
 

@@ -53,11 +53,16 @@ def test_no_truncation_returns_input():
     assert apply_top_k_top_p(logits, None, None) is logits
 
 
+def _on_logits(draw):
+    """The race and random_sample take logits; inversion takes probabilities."""
+    return draw if draw is inverse_cdf_sample else (lambda probs, gens: draw(probs.log(), gens))
+
+
 @pytest.mark.parametrize("draw", [exponential_race_sample, inverse_cdf_sample, random_sample])
 def test_draw_follows_the_distribution(draw):
     torch.manual_seed(1)
     probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.15, 0.05, 0.0])
-    draws = draw(probs.repeat(40000, 1), {})
+    draws = _on_logits(draw)(probs.repeat(40000, 1), {})
     freq = torch.bincount(draws, minlength=7).float() / draws.numel()
     assert torch.allclose(freq, probs, atol=0.01)
     assert freq[0] == freq[2] == freq[6] == 0.0  # zero-probability tokens, first, inner and last, never drawn
@@ -76,6 +81,7 @@ def test_inverse_cdf_never_draws_zero_probability_at_the_extremes():
 
 @pytest.mark.parametrize("draw", [exponential_race_sample, inverse_cdf_sample])
 def test_seeded_rows_use_their_own_generator(draw):
+    draw = _on_logits(draw)
     probs = torch.softmax(torch.randn(3, 100), dim=-1)
     a = draw(probs.clone(), {1: torch.Generator().manual_seed(5)})
     torch.manual_seed(123)  # a different global state changes nothing for the seeded row

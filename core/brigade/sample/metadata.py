@@ -41,7 +41,8 @@ class SamplingMetadata:
     """Batched sampling state for one step; B rows in the order of the logits.
 
     Attributes:
-        temperature: [B] f32; greedy rows hold 1.0 so dividing by it is a no-op. None when all_greedy.
+        temperature: [B] f32; greedy rows hold 1.0 so dividing by it is a no-op. None when no row needs
+            scaling (all greedy, or every random row at temperature 1.0).
         all_greedy: every row is greedy (temperature < 1e-5): the Sampler only takes the argmax.
         all_random: no row is greedy.
         is_greedy: [B] bool, only in a mixed batch (neither all_greedy nor all_random), else None.
@@ -109,7 +110,7 @@ def build_sampling_metadata(reqs: list[SamplingRequestState], *, vocab_size: int
         return host.to(device)
 
     temperature = None
-    if not all_greedy:
+    if any(p.temperature != 1.0 for p in random_params):
         temperature = row_tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32)
     is_greedy = None if (all_greedy or all_random) else row_tensor(greedy, torch.bool)
 

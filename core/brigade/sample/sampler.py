@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from brigade.sample.argmax import argmax_rows
 from brigade.sample.logits_processors import BUILTIN_LOGITS_PROCESSORS, LogitsProcessor
 from brigade.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
 from brigade.sample.metadata import SamplingMetadata
@@ -26,33 +27,6 @@ from brigade.sample.structured import apply_grammar_bitmask
 from brigade.sample.topk_topp import apply_top_k_top_p, random_sample
 
 __all__ = ["Sampler", "SamplerOutput", "argmax_rows"]
-
-# A vocabulary split into at most this many segments for the two-pass argmax below.
-_ARGMAX_SEGMENTS = 256
-
-
-def argmax_rows(logits: torch.Tensor, *, two_pass: bool | None = None) -> torch.Tensor:
-    """``logits.argmax(dim=-1)`` for [B, V] logits, in two passes on accelerators when rows are few.
-
-    PyTorch reduces each row of an argmax in one thread block, so one 128k-vocabulary row costs ~28 us on an
-    H200 (``benchmarks/gpu/profile_decode.py``), about the time of a whole decoder layer. Splitting the row
-    into S equal segments (S the largest divisor of V up to 256) gives S-fold parallelism: the max of every
-    segment, then the best segment. Ties resolve to the lowest index, as ``argmax`` does, because both
-    passes return the first maximum. ``two_pass`` forces the choice (default: on accelerators at <= 8 rows).
-    Returns [B] int64.
-    """
-    rows, vocab = logits.shape
-    if two_pass is None:
-        two_pass = logits.device.type != "cpu" and rows <= 8
-    if not two_pass:
-        return logits.argmax(dim=-1)
-    segments = next((s for s in range(min(_ARGMAX_SEGMENTS, vocab // 64), 15, -1) if vocab % s == 0), 0)
-    if not segments:
-        return logits.argmax(dim=-1)
-    best, where = logits.view(rows, segments, vocab // segments).max(dim=-1)  # [B, S] each
-    segment = best.argmax(dim=-1, keepdim=True)  # [B, 1]
-    return (segment * (vocab // segments) + where.gather(1, segment)).squeeze(1)
-
 
 @dataclass(slots=True)
 class SamplerOutput:
@@ -121,11 +95,11 @@ class Sampler(nn.Module):
         if metadata.all_greedy:
             return argmax_rows(logits)
         greedy = None if metadata.all_random else argmax_rows(logits)
-        assert metadata.temperature is not None
-        logits.div_(metadata.temperature.unsqueeze(1))
+        if metadata.temperature is not None:  # None: every row at temperature 1.0
+            logits.div_(metadata.temperature.unsqueeze(1))
         logits = self._apply_processors(logits, metadata, self.argmax_invariant_processors)
         logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
-        sampled = random_sample(logits.softmax(dim=-1), metadata.generators)
+        sampled = random_sample(logits, metadata.generators)
         if greedy is None:
             return sampled
         return torch.where(metadata.is_greedy, greedy, sampled)

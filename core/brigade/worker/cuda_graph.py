@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from brigade.attention.backend import AttentionContext, AttentionMetadata
@@ -38,7 +39,8 @@ class DecodeGraphs:
     context.
 
     Invariant: every graph reads ``input_ids``, ``positions`` and the metadata buffers at the same
-    addresses; ``run`` writes a step's inputs there before replaying.
+    addresses. A step built through ``transfer`` already has its inputs there; ``run`` copies any other
+    step's inputs there before replaying.
     """
 
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], capture_sizes: list[int], *,
@@ -50,13 +52,23 @@ class DecodeGraphs:
         self.max_size = self.sizes[-1]
         self.device = device
         self.max_model_len = max_model_len
-        n = self.max_size
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
-        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
-        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
-        self.block_table = torch.zeros((n, max_blocks_per_req), dtype=torch.int32, device=device)
+        n, width = self.max_size, max_blocks_per_req
+        # All graph inputs live in one int64 and one int32 device buffer, mirrored by pinned host buffers,
+        # so ``transfer`` fills them with two copies and ``run`` has nothing left to copy.
+        self._dev64 = torch.zeros(4 * n, dtype=torch.int64, device=device)
+        self._dev32 = torch.zeros(2 * n + 1 + n * width, dtype=torch.int32, device=device)
+        pin = device.type == "cuda"
+        self._host64 = torch.zeros(4 * n, dtype=torch.int64, pin_memory=pin)
+        self._host32 = torch.zeros(2 * n + 1 + n * width, dtype=torch.int32, pin_memory=pin)
+        self._copied = torch.cuda.Event() if pin else None  # guards the host buffers' reuse
+        self.input_ids, self.positions, self.slot_mapping, self.logits_indices = self._dev64.view(4, n)
+        self.seq_lens = self._dev32[:n]
+        self.query_start_loc = self._dev32[n:2 * n + 1]
+        self.block_table = self._dev32[2 * n + 1:].view(n, width)
+        self.slot_mapping.fill_(-1)
+        self.query_start_loc.copy_(torch.arange(n + 1, dtype=torch.int32))
+        self._host64.copy_(self._dev64)
+        self._host32.copy_(self._dev32)
         buckets = seq_len_buckets or (lambda size, max_len: (max_len,))
         self.buckets = {size: sorted({min(b, max_model_len) for b in buckets(size, max_model_len)} | {max_model_len})
                         for size in self.sizes}
@@ -100,20 +112,59 @@ class DecodeGraphs:
     def can_run(self, num_reqs: int, max_query_len: int) -> bool:
         return max_query_len == 1 and num_reqs <= self.max_size and bool(self.graphs)
 
+    def transfer(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """A ``Transfer`` (``input_batch.build_step_inputs``) for a step that ``can_run``: the arrays go
+        straight into the graphs' input buffers, padded to the graph size (slot -1, seq_len 0), in one
+        int64 and one int32 copy; the returned tensors are views of those buffers.
+
+        Raises:
+            ValueError: when the step has more requests than the largest graph or wider block tables.
+        """
+        n, width = len(arrays["seq_lens"]), arrays["block_table"].shape[1]
+        if n > self.max_size or width > self.block_table.shape[1]:
+            raise ValueError(f"a step of {n} requests and {width} blocks does not fit the decode graphs "
+                             f"({self.max_size} requests, {self.block_table.shape[1]} blocks)")
+        size = self.sizes[bisect.bisect_left(self.sizes, n)]
+        num_logits, cap = len(arrays["logits_indices"]), self.max_size
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous step's copy has left the host buffers
+        h64 = self._host64.numpy().reshape(4, cap)
+        h64[0, :n] = arrays["input_ids"]
+        h64[1, :n] = arrays["positions"]
+        h64[2, :n] = arrays["slot_mapping"]
+        h64[2, n:size] = -1
+        h64[3, :num_logits] = arrays["logits_indices"]
+        h32 = self._host32.numpy()
+        h32[:n] = arrays["seq_lens"]
+        h32[n:size] = 0
+        h32[cap:cap + n + 1] = arrays["query_start_loc"]
+        table = h32[2 * cap + 1:].reshape(cap, -1)
+        table[:n, :width] = arrays["block_table"]
+        self._dev64.copy_(self._host64, non_blocking=True)
+        used32 = 2 * cap + 1 + size * table.shape[1]  # block-table rows past the graph size are never read
+        self._dev32[:used32].copy_(self._host32[:used32], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+        return {"input_ids": self.input_ids[:n], "positions": self.positions[:n],
+                "slot_mapping": self.slot_mapping[:n], "logits_indices": self.logits_indices[:num_logits],
+                "query_start_loc": self.query_start_loc[:n + 1], "seq_lens": self.seq_lens[:n],
+                "block_table": self.block_table[:n, :width]}
+
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """Replay the smallest graph that fits a pure-decode step; returns logits [num_reqs, vocab]."""
         md = inputs.metadata
         n = md.num_reqs
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
-        self.input_ids[:n].copy_(inputs.input_ids, non_blocking=True)
-        self.positions[:n].copy_(inputs.positions, non_blocking=True)
-        self.slot_mapping[:n].copy_(md.slot_mapping, non_blocking=True)
-        self.seq_lens[:n].copy_(md.seq_lens, non_blocking=True)
-        width = md.block_table.shape[1]
-        self.block_table[:n, :width].copy_(md.block_table, non_blocking=True)
-        if size > n:
-            self.slot_mapping[n:size].fill_(-1)
-            self.seq_lens[n:size].zero_()
+        if inputs.input_ids.data_ptr() != self.input_ids.data_ptr():  # not built through ``transfer``
+            self.input_ids[:n].copy_(inputs.input_ids, non_blocking=True)
+            self.positions[:n].copy_(inputs.positions, non_blocking=True)
+            self.slot_mapping[:n].copy_(md.slot_mapping, non_blocking=True)
+            self.seq_lens[:n].copy_(md.seq_lens, non_blocking=True)
+            width = md.block_table.shape[1]
+            self.block_table[:n, :width].copy_(md.block_table, non_blocking=True)
+            if size > n:
+                self.slot_mapping[n:size].fill_(-1)
+                self.seq_lens[n:size].zero_()
         buckets = self.buckets[size]
         bucket = buckets[bisect.bisect_left(buckets, md.max_seq_len)]
         self.graphs[size, bucket].replay()

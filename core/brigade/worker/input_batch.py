@@ -7,6 +7,7 @@ attention metadata can split decode and prefill work by a single count.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -47,15 +48,24 @@ class StepInputs:
     pending_req_ids: list[str]
 
 
+class Transfer(Protocol):
+    """Moves a step's named host arrays to the device: ``input_ids``, ``positions``, ``slot_mapping``,
+    ``logits_indices`` (int64) and ``query_start_loc``, ``seq_lens``, ``block_table`` (int32). Returns
+    device tensors of the same shapes and values by name (``HostToDevice``; the decode graphs' own buffers,
+    ``DecodeGraphs.transfer``)."""
+
+    def __call__(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]: ...
+
+
 def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int], *, block_size: int,
-                      device: torch.device, transfer: HostToDevice | None = None) -> StepInputs:
+                      device: torch.device, transfer: Transfer | None = None) -> StepInputs:
     """Flatten the scheduled requests into one batch.
 
     Args:
         states: the scheduled requests, decodes first (num_scheduled == 1).
         num_scheduled: new tokens of each request this step (same order).
         block_size: tokens per KV block.
-        transfer: the runner's reusable host-to-device mover (a throwaway one when None).
+        transfer: the host-to-device mover (a throwaway ``HostToDevice`` when None).
     Returns:
         StepInputs with slot_mapping[t] = block_ids[pos // block_size] * block_size + pos % block_size.
     """
@@ -97,9 +107,11 @@ def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int]
 
     if transfer is None:
         transfer = HostToDevice(device)
-    (ids_d, pos_d, slots_d, logits_d), (qsl_d, seq_d, bt_d) = transfer(
-        [input_ids, positions, slot_mapping, logits_indices.astype(np.int64)],
-        [query_start, seq_lens, block_table])
+    dev = transfer({"input_ids": input_ids, "positions": positions, "slot_mapping": slot_mapping,
+                    "logits_indices": logits_indices.astype(np.int64), "query_start_loc": query_start,
+                    "seq_lens": seq_lens, "block_table": block_table})
+    ids_d, pos_d, slots_d, logits_d = dev["input_ids"], dev["positions"], dev["slot_mapping"], dev["logits_indices"]
+    qsl_d, seq_d, bt_d = dev["query_start_loc"], dev["seq_lens"], dev["block_table"]
     metadata = AttentionMetadata(
         num_reqs=num_reqs, num_actual_tokens=num_tokens, max_query_len=int(query_lens.max()),
         max_seq_len=int(seq_lens.max()), num_decodes=num_decodes,
@@ -132,27 +144,29 @@ class HostToDevice:
             self._host[dtype] = buf
         return buf
 
-    def __call__(self, arrays_i64: list[np.ndarray], arrays_i32: list[np.ndarray]
-                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Return device tensors with the arrays' shapes, in the same order."""
+    def __call__(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """Return device tensors with the arrays' shapes, by name (int64 and int32 arrays only)."""
         if self.device.type == "cpu":
-            return [torch.from_numpy(a) for a in arrays_i64], [torch.from_numpy(a) for a in arrays_i32]
+            return {name: torch.from_numpy(a) for name, a in arrays.items()}
         if self._event is not None:
             self._event.synchronize()
-        out = []
-        for dtype, arrays in ((torch.int64, arrays_i64), (torch.int32, arrays_i32)):
-            total = sum(a.size for a in arrays)
+        out = {}
+        for dtype, np_dtype in ((torch.int64, np.int64), (torch.int32, np.int32)):
+            group = {name: a for name, a in arrays.items() if a.dtype == np_dtype}
+            total = sum(a.size for a in group.values())
             host = self._buffer(dtype, total)
             host_np = host.numpy()
             offset = 0
-            for a in arrays:
+            for a in group.values():
                 host_np[offset:offset + a.size] = a.ravel()
                 offset += a.size
             dev = host[:total].to(self.device, non_blocking=True)
-            views, offset = [], 0
-            for a in arrays:
-                views.append(dev[offset:offset + a.size].view(a.shape))
+            offset = 0
+            for name, a in group.items():
+                out[name] = dev[offset:offset + a.size].view(a.shape)
                 offset += a.size
-            out.append(views)
+        if len(out) != len(arrays):
+            raise TypeError(f"HostToDevice moves int64 and int32 arrays only, got "
+                            f"{sorted((n, str(a.dtype)) for n, a in arrays.items() if n not in out)}")
         self._event.record()
-        return out[0], out[1]
+        return out

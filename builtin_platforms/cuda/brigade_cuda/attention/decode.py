@@ -9,7 +9,7 @@ the per-split partial results with their log-sum-exp weights. With one split the
 the output directly and the merge is skipped. The split count is a runtime argument (only "one or
 more" is compiled in), so varying it from step to step costs no recompilation.
 
-With ``rope`` (``DecodeRope``; ``BRIGADE_CUDA_DECODE_ROPE=1``, off by default until timed on a GPU) the
+With ``rope`` (``DecodeRope``; the backend's default for pure-decode steps, ``BRIGADE_CUDA_DECODE_ROPE=0`` off) the
 step's query and key arrive unrotated and its K/V are not in the cache: each program rotates the query in
 registers, reads the cache up to the new token, the split that owns the new token attends to it from
 registers, and split 0 writes its rotated key and value to the cache. A decode layer then launches no

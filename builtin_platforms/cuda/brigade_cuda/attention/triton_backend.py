@@ -4,7 +4,9 @@
 A step's requests arrive decodes first (``metadata.num_decodes`` requests of one query token each),
 then prefills. ``forward`` launches at most four kernels: the KV-cache write, the decode split kernel
 and its merge, and the prefill kernel. ``forward_rotary`` replaces the model's rotary kernel and the KV
-write with one fused kernel (``rotary_kv_write.py``); ``BRIGADE_CUDA_FUSED_ROPE_KV=0`` keeps them apart.
+write with one fused kernel (``rotary_kv_write.py``), and in a pure-decode step with nothing at all: the decode
+kernel rotates and writes the new K/V itself (``BRIGADE_CUDA_DECODE_ROPE=0`` turns that off);
+``BRIGADE_CUDA_FUSED_ROPE_KV=0`` keeps rotary and the KV write as two kernels.
 Neither reads device memory on the host (no ``.item()``, no ``.tolist()``); only the host integers of the
 metadata size the grids.
 
@@ -41,10 +43,11 @@ def fused_rope_kv_enabled() -> bool:
 
 @functools.cache
 def decode_rope_enabled() -> bool:
-    """True when ``BRIGADE_CUDA_DECODE_ROPE=1``: pure-decode steps rotate and write the new K/V inside the
-    decode attention kernel (``decode_attention(rope=...)``), with no rotary/KV-write kernel at all. Off by
-    default until it is timed on a GPU (it is checked against the two-kernel path by tests/cuda)."""
-    return os.environ.get("BRIGADE_CUDA_DECODE_ROPE", "0") == "1"
+    """True unless ``BRIGADE_CUDA_DECODE_ROPE=0``: pure-decode steps rotate and write the new K/V inside the
+    decode attention kernel (``decode_attention(rope=...)``), with no rotary/KV-write kernel at all. Batch-1
+    TPOT on the H200: 4.21 against 4.25 ms (``docs/benchmarks.md``); "0" keeps the fused rotary + KV-write
+    kernel for A/B timing."""
+    return os.environ.get("BRIGADE_CUDA_DECODE_ROPE", "1") != "0"
 
 
 @functools.cache
