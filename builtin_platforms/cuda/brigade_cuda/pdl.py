@@ -7,11 +7,16 @@ previous kernel in the stream to finish and flush (``gdc_wait``) and then allows
 scheduled (``gdc_launch_dependents``), so the next kernel's launch and scheduling overlap this one's work.
 
 Correctness rule, kept by every kernel that takes ``USE_PDL`` (through ``gdc_prologue``): ``gdc_wait`` comes
-before any global memory access, unconditionally. (Requesting the skinny GEMM's first weight tile ahead of the wait,
-which is safe because no kernel of a step writes weights, was measured slower on the H200: 4.54 against
-4.43 ms TPOT, the peeled first iteration costing more than the hidden latency.) A kernel therefore never completes before its predecessor, so
-"predecessor complete" holds transitively along the stream, and a kernel may read what any earlier kernel
-wrote. Kernels launched without PDL (cuBLAS, PyTorch ops) keep plain stream order. CUDA graphs capture the
+before any access to memory that a kernel of the same step may write, and every program executes it before it
+ends. A kernel therefore never completes before its predecessor, so "predecessor complete" holds transitively
+along the stream, and after its wait a kernel may read what any earlier kernel wrote. Memory that no kernel
+of the step writes may be read before the wait (``pdl_prefetch``): weights and constant tables, the step's
+inputs that copies staged before the graph, and the KV cache of earlier tokens. That is safe because kernel
+i+1 can start only once kernel i has started, so every kernel of a graph starts after the work queued before
+the graph has finished. The RMSNorm kernel reads its weight and the decode kernel (with its in-kernel rotary)
+reads its block table and cached K/V that way, overlapping those loads with the previous kernel's tail.
+(Requesting the skinny GEMM's first weight tile ahead of the wait was measured slower on the H200: 4.54
+against 4.43 ms TPOT, the peeled first iteration costing more than the hidden latency.) Kernels launched without PDL (cuBLAS, PyTorch ops) keep plain stream order. CUDA graphs capture the
 launches as programmatic edges. PDL is used only while a CUDA graph is being captured (the decode steps):
 eager launches with the PDL attribute measured slower (TTFT 24 ms against 13 ms on the H200), and graphs
 are where the per-kernel gaps add up. ``BRIGADE_CUDA_PDL=0`` turns it off (A/B timing).
@@ -45,6 +50,13 @@ def pdl_enabled() -> bool:
 def pdl_early() -> bool:
     """Trigger the next kernel's launch before waiting (``BRIGADE_CUDA_PDL_EARLY=1``), see ``gdc_prologue``."""
     return os.environ.get("BRIGADE_CUDA_PDL_EARLY", "0") == "1"
+
+
+@functools.cache
+def pdl_prefetch() -> bool:
+    """Read step-invariant memory before ``gdc_wait`` where a kernel can (see the module docstring);
+    ``BRIGADE_CUDA_PDL_PREFETCH=0`` keeps every load after the wait (A/B timing)."""
+    return os.environ.get("BRIGADE_CUDA_PDL_PREFETCH", "1") != "0"
 
 
 @triton.jit

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from brigade_cuda.pdl import gdc_prologue, pdl_launch
+from brigade_cuda.pdl import gdc_prologue, pdl_launch, pdl_prefetch
 
 
 LOG2E = 1.4426950408889634
@@ -47,10 +47,17 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, ROPE: tl.constexpr = False, HALF: tl.constexpr = 1, IS_NEOX: tl.constexpr = True,
-    USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False, EARLY: tl.constexpr = False,
 ):
-    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel, let the next one launch
-        gdc_prologue(PDL_EARLY)
+    # EARLY (with USE_PDL and ROPE): the step's own K/V come from registers, so everything the context loop
+    # reads (sequence lengths, block table, cached K/V of earlier tokens) was written before this step, and
+    # those loads start before the wait for the previous kernel (the qkv projection), see
+    # brigade_cuda/pdl.py. Only the query and the new key/value wait.
+    if USE_PDL:
+        if EARLY:
+            tl.extra.cuda.gdc_launch_dependents()  # the wait comes at the first read of this step's q/k/v
+        else:  # see brigade_cuda/pdl.py: wait for the previous kernel, let the next one launch
+            gdc_prologue(PDL_EARLY)
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -67,20 +74,20 @@ def _decode_split_kernel(
     dim_mask = dims < HEAD_SIZE
     q_rows = q_ptr + req.to(tl.int64) * stride_q_t + heads[:, None] * stride_q_h
     q_mask = head_mask[:, None] & dim_mask[None, :]
-    q = tl.load(q_rows + dims[None, :], mask=q_mask, other=0.0)  # [G, D]
+    k_row = k_new_ptr + req.to(tl.int64) * stride_kn_t + kv_head * stride_kn_h
+    v_row = v_new_ptr + req.to(tl.int64) * stride_vn_t + kv_head * stride_vn_h
     cache_end = end
+    cos, sin, partner = dims, dims, dims  # placeholders without ROPE
     if ROPE:  # this step's query and key arrive unrotated; see decode_attention's ``rope``
         last = seq_len - 1  # the new token's position in the context; its K/V is not in the cache yet
         cache_end = tl.minimum(end, last)
         cos, sin, partner = _rope_lanes(positions_ptr + req, cos_sin_ptr, stride_cos_sin, dims, HALF, IS_NEOX)
-        q_pair = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
-        q = (q.to(tl.float32) * cos[None, :] + q_pair * sin[None, :]).to(q_ptr.dtype.element_ty)
-        k_row = k_new_ptr + req.to(tl.int64) * stride_kn_t + kv_head * stride_kn_h
-        k_new = tl.load(k_row + dims, mask=dim_mask, other=0.0).to(tl.float32) * cos \
-            + tl.load(k_row + partner, mask=dim_mask, other=0.0).to(tl.float32) * sin
-        k_new = k_new.to(k_new_ptr.dtype.element_ty)  # [D], rounded as the rotary kernel stores it
-        v_new = tl.load(v_new_ptr + req.to(tl.int64) * stride_vn_t + kv_head * stride_vn_h + dims, mask=dim_mask,
-                        other=0.0)
+    if EARLY:  # loaded (after the wait) at the first context tile, or after the loop if there is none
+        q = tl.zeros([GROUP_P2, HEAD_P2], q_ptr.dtype.element_ty)
+        k_new = tl.zeros([HEAD_P2], k_new_ptr.dtype.element_ty)
+        v_new = tl.zeros([HEAD_P2], v_new_ptr.dtype.element_ty)
+    else:
+        q, k_new, v_new = _load_step(q_rows, q_mask, k_row, v_row, dims, dim_mask, cos, sin, partner, ROPE)
 
     m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_P2], tl.float32)
@@ -94,15 +101,23 @@ def _decode_split_kernel(
         row = block * stride_cache_block + (pos % BLOCK_SIZE) * stride_cache_tok + head_off  # [N]
         kv_mask = pos_mask[:, None] & dim_mask[None, :]
         k = tl.load(k_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        v = tl.load(v_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        if EARLY:
+            if n0 == start:
+                tl.extra.cuda.gdc_wait()
+                q, k_new, v_new = _load_step(q_rows, q_mask, k_row, v_row, dims, dim_mask, cos, sin, partner, ROPE)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [G, N], log2 units
         s = tl.where(pos_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [N, D]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+    if EARLY:
+        tl.extra.cuda.gdc_wait()  # every program waits before it ends (a no-op after the first wait)
+        if start >= cache_end:  # no context tile: load this step's q/k/v now
+            q, k_new, v_new = _load_step(q_rows, q_mask, k_row, v_row, dims, dim_mask, cos, sin, partner, ROPE)
 
     if ROPE:
         if (last >= start) & (last < end):  # the split that owns the new token attends to it from registers
@@ -132,6 +147,24 @@ def _decode_split_kernel(
         tl.store(mid_o_ptr + mid[:, None] * HEAD_P2 + dims[None, :], o, mask=out_mask)
         lse = tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf"))
         tl.store(mid_lse_ptr + mid, lse, mask=head_mask)
+
+
+@triton.jit
+def _load_step(q_rows, q_mask, k_row, v_row, dims, dim_mask, cos, sin, partner, ROPE: tl.constexpr):
+    """This step's query [G, D] (rotated with ROPE) and, with ROPE, its new key (rotated, rounded as the rotary
+    kernel stores it) and value [D]; without ROPE the key and value are unused placeholders."""
+    q = tl.load(q_rows + dims[None, :], mask=q_mask, other=0.0)  # [G, D]
+    if ROPE:
+        q_pair = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
+        q = (q.to(tl.float32) * cos[None, :] + q_pair * sin[None, :]).to(q_rows.dtype.element_ty)
+        k_new = tl.load(k_row + dims, mask=dim_mask, other=0.0).to(tl.float32) * cos \
+            + tl.load(k_row + partner, mask=dim_mask, other=0.0).to(tl.float32) * sin
+        k_new = k_new.to(k_row.dtype.element_ty)
+        v_new = tl.load(v_row + dims, mask=dim_mask, other=0.0)
+    else:
+        k_new = tl.zeros([q.shape[1]], k_row.dtype.element_ty)
+        v_new = tl.zeros([q.shape[1]], v_row.dtype.element_ty)
+    return q, k_new, v_new
 
 
 @triton.jit
@@ -171,11 +204,11 @@ def _decode_merge_kernel(
     split_mask = splits < num_splits
     mid = req.to(tl.int64) * stride_mid_r + head * stride_mid_h + splits * stride_mid_s  # [S]
     lse = tl.load(mid_lse_ptr + mid, mask=split_mask, other=float("-inf"))
+    o = tl.load(mid_o_ptr + mid[:, None] * HEAD_P2 + dims[None, :],
+                mask=split_mask[:, None] & (dims[None, :] < HEAD_SIZE), other=0.0)  # [S, D], in flight with lse
     lse_max = tl.max(lse, 0)
     lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # all splits empty: weights all 0
     w = tl.exp2(lse - lse_max)  # [S]
-    o = tl.load(mid_o_ptr + mid[:, None] * HEAD_P2 + dims[None, :],
-                mask=split_mask[:, None] & (dims[None, :] < HEAD_SIZE), other=0.0)  # [S, D]
     total = tl.sum(w, 0)
     out = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + req.to(tl.int64) * stride_out_t + head * stride_out_h + dims,
@@ -259,6 +292,8 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         rope_kw = {"ROPE": True, "HALF": rope.cos_sin_cache.shape[1] // 2, "IS_NEOX": rope.is_neox_style}
     else:
         rope_args, rope_kw = (query, query, seq_lens, query, seq_lens, 0, 0, 0, 0, 0), {}
+    pdl = pdl_launch()
+    early = bool(pdl["USE_PDL"] and rope is not None and pdl_prefetch())
     _decode_split_kernel[(num_decodes, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_table, seq_lens, out, mid_o, mid_lse,
         scale * LOG2E,
@@ -267,7 +302,7 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         *mid_strides, num_splits, *rope_args,
         BLOCK_SIZE=block_size, GROUP=group, GROUP_P2=max(16, triton.next_power_of_2(group)),
         HEAD_SIZE=head_size, HEAD_P2=head_p2, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1,
-        DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages, **rope_kw, **pdl_launch(),
+        DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages, EARLY=early, **rope_kw, **pdl,
     )
     if num_splits > 1:
         _decode_merge_kernel[(num_decodes, num_heads)](

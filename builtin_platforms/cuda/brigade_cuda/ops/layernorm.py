@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from brigade_cuda.pdl import gdc_prologue, pdl_launch
+from brigade_cuda.pdl import gdc_prologue, pdl_launch, pdl_prefetch
 
 
 @triton.jit
@@ -22,13 +22,17 @@ def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, eps, hidden,
     stride_x, stride_residual, stride_out,
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
-    USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):
-    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel, let the next one launch
-        gdc_prologue(PDL_EARLY)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
+    if PREFETCH or not USE_PDL:  # no kernel writes the weight: its load may precede the wait (pdl.py)
+        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel, let the next one launch
+        gdc_prologue(PDL_EARLY)
+    if USE_PDL and not PREFETCH:
+        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         x += tl.load(residual_ptr + row * stride_residual + cols, mask=mask, other=0.0).to(tl.float32)
@@ -36,7 +40,6 @@ def _rms_norm_kernel(
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / hidden + eps)
     # Round to the output dtype before scaling by the weight, like the native op does.
     y = (x * rstd).to(out_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_out + cols, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -53,7 +56,8 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     _rms_norm_kernel[(rows,)](
         x, residual if residual is not None else x, weight, out, eps, hidden,
         x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)), **pdl_launch(),
+        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)),
+        PREFETCH=pdl_prefetch(), **pdl_launch(),
     )
 
 
