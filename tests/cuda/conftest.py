@@ -103,5 +103,7 @@ def cuda_ops_registered():
         if op.registered_impl("cuda") is impl:
             op.unregister_impl("cuda")
     from brigade.model_executor.layers.linear_method import unregister_dense_gemm
+    from brigade.sample.fused import unregister_fused_sampler
 
     unregister_dense_gemm("cuda")
+    unregister_fused_sampler("cuda")

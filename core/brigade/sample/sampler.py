@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from brigade.sample.argmax import argmax_rows
+from brigade.sample.fused import fused_sampler
 from brigade.sample.logits_processors import BUILTIN_LOGITS_PROCESSORS, LogitsProcessor
 from brigade.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
 from brigade.sample.metadata import SamplingMetadata
@@ -71,6 +72,10 @@ class Sampler(nn.Module):
         Returns: SamplerOutput with [B] int64 ids and, if any row asked, LogprobsTensors with
         ``max_num_logprobs + 1`` columns.
         """
+        fused = fused_sampler(logits.device.type)
+        if fused is not None and self._plain(metadata):  # the same steps in one pass (sample/fused.py)
+            temperature = None if metadata.all_greedy else metadata.temperature
+            return SamplerOutput(fused(logits, temperature, greedy=metadata.all_greedy), None)
         # (1) Logprobs must describe the model's distribution, so they are taken before any change.
         raw_logprobs = compute_logprobs(logits) if metadata.max_num_logprobs is not None else None
         # (2) fp32 from here on; copy=True so the caller's tensor is never written.
@@ -103,6 +108,20 @@ class Sampler(nn.Module):
         if greedy is None:
             return sampled
         return torch.where(metadata.is_greedy, greedy, sampled)
+
+    def _plain(self, metadata: SamplingMetadata) -> bool:
+        """True when the order above reduces to fp32, temperature and the argmax or the race (``fused.py``):
+        all rows greedy or all random with only a temperature, and nothing that reads or changes logits."""
+        md = metadata
+        if md.max_num_logprobs is not None or md.grammar_bitmask is not None or md.penalties is not None:
+            return False
+        classes = self.mask_processors + self.non_argmax_invariant_processors
+        if not md.all_greedy:
+            if not (md.all_random and md.top_k is None and md.top_p is None and md.min_p is None
+                    and not md.generators):
+                return False
+            classes = classes + self.argmax_invariant_processors
+        return not any(cls.needs(p) for cls in classes for p in md.params)
 
     @staticmethod
     def _apply_processors(logits: torch.Tensor, metadata: SamplingMetadata,

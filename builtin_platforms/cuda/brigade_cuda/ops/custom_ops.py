@@ -1,7 +1,9 @@
 """Binds the Triton ops to the model layers' ``CustomOp`` seam for the "cuda" device type (book ch. 11),
 and the skinny GEMM / one-row GEMV (with SiLU-and-mul folded into the down projection) to the dense-GEMM
 seam of unquantized linear layers (``BRIGADE_CUDA_SKINNY_GEMM=0`` keeps cuBLAS everywhere;
-``BRIGADE_CUDA_GEMV=0`` keeps the tensor-core skinny kernel and a separate activation at one row).
+``BRIGADE_CUDA_GEMV=0`` keeps the tensor-core skinny kernel and a separate activation at one row), and the
+fused sampler of ``ops/sampling.py`` to the Sampler's plain batches (``BRIGADE_CUDA_FUSED_SAMPLER=0`` keeps the
+Sampler's tensor ops).
 
 ``register_cuda_ops()`` registers one adapter per op with ``CustomOp.register_impl("cuda", fn)``. Call it
 once per process before the model is built (the CUDA platform's worker start-up); layers built
@@ -22,6 +24,7 @@ from brigade_cuda.ops.activation import silu_and_mul
 from brigade_cuda.ops.gemm import check_skinny, gemv, skinny_linear
 from brigade_cuda.ops.layernorm import fused_add_rms_norm, rms_norm
 from brigade_cuda.ops.rotary import rotary_embedding
+from brigade_cuda.ops.sampling import fused_sample
 
 
 def rms_norm_cuda(layer, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -86,6 +89,10 @@ def register_cuda_ops() -> None:
     from brigade.model_executor.layers.layernorm import RMSNorm
     from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding
 
+    if os.environ.get("BRIGADE_CUDA_FUSED_SAMPLER", "1") != "0":  # "0": the Sampler's tensor ops (A/B timing)
+        from brigade.sample.fused import register_fused_sampler
+
+        register_fused_sampler("cuda", fused_sample)
     RMSNorm.register_impl("cuda", rms_norm_cuda)
     SiluAndMul.register_impl("cuda", silu_and_mul_cuda)
     RotaryEmbedding.register_impl("cuda", rotary_embedding_cuda)
