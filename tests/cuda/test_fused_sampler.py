@@ -56,13 +56,27 @@ def test_random_over_a_large_vocabulary_repeats_under_manual_seed():
     assert len(set(c[:, 1].tolist())) > 150  # fresh draws each call, spread over the vocabulary
 
 
-def test_the_sampler_uses_it_for_plain_batches(cuda_ops_registered, monkeypatch):
+def test_registered_only_when_switched_on(monkeypatch):
+    from brigade.sample.fused import fused_sampler, unregister_fused_sampler
+    from brigade_cuda.ops.custom_ops import register_cuda_ops
+
+    try:
+        monkeypatch.delenv("BRIGADE_CUDA_FUSED_SAMPLER", raising=False)
+        register_cuda_ops()
+        assert fused_sampler("cuda") is None
+        monkeypatch.setenv("BRIGADE_CUDA_FUSED_SAMPLER", "1")
+        register_cuda_ops()
+        assert fused_sampler("cuda") is fused_sample
+    finally:
+        unregister_fused_sampler("cuda")
+
+
+def test_the_sampler_uses_it_for_plain_batches(monkeypatch):
     from brigade.sample import Sampler
     from brigade.sample import fused as fused_module
     from brigade.sample.metadata import SamplingRequestState, build_sampling_metadata
     from brigade.sampling_params import SamplingParams
 
-    assert fused_module.fused_sampler("cuda") is fused_sample
     seen = []
     monkeypatch.setitem(fused_module._FUSED, "cuda", lambda *a, **kw: (seen.append(kw["greedy"]),
                                                                           fused_sample(*a, **kw))[1])

@@ -7,7 +7,9 @@ or per-request seeds. Then the Sampler's order reduces to "fp32, divide by the t
 which a platform can run as one kernel that reads the logits once. On a 128k vocabulary that replaces about
 ten small kernels per step at batch 1, and at large batches several fp32 passes over ``[B, V]``.
 
-A platform registers its function with ``register_fused_sampler(device_type, fn)`` at worker start-up, like
+The CUDA plugin's implementation (``brigade_cuda/ops/sampling.py``) is off by default until it has run on a
+GPU (``BRIGADE_CUDA_FUSED_SAMPLER=1`` turns it on). A platform registers its function with
+``register_fused_sampler(device_type, fn)`` at worker start-up, like
 ``register_dense_gemm``; the Sampler looks it up by the logits' device type at each plain step. The
 function's contract::
 

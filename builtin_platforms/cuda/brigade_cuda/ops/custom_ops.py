@@ -2,8 +2,8 @@
 and the skinny GEMM / one-row GEMV (with SiLU-and-mul folded into the down projection) to the dense-GEMM
 seam of unquantized linear layers (``BRIGADE_CUDA_SKINNY_GEMM=0`` keeps cuBLAS everywhere;
 ``BRIGADE_CUDA_GEMV=0`` keeps the tensor-core skinny kernel and a separate activation at one row), and the
-fused sampler of ``ops/sampling.py`` to the Sampler's plain batches (``BRIGADE_CUDA_FUSED_SAMPLER=0`` keeps the
-Sampler's tensor ops).
+fused sampler of ``ops/sampling.py`` to the Sampler's plain batches when ``BRIGADE_CUDA_FUSED_SAMPLER=1`` (off
+by default until it has run on a GPU).
 
 ``register_cuda_ops()`` registers one adapter per op with ``CustomOp.register_impl("cuda", fn)``. Call it
 once per process before the model is built (the CUDA platform's worker start-up); layers built
@@ -89,7 +89,7 @@ def register_cuda_ops() -> None:
     from brigade.model_executor.layers.layernorm import RMSNorm
     from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding
 
-    if os.environ.get("BRIGADE_CUDA_FUSED_SAMPLER", "1") != "0":  # "0": the Sampler's tensor ops (A/B timing)
+    if os.environ.get("BRIGADE_CUDA_FUSED_SAMPLER", "0") == "1":  # off until run on a GPU (ops/sampling.py)
         from brigade.sample.fused import register_fused_sampler
 
         register_fused_sampler("cuda", fused_sample)

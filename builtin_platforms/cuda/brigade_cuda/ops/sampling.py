@@ -10,7 +10,10 @@ ties). ``argmax_i (x_i - log E_i)`` is the race ``argmax_i p_i / E_i``, distribu
 ``p = softmax(x)`` (see ``brigade.sample.topk_topp.exponential_race_sample``); a greedy row is the plain argmax,
 ties resolved to the lowest index as ``torch.argmax`` does.
 
-``BRIGADE_CUDA_FUSED_SAMPLER=0`` keeps the Sampler's tensor ops (A/B timing).
+Status: written and checked under Triton's interpreter (greedy equal to ``torch.argmax`` with ties and masked
+rows, draw frequencies with and without a temperature), not yet run on a GPU: the session's device time ran
+out. It is therefore registered only with ``BRIGADE_CUDA_FUSED_SAMPLER=1``; ``benchmarks/gpu/run_q.sh`` runs
+its GPU tests and the batch-1 A/B.
 """
 
 from __future__ import annotations
