@@ -3,7 +3,7 @@
 # against HF with it on, then batch-1 latency with it (BRIGADE_CUDA_FUSED_SAMPLER=1) and without (the default),
 # then the bound of this machine.
 source "$(dirname "$0")/common.sh"
-STEP_TIMEOUT=90 TAIL=4 run env BRIGADE_CUDA_FUSED_SAMPLER=1 python3 -m pytest -q -x -p no:warnings tests/cuda/test_fused_sampler.py \
+STEP_TIMEOUT=90 TAIL=4 run env BRIGADE_CUDA_FUSED_SAMPLER=1 python3 -m pytest -q -x -p no:warnings tests/cuda/test_fused_sampler_cuda.py \
     tests/cuda/test_engine_gpu.py
 lat() { name=$1; shift; STEP_TIMEOUT=60 TAIL=2 run env "$@" brigade bench latency $M $C --max-model-len 2048 --batch-size 1 \
     --input-len 128 --output-len 256 --num-iters-warmup 1 --num-iters 3 --max-num-seqs 1 --output-json "$out/latency_$name.json"; }

@@ -1,7 +1,7 @@
 """The fused-sampler seam (``brigade.sample.fused``): which batches the Sampler hands to a platform's
 one-pass sampler, and that everything else keeps the tensor-op path. A pure-Python sampler registered for
 the "cpu" device type stands in for a platform's kernel (the CUDA kernel's own checks are in
-tests/cuda/test_fused_sampler.py)."""
+tests/cuda/test_fused_sampler_cuda.py)."""
 
 from __future__ import annotations
 
