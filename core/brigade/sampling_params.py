@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import math
+import numbers
 from typing import Any
 
 import msgspec
@@ -50,6 +52,11 @@ class StructuredOutputsParams(msgspec.Struct, omit_defaults=True):
                 f"structured_outputs needs exactly one of json, regex, choice, grammar; got {set_fields or 'none'}",
                 param="structured_outputs")
         return set_fields[0]
+
+
+_INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs")
+_OPTIONAL_FIELDS = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 class SamplingParams(msgspec.Struct, omit_defaults=True):
@@ -121,7 +128,21 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
         return self.temperature < _SAMPLING_EPS
 
     def verify(self) -> None:
-        """Check every range; raises InvalidParamError naming the bad field."""
+        """Check every type and range; raises InvalidParamError naming the bad field.
+
+        Offline users build this directly (the server's pydantic models check types first), so a float seed
+        or a string temperature must fail here, naming the field, and never reach the worker.
+        """
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if value is None and name in _OPTIONAL_FIELDS:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise InvalidParamError(f"{name} must be an integer, got {value!r}", param=name)
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise InvalidParamError(f"{name} must be a finite number, got {value!r}", param=name)
         checks = [
             (self.n >= 1, "n must be at least 1", "n"),
             (self.seed is None or -(2 ** 63) <= self.seed < 2 ** 63, "seed must fit in 64 bits", "seed"),
