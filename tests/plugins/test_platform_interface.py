@@ -72,3 +72,22 @@ def test_cpu_platform_is_always_detected_and_defaults_to_fp32():
     assert CpuPlatform.device_for_rank(3) == torch.device("cpu")
     with pytest.raises(NotImplementedError):
         CpuPlatform.mem_get_info()
+
+
+def test_cpu_default_step_budget_is_small_and_a_user_value_wins():
+    """On the CPU one step of the 8192-token default can hold other requests for ~10 s; the CPU platform
+    defaults to 1024-token chunks, and --max-num-batched-tokens (or no chunked prefill) still decides."""
+    from brigade.config import BrigadeConfig, ModelConfig, SchedulerConfig
+    from brigade.platforms.cpu import CPU_MAX_NUM_BATCHED_TOKENS, CpuPlatform
+
+    default = BrigadeConfig(model_config=ModelConfig(model="m"))
+    CpuPlatform.check_and_update_config(default)
+    assert default.scheduler_config.max_num_batched_tokens == CPU_MAX_NUM_BATCHED_TOKENS == 1024
+    chosen = BrigadeConfig(model_config=ModelConfig(model="m"),
+                           scheduler_config=SchedulerConfig(max_num_batched_tokens=4096))
+    CpuPlatform.check_and_update_config(chosen)
+    assert chosen.scheduler_config.max_num_batched_tokens == 4096
+    whole = BrigadeConfig(model_config=ModelConfig(model="m"),
+                          scheduler_config=SchedulerConfig(enable_chunked_prefill=False))
+    CpuPlatform.check_and_update_config(whole)
+    assert whole.scheduler_config.max_num_batched_tokens is None  # resolve() sizes it to max_model_len
