@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from brigade.config import BrigadeConfig
 from brigade.engine.core import EngineCore
+from brigade.engine.core_client import EngineDeadError
 from brigade.engine.input_processor import InputProcessor, eos_token_id
 from brigade.engine.output_processor import OutputProcessor
 from brigade.outputs import RequestOutput
@@ -23,10 +24,22 @@ class LLMEngine:
                                               eos_token_id(self.core.executor.hf_config))
         self.output_processor = OutputProcessor(self.tokenizer)
         self._step_outputs: list[RequestOutput] = []
+        self._dead: BaseException | None = None  # the error of a failed step; the engine refuses work after it
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine stopped after an error in a step ({self._dead}); its state is "
+                                  f"unknown, so build a new LLM") from self._dead
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
                     priority: int = 0, cache_salt: str | None = None) -> None:
-        """Validate and queue a request. Raises InvalidParamError for bad input."""
+        """Validate and queue a request.
+
+        Raises:
+            InvalidParamError: bad input (nothing is queued).
+            EngineDeadError: an earlier step failed (see ``step``).
+        """
+        self._check_alive()
         text, token_ids, children = self.input_processor.process(prompt, params, request_id, priority=priority,
                                                                  cache_salt=cache_salt)
         self.output_processor.add_request(request_id, text, token_ids, params, [c.request_id for c in children],
@@ -41,8 +54,19 @@ class LLMEngine:
         return self.output_processor.has_unfinished_requests()
 
     def step(self) -> list[RequestOutput]:
-        """One engine step; returns the outputs it produced (per the requests' output kinds)."""
-        engine_outputs = self.core.step()
+        """One engine step; returns the outputs it produced (per the requests' output kinds).
+
+        Raises:
+            EngineDeadError: this step (or an earlier one) failed inside the scheduler or the model; the
+                scheduler's and the model runner's state may disagree after that, so every later call raises
+                it too, naming the first error, instead of failing in unrelated ways (vLLM's EngineDeadError).
+        """
+        self._check_alive()
+        try:
+            engine_outputs = self.core.step()
+        except Exception as exc:
+            self._dead = exc
+            raise EngineDeadError(f"the engine stopped after an error in a step: {exc!r}") from exc
         processed = self.output_processor.process_outputs(engine_outputs.outputs, engine_outputs.timestamp or None)
         if processed.reqs_to_abort:
             self.core.abort_requests(processed.reqs_to_abort)
