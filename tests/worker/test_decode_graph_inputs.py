@@ -51,6 +51,14 @@ def test_transfer_writes_the_graph_buffers_padded_to_the_graph_size():
     assert graphs.block_table[1, :3].tolist() == [1, 2, 4]
 
 
+def test_run_refuses_a_step_not_staged_in_the_graph_buffers():
+    states = [_state(0, 20, [5, 3])]
+    plain = build_step_inputs(states, [1], block_size=16, device=torch.device("cpu"),
+                              transfer=HostToDevice(torch.device("cpu")))
+    with pytest.raises(ValueError, match="DecodeGraphs.transfer"):
+        _graphs().run(plain)
+
+
 def test_transfer_refuses_a_step_the_graphs_cannot_hold():
     graphs = _graphs()
     arrays = {"input_ids": np.zeros(9, np.int64), "positions": np.zeros(9, np.int64),

@@ -28,8 +28,11 @@ class LLMEngine:
 
     def _check_alive(self) -> None:
         if self._dead is not None:
-            raise EngineDeadError(f"the engine stopped after an error in a step ({self._dead}); its state is "
-                                  f"unknown, so build a new LLM") from self._dead
+            raise self._dead_error() from self._dead
+
+    def _dead_error(self) -> EngineDeadError:
+        return EngineDeadError(f"the engine stopped after an error in a step ({self._dead!r}); its state is "
+                               f"unknown, so build a new LLM")
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
                     priority: int = 0, cache_salt: str | None = None) -> None:
@@ -66,7 +69,7 @@ class LLMEngine:
             engine_outputs = self.core.step()
         except Exception as exc:
             self._dead = exc
-            raise EngineDeadError(f"the engine stopped after an error in a step: {exc!r}") from exc
+            raise self._dead_error() from exc
         processed = self.output_processor.process_outputs(engine_outputs.outputs, engine_outputs.timestamp or None)
         if processed.reqs_to_abort:
             self.core.abort_requests(processed.reqs_to_abort)

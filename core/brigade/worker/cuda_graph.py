@@ -39,8 +39,8 @@ class DecodeGraphs:
     context.
 
     Invariant: every graph reads ``input_ids``, ``positions`` and the metadata buffers at the same
-    addresses. A step built through ``transfer`` already has its inputs there; ``run`` copies any other
-    step's inputs there before replaying.
+    addresses; a step built through ``transfer`` has its inputs there, padded to the graph size, so ``run``
+    only picks the graph and replays it.
     """
 
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], capture_sizes: list[int], *,
@@ -151,20 +151,17 @@ class DecodeGraphs:
                 "block_table": self.block_table[:n, :width]}
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        """Replay the smallest graph that fits a pure-decode step; returns logits [num_reqs, vocab]."""
+        """Replay the smallest graph that fits a pure-decode step built through ``transfer``; returns logits
+        [num_reqs, vocab].
+
+        Raises:
+            ValueError: when the step's inputs are not in the graph buffers (built through another transfer).
+        """
+        if inputs.input_ids.data_ptr() != self.input_ids.data_ptr():
+            raise ValueError("DecodeGraphs.run needs a step built with transfer=DecodeGraphs.transfer")
         md = inputs.metadata
         n = md.num_reqs
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
-        if inputs.input_ids.data_ptr() != self.input_ids.data_ptr():  # not built through ``transfer``
-            self.input_ids[:n].copy_(inputs.input_ids, non_blocking=True)
-            self.positions[:n].copy_(inputs.positions, non_blocking=True)
-            self.slot_mapping[:n].copy_(md.slot_mapping, non_blocking=True)
-            self.seq_lens[:n].copy_(md.seq_lens, non_blocking=True)
-            width = md.block_table.shape[1]
-            self.block_table[:n, :width].copy_(md.block_table, non_blocking=True)
-            if size > n:
-                self.slot_mapping[n:size].fill_(-1)
-                self.seq_lens[n:size].zero_()
         buckets = self.buckets[size]
         bucket = buckets[bisect.bisect_left(buckets, md.max_seq_len)]
         self.graphs[size, bucket].replay()

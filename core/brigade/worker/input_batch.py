@@ -146,6 +146,9 @@ class HostToDevice:
 
     def __call__(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """Return device tensors with the arrays' shapes, by name (int64 and int32 arrays only)."""
+        other = sorted((n, str(a.dtype)) for n, a in arrays.items() if a.dtype not in (np.int64, np.int32))
+        if other:
+            raise TypeError(f"HostToDevice moves int64 and int32 arrays only, got {other}")
         if self.device.type == "cpu":
             return {name: torch.from_numpy(a) for name, a in arrays.items()}
         if self._event is not None:
@@ -165,8 +168,5 @@ class HostToDevice:
             for name, a in group.items():
                 out[name] = dev[offset:offset + a.size].view(a.shape)
                 offset += a.size
-        if len(out) != len(arrays):
-            raise TypeError(f"HostToDevice moves int64 and int32 arrays only, got "
-                            f"{sorted((n, str(a.dtype)) for n, a in arrays.items() if n not in out)}")
         self._event.record()
         return out

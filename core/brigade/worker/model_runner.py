@@ -138,13 +138,15 @@ class ModelRunner:
         states = [self.requests[rid] for rid in order]
         want_prompt_logprobs = any(s.sampling.params.prompt_logprobs is not None
                                    and s.num_computed_tokens < s.num_prompt_tokens - 1 for s in states)
-        transfer = self.transfer
-        if self._graph_step(len(order), max(num_scheduled.values()), keep_hidden=want_prompt_logprobs):
-            transfer = self.cuda_graphs.transfer  # inputs straight into the graph's buffers
+        # A pure-decode step that fits a captured size replays a graph (which returns no hidden states); its
+        # inputs go straight into the graph's buffers.
+        use_graph = (not want_prompt_logprobs and self.cuda_graphs is not None
+                     and self.cuda_graphs.can_run(len(order), max(num_scheduled.values())))
         inputs = build_step_inputs(states, [num_scheduled[rid] for rid in order], block_size=self.block_size,
-                                   device=self.device, transfer=transfer)
+                                   device=self.device,
+                                   transfer=self.cuda_graphs.transfer if use_graph else self.transfer)
         self._fill_pending_inputs(inputs)
-        logits, hidden = self._forward(inputs, keep_hidden=want_prompt_logprobs)
+        logits, hidden = self._forward(inputs, use_graph=use_graph, keep_hidden=want_prompt_logprobs)
         prompt_logprobs = self._prompt_logprobs(order, inputs, hidden) if want_prompt_logprobs else {}
         for rid, n in num_scheduled.items():
             self.requests[rid].num_computed_tokens += n
@@ -192,16 +194,13 @@ class ModelRunner:
                 full[row] = src[rows[rid]]
         return torch.from_numpy(full).to(self.device, non_blocking=True)
 
-    def _graph_step(self, num_reqs: int, max_query_len: int, *, keep_hidden: bool) -> bool:
-        """True when the step replays a decode CUDA graph (which returns no hidden states)."""
-        return (not keep_hidden and self.cuda_graphs is not None
-                and self.cuda_graphs.can_run(num_reqs, max_query_len))
-
-    def _forward(self, inputs, *, keep_hidden: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Run the model; return (logits [num_sampling_reqs, vocab] or None when nobody samples, and the
-        hidden states [num_tokens, hidden] when ``keep_hidden``, else None)."""
+    def _forward(self, inputs, *, use_graph: bool, keep_hidden: bool = False
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Run the model, replaying a decode graph when ``use_graph`` (inputs built through
+        ``DecodeGraphs.transfer``); return (logits [num_sampling_reqs, vocab] or None when nobody samples, and
+        the hidden states [num_tokens, hidden] when ``keep_hidden``, else None)."""
         md = inputs.metadata
-        if self._graph_step(md.num_reqs, md.max_query_len, keep_hidden=keep_hidden):
+        if use_graph:
             logits = self.cuda_graphs.run(inputs)  # decode: batch rows are token rows
             if len(inputs.sampling_req_ids) == md.num_reqs:  # every row samples: no gather kernel needed
                 return logits, None
