@@ -7,6 +7,8 @@ graph), and reports per decode step:
 * ``span``: first to last kernel of the decode region over the number of decode steps (about the TPOT);
 * ``busy``: the union of kernel intervals, and ``idle`` = span - busy (gaps where no kernel runs);
 * per kernel name: launches per step and device time per step;
+* ``between_graphs``: each device operation from the LM head of one step to the next step's embedding
+  gather, with the idle gap before it (what the step does outside its graph, and what waits on the host);
 * ``graph_replay_us``: one batch-1 decode graph replayed back to back (TPOT minus it is the work outside
   the graph).
 
@@ -66,6 +68,37 @@ def analyze(kernels: list[dict], num_layers: int) -> dict:
             "sum_kernel_us_per_step": sum(k["dur"] for k in decode) / steps, "by_kernel": table}
 
 
+def boundary(events: list[dict], num_steps: int = 16) -> list[dict]:
+    """The device work between two decode graphs, in order: every kernel, memcpy and memset after the last
+    GEMV of one step (the LM head) up to the next step's embedding gather, with the idle gap before each.
+
+    ``events`` carry name, ts, dur (us). Returns, for the position-wise most common sequence over the last
+    ``num_steps`` steps, one row per event: name, median gap before it (us) and median duration (us); the
+    last row is the next graph's embedding gather, so the gaps and durations sum to the time outside the
+    graph's own kernels.
+    """
+    events = sorted(events, key=lambda k: k["ts"])
+    embeds = [i for i, e in enumerate(events) if "indexSelect" in e["name"]]
+    windows = []
+    for a, b in zip(embeds, embeds[1:]):
+        lm_head = max((i for i in range(a, b) if "gemv" in events[i]["name"] or "gemm" in events[i]["name"]),
+                      default=None)
+        if lm_head is not None:
+            windows.append(events[lm_head:b + 1])
+    windows = windows[-num_steps:]
+    if not windows:
+        return []
+    names = [tuple(e["name"] for e in w) for w in windows]
+    common = max(set(names), key=names.count)
+    chosen = [w for w, n in zip(windows, names) if n == common]
+    rows = []
+    for j in range(1, len(common)):
+        gaps = sorted(w[j]["ts"] - (w[j - 1]["ts"] + w[j - 1]["dur"]) for w in chosen)
+        durs = sorted(w[j]["dur"] for w in chosen)
+        rows.append({"name": common[j][:90], "gap_us": gaps[len(gaps) // 2], "dur_us": durs[len(durs) // 2]})
+    return rows
+
+
 def replay_times(graphs, batch_size: int = 1, iters: int = 200) -> dict[str, float]:
     """Device time of one replay of each decode graph of ``batch_size`` (back to back, CUDA events), by
     context bucket: the step's time inside its graph, so TPOT minus this is the per-step work outside it
@@ -91,11 +124,12 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--trace", help="also write the Chrome trace here")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); else random")
     args = parser.parse_args()
     llm = LLM(args.model, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048)
     rng = random.Random(0)
     prompt = [rng.randrange(1000, 30000) for _ in range(128)]
-    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0)
+    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=args.temperature)
     llm.generate([prompt], params, use_tqdm=False)  # warm-up: compiles, graphs captured at start
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         llm.generate([prompt], params, use_tqdm=False)
@@ -106,8 +140,11 @@ def main() -> None:
         events = json.load(f)["traceEvents"]
     kernels = [{"name": e["name"], "ts": float(e["ts"]), "dur": float(e["dur"])}
                for e in events if e.get("cat") == "kernel"]
+    device_ops = [{"name": e["name"], "ts": float(e["ts"]), "dur": float(e["dur"])}
+                  for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     num_layers = llm.engine.core.executor.hf_config.num_hidden_layers
     result = analyze(kernels, num_layers)
+    result["between_graphs"] = boundary(device_ops)
     result["graph_replay_us"] = replay_times(llm.engine.core.executor.worker.model_runner.cuda_graphs)
     result["env"] = {k: v for k, v in os.environ.items() if k.startswith("BRIGADE_CUDA")}
     result["device"] = torch.cuda.get_device_name()
@@ -118,6 +155,9 @@ def main() -> None:
     for row in result["by_kernel"][:16]:
         print(f"  {row['us_per_step']:8.1f} us/step  x{row['per_step']:5.1f}  mean {row['mean_us']:6.2f}  "
               f"{row['kernel']}")
+    print("between two decode graphs (gap before, duration):")
+    for row in result["between_graphs"]:
+        print(f"  +{row['gap_us']:6.1f}  {row['dur_us']:6.1f}  {row['name']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
