@@ -56,15 +56,16 @@ def test_random_over_a_large_vocabulary_repeats_under_manual_seed():
     assert len(set(c[:, 1].tolist())) > 150  # fresh draws each call, spread over the vocabulary
 
 
-def test_registered_only_when_switched_on(monkeypatch):
+def test_registered_unless_switched_off(monkeypatch):
     from brigade.sample.fused import fused_sampler, unregister_fused_sampler
     from brigade_cuda.ops.custom_ops import register_cuda_ops
 
     try:
-        monkeypatch.delenv("BRIGADE_CUDA_FUSED_SAMPLER", raising=False)
+        unregister_fused_sampler("cuda")
+        monkeypatch.setenv("BRIGADE_CUDA_FUSED_SAMPLER", "0")
         register_cuda_ops()
         assert fused_sampler("cuda") is None
-        monkeypatch.setenv("BRIGADE_CUDA_FUSED_SAMPLER", "1")
+        monkeypatch.delenv("BRIGADE_CUDA_FUSED_SAMPLER", raising=False)
         register_cuda_ops()
         assert fused_sampler("cuda") is fused_sample
     finally:

@@ -31,15 +31,17 @@ CONFIG = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidde
 STEPS = [([1, 1, 40, 9], [30, 700, 0, 100]), ([1, 1, 1], [71, 5, 1500]), ([1], [300])]
 
 
+@pytest.mark.parametrize("fold", [False, True], ids=["norms", "folded"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-3), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
-def test_fast_path_matches_pytorch_path(dtype, tol, cuda_ops_registered, paged_batch_factory, rel_err,
+def test_fast_path_matches_pytorch_path(dtype, tol, fold, cuda_ops_registered, paged_batch_factory, rel_err,
                                         monkeypatch):
     from brigade_cuda.ops import custom_ops
 
     folds = []
     real = custom_ops.gemv
-    monkeypatch.setattr(custom_ops, "gemv", lambda *a, **kw: (folds.append(kw.get("silu_mul", False)),
-                                                              real(*a, **kw))[1])
+    monkeypatch.setattr(custom_ops, "gemv", lambda *a, **kw: (
+        folds.append((kw.get("silu_mul", False), kw.get("rms_norm_eps") is not None, kw.get("residual") is not None)),
+        real(*a, **kw))[1])
     hf_config = transformers.LlamaConfig(**CONFIG)
     torch.manual_seed(0)
     # The PyTorch path binds forward_native: its ops are built on the CPU, then moved.
@@ -49,6 +51,8 @@ def test_fast_path_matches_pytorch_path(dtype, tol, cuda_ops_registered, paged_b
     with torch.device("cuda"):
         fast = LlamaForCausalLM(hf_config, dtype=dtype, attn_backend=TritonAttentionBackend).eval()
     fast.load_state_dict(slow.state_dict())
+    if fold:  # what the loader does on CUDA: norm weights into the projections, the norms then run in the GEMVs
+        assert fast.fold_norm_weights() == 2 * hf_config.num_hidden_layers + 1
     # The truth both paths are measured against: the same weights on the PyTorch path in fp32.
     exact = LlamaForCausalLM(hf_config, dtype=torch.float32, attn_backend=ReferenceAttentionBackend)
     exact.load_state_dict(slow.state_dict())
@@ -76,7 +80,10 @@ def test_fast_path_matches_pytorch_path(dtype, tol, cuda_ops_registered, paged_b
                                                 f"(PyTorch path in {dtype}: {slow_err:.2e})")
     if dtype == torch.bfloat16:  # the one-decode step took the one-row kernels (fp32 keeps the GEMM paths)
         layers = hf_config.num_hidden_layers
-        assert folds.count(True) == layers  # SiLU-and-mul folded into every down projection
-        assert folds.count(False) == 3 * layers + 1  # qkv, o, gate_up of every layer and the LM head
+        assert folds.count((True, False, True)) == layers  # SiLU-and-mul and the residual add in every down_proj
+        assert folds.count((False, False, True)) == layers  # the residual add in every o_proj
+        # qkv and gate_up of every layer and the LM head normalize inside the GEMV when the norms are folded
+        assert folds.count((False, fold, False)) == 2 * layers + 1
+        assert len(folds) == 4 * layers + 1
     else:
         assert not folds

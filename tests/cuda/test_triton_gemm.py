@@ -16,7 +16,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from brigade.model_executor.layers.linear import Linear  # noqa: E402
 from brigade_cuda.ops.activation import silu_and_mul  # noqa: E402
-from brigade_cuda.ops.custom_ops import dense_gemm_cuda, silu_mul_gemm_cuda  # noqa: E402
+from brigade_cuda.ops.custom_ops import (dense_gemm_cuda, residual_gemm_cuda, rms_norm_gemm_cuda,  # noqa: E402
+                                        silu_mul_gemm_cuda)
 from brigade_cuda.ops.gemm import GEMV_TILES, gemv, skinny_linear  # noqa: E402
 
 
@@ -75,6 +76,52 @@ def test_every_gemv_tile_is_correct(tile, rel_err):
     assert rel_err(gemv(x, w, tile=tile), x.float() @ w.float().T) < 1e-2
 
 
+@pytest.mark.parametrize("n,k", [(6144, 4096), (28672, 4096), (128256, 4096), (100, 1000), (33, 40)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_with_rms_norm_matches_norm_then_product(n, k, bias, rel_err):
+    """The RMSNorm (its weight folded into W) taken inside the GEMV: each program sums the squares itself."""
+    x = (torch.randn(1, k, device="cuda") * 4 + 1).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16)
+    b = torch.randn(n, device="cuda").to(torch.bfloat16) if bias else None
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)
+    want = normed @ w.float().T + (b.float() if bias else 0)
+    got = gemv(x, w, b, rms_norm_eps=1e-5)
+    assert got.shape == (1, n) and not got.isnan().any() and rel_err(got, want) < 1e-2
+    assert torch.equal(rms_norm_gemm_cuda(x, w, b, 1e-5), got)
+    assert rms_norm_gemm_cuda(torch.cat([x, x]), w, b, 1e-5) is None  # two rows: norm kernel, then GEMM
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+@pytest.mark.parametrize("bias", [False, True])
+def test_residual_in_the_epilogue_matches_product_then_add(rows, bias, rel_err):
+    """GEMV (1 row), skinny GEMM (5) and cuBLAS addmm (40, no bias) add the residual to the rounded product;
+    with a bias at 40 rows the caller adds after (None)."""
+    n, k = 4096, 4096
+    x = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16)
+    b = torch.randn(n, device="cuda").to(torch.bfloat16) if bias else None
+    r = (torch.randn(rows, n, device="cuda") * 3).to(torch.bfloat16)
+    got = residual_gemm_cuda(x, w, b, r)
+    if rows == 40 and bias:
+        assert got is None
+        return
+    product = dense_gemm_cuda(x, w, b)
+    assert got.shape == (rows, n) and not got.isnan().any()
+    assert rel_err(got, r.float() + x.float() @ w.float().T + (b.float() if bias else 0)) < 1e-2
+    if rows <= 16:  # same kernel, same sums: exactly the rounded product plus the residual
+        assert torch.equal(got, (product.float() + r.float()).to(torch.bfloat16))
+
+
+def test_gemv_silu_mul_with_residual_is_the_rounded_sum():
+    k, n = 14336, 4096
+    gate_up = (torch.randn(1, 2 * k, device="cuda") * 3).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16)
+    r = (torch.randn(1, n, device="cuda") * 3).to(torch.bfloat16)
+    plain = gemv(gate_up, w, silu_mul=True)
+    assert torch.equal(silu_mul_gemm_cuda(gate_up, w, None, residual=r), (plain.float() + r.float()).to(torch.bfloat16))
+
+
 def test_refusals():
     x = torch.randn(17, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="at most 16"):
@@ -85,6 +132,11 @@ def test_refusals():
         gemv(x[:2], torch.randn(8, 64, device="cuda", dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="weight"):
         gemv(x[:1], torch.randn(8, 64, device="cuda", dtype=torch.bfloat16), silu_mul=True)  # needs [1, 128]
+    with pytest.raises(ValueError, match="residual"):
+        gemv(x[:1], torch.randn(8, 64, device="cuda", dtype=torch.bfloat16), residual=x[:1, :4])
+    with pytest.raises(ValueError, match="plain input"):
+        gemv(torch.randn(1, 128, device="cuda", dtype=torch.bfloat16),
+             torch.randn(8, 64, device="cuda", dtype=torch.bfloat16), silu_mul=True, rms_norm_eps=1e-5)
 
 
 def test_dense_gemm_binding_routes_by_rows(rel_err, cuda_ops_registered):

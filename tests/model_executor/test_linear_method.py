@@ -121,23 +121,26 @@ def test_dense_gemm_seam_binds_at_construction():
 
 
 def test_silu_mul_gemm_seam_folds_the_activation_into_the_down_projection():
-    """A platform's SiLU-mul GEMM runs the MLP's activation and down projection as one call where it takes the
-    batch (here: one row), gives the unfused result, and the MLP falls back to two ops when it returns None."""
+    """A platform's SiLU-mul GEMM runs the MLP's activation, down projection and residual add as one call where
+    it takes the batch (here: one row), gives the unfused result, and the MLP falls back to separate ops when
+    it returns None."""
     from brigade.model_executor.layers.activation import SiluAndMul
+    from brigade.model_executor.layers.layernorm import RMSNorm
     from brigade.model_executor.layers.linear_method import register_dense_gemm, unregister_dense_gemm
     from brigade.model_executor.models.llama import LlamaMLP
 
     calls = []
 
-    def one_row_fold(x, weight, bias):
+    def one_row_fold(x, weight, bias, *, residual=None):
         if x.shape[0] != 1:
             return None
-        calls.append(tuple(x.shape))
-        return F.linear(SiluAndMul().forward_native(x), weight, bias)
+        calls.append((tuple(x.shape), residual is not None))
+        out = F.linear(SiluAndMul().forward_native(x), weight, bias)
+        return out if residual is None else residual + out
 
     with pytest.raises(ValueError, match="already registered for cpu"):
         register_dense_gemm("cpu", F.linear, silu_mul_gemm=one_row_fold)
-        register_dense_gemm("cpu", F.linear, silu_mul_gemm=lambda x, w, b: None)
+        register_dense_gemm("cpu", F.linear, silu_mul_gemm=lambda x, w, b, residual=None: None)
     unregister_dense_gemm("cpu")
     register_dense_gemm("cpu", F.linear, silu_mul_gemm=one_row_fold)
     try:
@@ -148,11 +151,15 @@ def test_silu_mul_gemm_seam_folds_the_activation_into_the_down_projection():
     for p in fused.parameters():
         p.data.normal_()
     plain.load_state_dict(fused.state_dict())
+    norm = RMSNorm(16, 1e-5)
+    norm.weight.data.uniform_(0.5, 1.5)
     for rows in (1, 3):
-        x = torch.randn(rows, 16)
-        want = F.linear(SiluAndMul().forward_native(F.linear(x, plain.gate_up_proj.weight, plain.gate_up_proj.bias)),
-                        plain.down_proj.weight, plain.down_proj.bias)
-        torch.testing.assert_close(fused(x), want)
-        torch.testing.assert_close(plain(x), want)
-    assert calls == [(1, 80)]  # only the one-row batch took the fused path
+        h = torch.randn(rows, 16)
+        x = norm.forward_native(h)
+        want = h + F.linear(SiluAndMul().forward_native(F.linear(x, plain.gate_up_proj.weight,
+                                                                 plain.gate_up_proj.bias)),
+                            plain.down_proj.weight, plain.down_proj.bias)
+        torch.testing.assert_close(fused(h, norm), want)
+        torch.testing.assert_close(plain(h, norm), want)
+    assert calls == [((1, 80), True)]  # only the one-row batch took the fused path, residual included
 

@@ -129,3 +129,57 @@ def test_real_smollm2_matches_transformers(smollm2_path, hf_reference, paged_ste
         assert_logits_close(decode[i], ref[-1])
     # The greedy continuation MODEL.md records: " Paris".
     assert tok.decode([next_ids[0]]) == " Paris"
+
+
+@pytest.fixture
+def cpu_fused_gemms():
+    """Registers plain-PyTorch versions of the fused GEMM variants for "cpu" through the real seam
+    (``register_dense_gemm``) and records which ran; unregisters afterwards."""
+    import torch.nn.functional as F
+
+    from brigade.model_executor.layers.activation import SiluAndMul
+    from brigade.model_executor.layers.linear_method import register_dense_gemm, unregister_dense_gemm
+
+    calls: list[str] = []
+
+    def rms_norm_gemm(x, weight, bias, eps):
+        calls.append("rms_norm")
+        xf = x.float()
+        return F.linear((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype), weight, bias)
+
+    def residual_gemm(x, weight, bias, residual):
+        calls.append("residual")
+        return residual + F.linear(x, weight, bias)
+
+    def silu_mul_gemm(x, weight, bias, *, residual=None):
+        calls.append("silu_mul")
+        out = F.linear(SiluAndMul().forward_native(x), weight, bias)
+        return out if residual is None else residual + out
+
+    unregister_dense_gemm("cpu")
+    register_dense_gemm("cpu", F.linear, silu_mul_gemm=silu_mul_gemm, residual_gemm=residual_gemm,
+                        rms_norm_gemm=rms_norm_gemm)
+    yield calls
+    unregister_dense_gemm("cpu")
+
+
+@pytest.mark.parametrize("case", ["llama-gqa-tied", "llama-untied-biases"])
+def test_folded_norms_match_transformers(case, tmp_path, paged_steps_for, save_random_hf_model, cpu_fused_gemms):
+    """Where the platform registers an RMS-norm GEMM, the loader folds every norm weight into the projection that
+    reads it (not into a head tied to the embedding); the model then normalizes inside the GEMMs, adds each
+    residual in its branch's last GEMM, and still gives transformers' logits."""
+    path = save_random_hf_model(tmp_path / case, CASES[case]())
+    hf_config = get_hf_config(str(path))
+    model = load_model(ModelConfig(model=str(path)), hf_config, dtype=torch.float32, device=torch.device("cpu"),
+                       attn_backend=ReferenceAttentionBackend)
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    tied = bool(hf_config.tie_word_embeddings)
+    norms = [m for layer in model.model.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
+    assert all(n.weight_folded and bool((n.weight == 1).all()) for n in norms)
+    assert model.model.norm.weight_folded is not tied
+    hf_norm = hf_model.model.layers[0].input_layernorm.weight.detach()
+    assert not torch.allclose(hf_norm, torch.ones_like(hf_norm))  # the fold had something to move
+    run_three_steps(model, hf_model, paged_steps_for(hf_config), hf_config.vocab_size)
+    per_step = 2 * hf_config.num_hidden_layers  # qkv and gate_up normalize; o_proj adds; down does both
+    assert cpu_fused_gemms.count("rms_norm") == 3 * (per_step + (0 if tied else 1))
+    assert cpu_fused_gemms.count("residual") == cpu_fused_gemms.count("silu_mul") == 3 * hf_config.num_hidden_layers

@@ -17,6 +17,7 @@ from torch import nn
 
 from brigade.attention.backend import AttentionBackend
 from brigade.config import ConfigError, ModelConfig
+from brigade.model_executor.layers.linear_method import fold_norms_wanted
 from brigade.model_executor.weight_utils import initialize_dummy_weights, safetensors_weights_iterator
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,8 @@ def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype,
 
     ``load_format``: "auto"/"safetensors" stream ``*.safetensors`` from ``model_config.model``;
     "dummy" draws random weights seeded by ``model_config.seed``. Quantization methods get their
-    ``process_weights_after_loading`` call after either.
+    ``process_weights_after_loading`` call after either. Where the platform registered an ``rms_norm_gemm``
+    (``linear_method.register_dense_gemm``), the model's ``fold_norm_weights`` then runs, when it has one.
 
     Raises:
         ConfigError: unsupported architecture or load format.
@@ -113,6 +115,10 @@ def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype,
         raise ConfigError(f"--load-format {fmt} is not supported by the model loader yet; convert the "
                           "checkpoint to an HF safetensors directory (scripts/fetch_model.py does for GGUF)")
     process_weights_after_loading(model)
+    if fold_norms_wanted(device.type) and hasattr(model, "fold_norm_weights"):
+        with torch.no_grad():
+            folded = model.fold_norm_weights()
+        logger.info("folded %d RMSNorm weights into the projections that follow them", folded)
     return model.eval()
 
 

@@ -7,8 +7,8 @@ or per-request seeds. Then the Sampler's order reduces to "fp32, divide by the t
 which a platform can run as one kernel that reads the logits once. On a 128k vocabulary that replaces about
 ten small kernels per step at batch 1, and at large batches several fp32 passes over ``[B, V]``.
 
-The CUDA plugin's implementation (``brigade_cuda/ops/sampling.py``) is off by default until it has run on a
-GPU (``BRIGADE_CUDA_FUSED_SAMPLER=1`` turns it on). A platform registers its function with
+The CUDA plugin's implementation (``brigade_cuda/ops/sampling.py``) is on by default
+(``BRIGADE_CUDA_FUSED_SAMPLER=0`` turns it off). A platform registers its function with
 ``register_fused_sampler(device_type, fn)`` at worker start-up, like
 ``register_dense_gemm``; the Sampler looks it up by the logits' device type at each plain step. The
 function's contract::
@@ -17,8 +17,8 @@ function's contract::
         logits: [B, V] float (any float dtype; not modified)
         temperature: [B] f32 or None (None: every row at 1.0); ignored when greedy
         greedy: True when every row is greedy (the lowest index among maxima, as ``torch.argmax``)
-        ids: [B] int64; random rows follow Categorical(softmax(logits / temperature)) and draw from the
-             device's default generator (so ``torch.manual_seed`` makes them repeatable)
+        ids: [B] int64; random rows follow Categorical(softmax(logits / temperature)); ``torch.manual_seed``
+             makes them repeatable (the CUDA function draws its seed from the host's default generator)
 """
 
 from __future__ import annotations

@@ -53,13 +53,15 @@ class DecodeGraphs:
         self.device = device
         self.max_model_len = max_model_len
         n, width = self.max_size, max_blocks_per_req
-        # All graph inputs live in one int64 and one int32 device buffer, mirrored by pinned host buffers,
-        # so ``transfer`` fills them with two copies and ``run`` has nothing left to copy.
-        self._dev64 = torch.zeros(4 * n, dtype=torch.int64, device=device)
-        self._dev32 = torch.zeros(2 * n + 1 + n * width, dtype=torch.int32, device=device)
+        # All graph inputs live in one device byte buffer (an int64 part, then an int32 part), mirrored by a
+        # pinned host buffer, so ``transfer`` fills them with one copy and ``run`` has nothing left to copy.
+        bytes64, bytes32 = 8 * 4 * n, 4 * (2 * n + 1 + n * width)
         pin = device.type == "cuda"
-        self._host64 = torch.zeros(4 * n, dtype=torch.int64, pin_memory=pin)
-        self._host32 = torch.zeros(2 * n + 1 + n * width, dtype=torch.int32, pin_memory=pin)
+        self._dev = torch.zeros(bytes64 + bytes32, dtype=torch.uint8, device=device)
+        self._host = torch.zeros(bytes64 + bytes32, dtype=torch.uint8, pin_memory=pin)
+        self._bytes64 = bytes64
+        self._dev64, self._dev32 = self._dev[:bytes64].view(torch.int64), self._dev[bytes64:].view(torch.int32)
+        self._host64, self._host32 = self._host[:bytes64].view(torch.int64), self._host[bytes64:].view(torch.int32)
         self._copied = torch.cuda.Event() if pin else None  # guards the host buffers' reuse
         self.input_ids, self.positions, self.slot_mapping, self.logits_indices = self._dev64.view(4, n)
         self.seq_lens = self._dev32[:n]
@@ -115,7 +117,7 @@ class DecodeGraphs:
     def transfer(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """A ``Transfer`` (``input_batch.build_step_inputs``) for a step that ``can_run``: the arrays go
         straight into the graphs' input buffers, padded to the graph size (slot -1, seq_len 0), in one
-        int64 and one int32 copy; the returned tensors are views of those buffers.
+        host-to-device copy; the returned tensors are views of those buffers.
 
         Raises:
             ValueError: when the step has more requests than the largest graph or wider block tables.
@@ -140,9 +142,8 @@ class DecodeGraphs:
         h32[cap:cap + n + 1] = arrays["query_start_loc"]
         table = h32[2 * cap + 1:].reshape(cap, -1)
         table[:n, :width] = arrays["block_table"]
-        self._dev64.copy_(self._host64, non_blocking=True)
-        used32 = 2 * cap + 1 + size * table.shape[1]  # block-table rows past the graph size are never read
-        self._dev32[:used32].copy_(self._host32[:used32], non_blocking=True)
+        used = self._bytes64 + 4 * (2 * cap + 1 + size * table.shape[1])  # rows past the graph size: never read
+        self._dev[:used].copy_(self._host[:used], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
         return {"input_ids": self.input_ids[:n], "positions": self.positions[:n],

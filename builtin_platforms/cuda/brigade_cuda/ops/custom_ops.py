@@ -1,9 +1,11 @@
 """Binds the Triton ops to the model layers' ``CustomOp`` seam for the "cuda" device type (book ch. 11),
-and the skinny GEMM / one-row GEMV (with SiLU-and-mul folded into the down projection) to the dense-GEMM
-seam of unquantized linear layers (``BRIGADE_CUDA_SKINNY_GEMM=0`` keeps cuBLAS everywhere;
-``BRIGADE_CUDA_GEMV=0`` keeps the tensor-core skinny kernel and a separate activation at one row), and the
-fused sampler of ``ops/sampling.py`` to the Sampler's plain batches when ``BRIGADE_CUDA_FUSED_SAMPLER=1`` (off
-by default until it has run on a GPU).
+and the skinny GEMM / one-row GEMV (with SiLU-and-mul folded into the down projection, the RMSNorm into the
+qkv and gate/up projections and the residual adds into the epilogues) to the dense-GEMM seam of unquantized
+linear layers (``BRIGADE_CUDA_SKINNY_GEMM=0`` keeps cuBLAS everywhere; ``BRIGADE_CUDA_GEMV=0`` keeps the
+tensor-core skinny kernel and a separate activation at one row; ``BRIGADE_CUDA_NORM_FOLD=0`` keeps the norm
+kernels and the model's norm weights where they are), and the
+fused sampler of ``ops/sampling.py`` to the Sampler's plain batches (``BRIGADE_CUDA_FUSED_SAMPLER=0`` turns it
+off).
 
 ``register_cuda_ops()`` registers one adapter per op with ``CustomOp.register_impl("cuda", fn)``. Call it
 once per process before the model is built (the CUDA platform's worker start-up); layers built
@@ -67,11 +69,44 @@ def dense_gemm_cuda(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return F.linear(x, weight, bias)
 
 
-def silu_mul_gemm_cuda(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """``silu_and_mul(x) @ weight.T + bias`` in one GEMV for one row; None (run the two ops) otherwise."""
-    if x.shape[0] == 1 and _gemv_on() and check_skinny(x, weight, k_factor=2) is None:
-        return gemv(x, weight, bias, silu_mul=True)
+def silu_mul_gemm_cuda(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
+                       residual: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``silu_and_mul(x) @ weight.T + bias (+ residual)`` in one GEMV for one row; None (run the ops)
+    otherwise."""
+    if (x.shape[0] == 1 and _gemv_on() and check_skinny(x, weight, k_factor=2) is None
+            and _residual_ok(residual, x, weight)):
+        return gemv(x, weight, bias, silu_mul=True, residual=residual)
     return None
+
+
+def residual_gemm_cuda(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       residual: torch.Tensor) -> torch.Tensor | None:
+    """``residual + x @ weight.T + bias`` with the add in the epilogue: the GEMV at one row, the skinny GEMM
+    up to 16 rows, cuBLAS (``addmm``'s beta) beyond when there is no bias; None (add after) otherwise."""
+    if not _residual_ok(residual, x, weight):
+        return None
+    if check_skinny(x, weight) is None:
+        if x.shape[0] == 1 and _gemv_on():
+            return gemv(x, weight, bias, residual=residual)
+        return skinny_linear(x, weight, bias, residual=residual)
+    if bias is None and x.dim() == 2:
+        return torch.addmm(residual, x, weight.t())
+    return None
+
+
+def rms_norm_gemm_cuda(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       eps: float) -> torch.Tensor | None:
+    """``(x / rms(x)) @ weight.T + bias`` (the RMSNorm's weight folded into ``weight``) in one GEMV for one row;
+    None (the norm kernel, then the GEMM) otherwise."""
+    if x.shape[0] == 1 and _gemv_on() and check_skinny(x, weight) is None:
+        return gemv(x, weight, bias, rms_norm_eps=eps)
+    return None
+
+
+def _residual_ok(residual: torch.Tensor | None, x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return residual is None or (residual.dim() == 2 and residual.shape[0] == x.shape[0]
+                                and residual.shape[1] == weight.shape[0] and residual.dtype == x.dtype
+                                and residual.stride(-1) == 1)
 
 
 @functools.cache
@@ -89,7 +124,7 @@ def register_cuda_ops() -> None:
     from brigade.model_executor.layers.layernorm import RMSNorm
     from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding
 
-    if os.environ.get("BRIGADE_CUDA_FUSED_SAMPLER", "0") == "1":  # off until run on a GPU (ops/sampling.py)
+    if os.environ.get("BRIGADE_CUDA_FUSED_SAMPLER", "1") != "0":  # "0": the Sampler's tensor ops (A/B)
         from brigade.sample.fused import register_fused_sampler
 
         register_fused_sampler("cuda", fused_sample)
@@ -99,4 +134,7 @@ def register_cuda_ops() -> None:
     if os.environ.get("BRIGADE_CUDA_SKINNY_GEMM", "1") != "0":  # "0": cuBLAS for every shape (A/B timing)
         from brigade.model_executor.layers.linear_method import register_dense_gemm
 
-        register_dense_gemm("cuda", dense_gemm_cuda, silu_mul_gemm=silu_mul_gemm_cuda)
+        fold = os.environ.get("BRIGADE_CUDA_NORM_FOLD", "1") != "0"  # "0": the norm kernels stay (A/B)
+        register_dense_gemm("cuda", dense_gemm_cuda, silu_mul_gemm=silu_mul_gemm_cuda,
+                            residual_gemm=residual_gemm_cuda,
+                            rms_norm_gemm=rms_norm_gemm_cuda if fold else None)

@@ -26,6 +26,9 @@ class RMSNorm(CustomOp):
         self.hidden_size = hidden_size
         self.variance_epsilon = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+        # Set by ``LinearBase.fold_input_norm``: the weight (now all ones) lives in the next projection,
+        # which may then normalize inside its GEMM (``LinearBase.forward_normed``).
+        self.weight_folded = False
 
     def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None
                        ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

@@ -52,17 +52,45 @@ class LinearBase(nn.Module):
             raise ValueError(f"{type(self).__name__} has no shards, got shard {shard_id!r}")
         default_weight_loader(param, loaded_weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Args: x [num_tokens, input_size]. Returns [num_tokens, output_size] in x's dtype."""
-        return self.quant_method.apply(self, x, self.bias)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Args: x [num_tokens, input_size]; residual, optional [num_tokens, output_size] added to the product
+        (where the method can, inside the GEMM). Returns a [num_tokens, output_size] tensor in x's dtype."""
+        if residual is None:
+            return self.quant_method.apply(self, x, self.bias)
+        return self.quant_method.apply_residual(self, x, self.bias, residual)
 
-    def forward_silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
-        """``forward(silu(x[:, :in]) * x[:, in:])`` fused into the GEMM, or None when the layer's method has no
-        such kernel for this input (the caller then runs the activation and ``forward``).
+    def forward_silu_mul(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | None:
+        """``forward(silu(x[:, :in]) * x[:, in:], residual)`` fused into the GEMM, or None when the layer's
+        method has no such kernel for this input (the caller then runs the activation and ``forward``).
 
-        Args: x [num_tokens, 2 * input_size], gate then up (a ``MergedColumnLinear`` gate_up output).
+        Args: x [num_tokens, 2 * input_size], gate then up (a ``MergedColumnLinear`` gate_up output);
+        residual as in ``forward``.
         """
-        return self.quant_method.apply_silu_mul(self, x, self.bias)
+        return self.quant_method.apply_silu_mul(self, x, self.bias, residual=residual)
+
+    def forward_normed(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """``forward(norm(x))`` for an ``RMSNorm`` ``norm``; when the norm's weight was folded into this layer
+        (``fold_input_norm``) and the method has a kernel for it, one GEMM that normalizes while it reads x.
+
+        Args: x [num_tokens, input_size] (the residual stream). Returns [num_tokens, output_size].
+        """
+        if getattr(norm, "weight_folded", False):
+            out = self.quant_method.apply_rms_norm(self, x, self.bias, norm.variance_epsilon)
+            if out is not None:
+                return out
+        return self.forward(norm(x))
+
+    def fold_input_norm(self, norm: nn.Module) -> bool:
+        """Fold ``norm.weight`` (an ``RMSNorm`` applied to this layer's input) into the weight, leaving the
+        norm's weight all ones and ``norm.weight_folded`` set; False when the method cannot (nothing changes).
+
+        ``W @ (w * n)`` equals ``(W diag(w)) @ n``: the same function, rounded once more in the weight.
+        """
+        if not self.quant_method.fold_input_scale(self, norm.weight.data):
+            return False
+        norm.weight.data.fill_(1.0)
+        norm.weight_folded = True
+        return True
 
     def extra_repr(self) -> str:
         return (f"in={self.input_size}, out={self.output_sizes}, bias={self.bias is not None}, "

@@ -49,50 +49,113 @@ class LinearMethod(ABC):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Turn checkpoint-format parameters into kernel format; called once after all weights are loaded."""
 
-    def apply_silu_mul(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-        """``silu(x[:, :K]) * x[:, K:] @ W.T + b`` in one kernel, or None when this method has none for ``x``.
+    def apply_silu_mul(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, *,
+                       residual: torch.Tensor | None = None) -> torch.Tensor | None:
+        """``silu(x[:, :K]) * x[:, K:] @ W.T + b (+ residual)`` in one kernel, or None when this method has
+        none for ``x``.
 
-        Args: x [num_tokens, 2 * input_size] (gate then up). The caller falls back to SiLU-and-mul then
-        ``apply`` on None, which is the default.
+        Args: x [num_tokens, 2 * input_size] (gate then up); residual [num_tokens, output_size] or None. The
+        caller falls back to SiLU-and-mul then ``apply_residual`` on None, which is the default.
         """
         return None
 
+    def apply_residual(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                       residual: torch.Tensor) -> torch.Tensor:
+        """``residual + (x @ W.T + b)``: a pre-norm block's skip connection, added where the product is made.
+
+        Args: x [T, input_size]; residual [T, output_size] in x's dtype. Returns a new [T, output_size]
+        tensor. The default adds after ``apply``, rounding the product to x's dtype first (HF's order).
+        """
+        return residual + self.apply(layer, x, bias)
+
+    def apply_rms_norm(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                       eps: float) -> torch.Tensor | None:
+        """``(x / sqrt(mean(x**2, -1) + eps)) @ W.T + b`` in one kernel, or None when this method has none.
+
+        Only meaningful after ``fold_input_scale`` took the norm's weight into ``W``. Args: x [T, input_size].
+        """
+        return None
+
+    def fold_input_scale(self, layer: nn.Module, scale: torch.Tensor) -> bool:
+        """Make the weight ``W @ diag(scale)`` so that ``x @ W.T`` becomes ``(x * scale) @ W.T``; returns False
+        (and changes nothing) when the method's weight format cannot take it. The default cannot.
+
+        Args: scale [input_size], any float dtype.
+        """
+        return False
+
 
 DenseGemm = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
-# (gate_up [T, 2K], weight [N, K], bias) -> [T, N], or None for a shape the kernel does not take
-SiluMulGemm = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], "torch.Tensor | None"]
+# (gate_up [T, 2K], weight [N, K], bias, *, residual=None) -> [T, N], or None for a shape it does not take
+SiluMulGemm = Callable[..., "torch.Tensor | None"]
+# (x [T, K], weight [N, K], bias, residual [T, N]) -> residual + x @ W.T + b, or None
+ResidualGemm = Callable[..., "torch.Tensor | None"]
+# (x [T, K], weight [N, K], bias, eps) -> rms_normalize(x) @ W.T + b, or None
+RmsNormGemm = Callable[..., "torch.Tensor | None"]
 _DENSE_GEMMS: dict[str, DenseGemm] = {}
 _SILU_MUL_GEMMS: dict[str, SiluMulGemm] = {}
+_RESIDUAL_GEMMS: dict[str, ResidualGemm] = {}
+_RMS_NORM_GEMMS: dict[str, RmsNormGemm] = {}
+_TABLES = ((_DENSE_GEMMS, "dense GEMM"), (_SILU_MUL_GEMMS, "SiLU-mul GEMM"), (_RESIDUAL_GEMMS, "residual GEMM"),
+           (_RMS_NORM_GEMMS, "RMS-norm GEMM"))
 
 
-def register_dense_gemm(device_type: str, gemm: DenseGemm, *, silu_mul_gemm: SiluMulGemm | None = None) -> None:
+def register_dense_gemm(device_type: str, gemm: DenseGemm, *, silu_mul_gemm: SiluMulGemm | None = None,
+                        residual_gemm: ResidualGemm | None = None, rms_norm_gemm: RmsNormGemm | None = None) -> None:
     """Use ``gemm(x, weight, bias)`` instead of ``F.linear`` for dense weights built on ``device_type``.
 
     Same contract as ``F.linear`` (x [T, K], weight [N, K], bias [N] or None -> [T, N]); a platform uses it
     for shapes its own kernels do better (the CUDA platform: few-token decode). Like ``CustomOp``, each layer
     binds at construction, in the process that builds the model, before ``load_model``.
 
-    ``silu_mul_gemm(x, weight, bias)``, optional, computes ``silu(x[:, :K]) * x[:, K:]`` as the product's
-    input inside the GEMM (the SwiGLU down projection without its activation kernel) and returns None for
-    shapes it does not take; ``LinearMethod.apply_silu_mul`` reaches it.
+    The optional fused variants return None for shapes they do not take (the layer then runs the unfused ops):
+
+    * ``silu_mul_gemm(x, weight, bias, *, residual=None)`` computes ``silu(x[:, :K]) * x[:, K:]`` as the
+      product's input inside the GEMM (the SwiGLU down projection without its activation kernel), and adds
+      ``residual`` to the output when given; ``LinearMethod.apply_silu_mul`` reaches it.
+    * ``residual_gemm(x, weight, bias, residual)`` returns ``residual + x @ W.T + b`` (the skip connection
+      in the GEMM's epilogue); ``LinearMethod.apply_residual``.
+    * ``rms_norm_gemm(x, weight, bias, eps)`` returns ``(x / rms(x)) @ W.T + b``, the norm's statistics taken
+      while the GEMM reads ``x``; ``LinearMethod.apply_rms_norm``. Registering it also makes the loader fold
+      each RMSNorm's weight into the dense projection that follows it (``fold_norms_wanted``), because the
+      kernel leaves the weight multiply to the folded matrix.
 
     Raises ValueError when ``device_type`` already has a different function.
     """
-    tables = ((_DENSE_GEMMS, gemm, "dense GEMM"), (_SILU_MUL_GEMMS, silu_mul_gemm, "SiLU-mul GEMM"))
-    for table, fn, what in tables:
+    fns = (gemm, silu_mul_gemm, residual_gemm, rms_norm_gemm)
+    for (table, what), fn in zip(_TABLES, fns):
         existing = table.get(device_type)
         if fn is not None and existing is not None and existing is not fn:
             raise ValueError(f"a {what} is already registered for {device_type} "
                              f"({existing.__module__}.{existing.__qualname__})")
-    for table, fn, _ in tables:
+    for (table, _), fn in zip(_TABLES, fns):
         if fn is not None:
             table[device_type] = fn
 
 
 def unregister_dense_gemm(device_type: str) -> None:
     """Forget the functions for ``device_type`` (layers built afterwards use ``F.linear``)."""
-    for table in (_DENSE_GEMMS, _SILU_MUL_GEMMS):
+    for table, _ in _TABLES:
         table.pop(device_type, None)
+
+
+def fold_norms_wanted(device_type: str) -> bool:
+    """True when ``device_type`` has an ``rms_norm_gemm``: models built there should fold their RMSNorm
+    weights into the following dense projections (see ``register_dense_gemm``)."""
+    return device_type in _RMS_NORM_GEMMS
+
+
+def rms_norm_gemm_for_default_device() -> RmsNormGemm | None:
+    """The ``rms_norm_gemm`` registered for ``torch.get_default_device()``'s type, or None."""
+    return _RMS_NORM_GEMMS.get(torch.get_default_device().type)
+
+
+def fold_scale_into_weight(weight: torch.Tensor, scale: torch.Tensor) -> None:
+    """In place: ``weight[:, k] *= scale[k]``, computed in fp32 and rounded once to the weight's dtype.
+
+    Args: weight [N, K] float; scale [K].
+    """
+    weight.copy_(weight.float() * scale.float()[None, :])
 
 
 def dense_gemm_for_default_device() -> DenseGemm:
@@ -109,14 +172,33 @@ class UnquantizedLinearMethod(LinearMethod):
         weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=dtype), requires_grad=False)
         set_weight_attrs(weight, {"output_dim": 0})
         layer.register_parameter("weight", weight)
+        device_type = torch.get_default_device().type
         self.gemm = dense_gemm_for_default_device()
-        self.silu_mul_gemm = _SILU_MUL_GEMMS.get(torch.get_default_device().type)
+        self.silu_mul_gemm = _SILU_MUL_GEMMS.get(device_type)
+        self.residual_gemm = _RESIDUAL_GEMMS.get(device_type)
+        self.rms_norm_gemm = _RMS_NORM_GEMMS.get(device_type)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return self.gemm(x, layer.weight, bias)
 
-    def apply_silu_mul(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-        return None if self.silu_mul_gemm is None else self.silu_mul_gemm(x, layer.weight, bias)
+    def apply_silu_mul(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, *,
+                       residual: torch.Tensor | None = None) -> torch.Tensor | None:
+        if self.silu_mul_gemm is None:
+            return None
+        return self.silu_mul_gemm(x, layer.weight, bias, residual=residual)
+
+    def apply_residual(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                       residual: torch.Tensor) -> torch.Tensor:
+        out = None if self.residual_gemm is None else self.residual_gemm(x, layer.weight, bias, residual)
+        return out if out is not None else residual + self.apply(layer, x, bias)
+
+    def apply_rms_norm(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                       eps: float) -> torch.Tensor | None:
+        return None if self.rms_norm_gemm is None else self.rms_norm_gemm(x, layer.weight, bias, eps)
+
+    def fold_input_scale(self, layer: nn.Module, scale: torch.Tensor) -> bool:
+        fold_scale_into_weight(layer.weight.data, scale)
+        return True
 
 
 class QuantizationConfig(ABC):

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from brigade.model_executor.layers.linear_method import dense_gemm_for_default_device
+from brigade.model_executor.layers.linear_method import (dense_gemm_for_default_device, fold_scale_into_weight,
+                                                         rms_norm_gemm_for_default_device)
 from brigade.model_executor.weight_utils import default_weight_loader, set_weight_attrs
 
 
@@ -49,6 +50,7 @@ class LMHead(nn.Module):
             self.bias = None
         self.tied = False
         self.gemm = dense_gemm_for_default_device()
+        self.rms_norm_gemm = rms_norm_gemm_for_default_device()
 
     def tie_to(self, embedding: VocabEmbedding) -> None:
         """Share ``embedding.weight`` (the same Parameter) instead of a weight of our own.
@@ -64,6 +66,25 @@ class LMHead(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Args: hidden_states [N, hidden_size]. Returns logits [N, vocab_size] in the same dtype."""
         return self.gemm(hidden_states, self.weight, self.bias)
+
+    def forward_normed(self, hidden_states: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """``forward(norm(hidden_states))``, in one kernel when the final norm's weight was folded into the head
+        (``fold_input_norm``) and the platform has a kernel for the shape. Args: [N, hidden_size]."""
+        if norm.weight_folded and self.rms_norm_gemm is not None:
+            out = self.rms_norm_gemm(hidden_states, self.weight, self.bias, norm.variance_epsilon)
+            if out is not None:
+                return out
+        return self.forward(norm(hidden_states))
+
+    def fold_input_norm(self, norm: nn.Module) -> bool:
+        """Fold the final norm's weight into the head (see ``LinearBase.fold_input_norm``); False for a head tied
+        to the embedding, whose matrix the embedding still reads."""
+        if self.tied:
+            return False
+        fold_scale_into_weight(self.weight.data, norm.weight.data)
+        norm.weight.data.fill_(1.0)
+        norm.weight_folded = True
+        return True
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size} -> {self.vocab_size}, tied={self.tied}"

@@ -59,15 +59,16 @@ class LlamaMLP(nn.Module):
                                 quant_method=get_linear_method(quant_config, f"{prefix}.down_proj"))
         self.act_fn = SiluAndMul()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Args: x [T, hidden]. Returns [T, hidden].
+    def forward(self, h: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """``h + mlp(norm(h))``. Args: h [T, hidden], the residual stream. Returns the new stream [T, hidden].
 
-        Where the platform folds SiLU-and-mul into the down projection's GEMM for this batch (the CUDA
-        platform at one token), the activation is never materialized; otherwise it runs as its own op.
+        Where the platform has the kernels for this batch (the CUDA platform at one token), the norm runs
+        inside the gate/up GEMM, SiLU-and-mul inside the down GEMM and the residual add in its epilogue;
+        otherwise each runs as its own op.
         """
-        gate_up = self.gate_up_proj(x)
-        out = self.down_proj.forward_silu_mul(gate_up)
-        return out if out is not None else self.down_proj(self.act_fn(gate_up))
+        gate_up = self.gate_up_proj.forward_normed(h, norm)
+        out = self.down_proj.forward_silu_mul(gate_up, residual=h)
+        return out if out is not None else self.down_proj(self.act_fn(gate_up), residual=h)
 
 
 class LlamaAttention(nn.Module):
@@ -90,15 +91,18 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(self.num_heads, head_size, self.num_kv_heads, scale=head_size ** -0.5,
                               layer_idx=layer_idx, backend_cls=attn_backend)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        """Args: positions [T] int64, hidden_states [T, hidden]. Returns [T, hidden]."""
-        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden_states))  # [T, H*D], [T, Hkv*D], [T, Hkv*D]
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, ctx: AttentionContext, norm: RMSNorm) -> torch.Tensor:
+        """``h + attn(norm(h))``. Args: positions [T] int64, h [T, hidden] (the residual stream). Returns the
+        new stream [T, hidden]; the norm may run inside the qkv GEMM and the add in o_proj's epilogue."""
+        qkv = self.qkv_proj.forward_normed(h, norm)
+        q, k, v = self.qkv_proj.split(qkv)  # [T, H*D], [T, Hkv*D], [T, Hkv*D]
         # The backend applies the rotation (and may fuse it into its KV-cache write).
-        return self.o_proj(self.attn(q, k, v, ctx, positions=positions, rotary_emb=self.rotary_emb))
+        return self.o_proj(self.attn(q, k, v, ctx, positions=positions, rotary_emb=self.rotary_emb), residual=h)
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``, with the adds fused into the norms."""
+    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``, each add done by the projection that ends
+    its branch (o_proj, down_proj), so a platform can put it in the GEMM's epilogue."""
 
     def __init__(self, config: Any, *, layer_idx: int, rotary_emb: RotaryEmbedding, head_size: int,
                  dtype: torch.dtype, attn_backend: type[AttentionBackend],
@@ -113,21 +117,21 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, bias=bool(getattr(config, "mlp_bias", False)),
                             dtype=dtype, quant_config=quant_config, prefix=f"{prefix}.mlp")
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
-                ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (this layer's output, running residual); their sum is the HF layer's output."""
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states, ctx)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """Args: h [T, hidden], the residual stream (the HF layer's input). Returns the HF layer's output."""
+        h = self.self_attn(positions, h, ctx, self.input_layernorm)
+        return self.mlp(h, self.post_attention_layernorm)
+
+    def fold_norms(self) -> int:
+        """Fold both norms' weights into the projections that read them (``LinearBase.fold_input_norm``);
+        returns how many were folded (a quantized projection keeps its norm)."""
+        return (int(self.self_attn.qkv_proj.fold_input_norm(self.input_layernorm))
+                + int(self.mlp.gate_up_proj.fold_input_norm(self.post_attention_layernorm)))
 
 
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers and the final norm."""
+    """Embedding and decoder layers; the final norm is applied by ``LlamaForCausalLM.compute_logits`` to the
+    rows it scores only, which lets a platform fuse it into the LM head."""
 
     def __init__(self, config: Any, *, dtype: torch.dtype, attn_backend: type[AttentionBackend],
                  quant_config: QuantizationConfig | None, prefix: str = "model"):
@@ -144,12 +148,10 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        hidden_states = self.embed_tokens(input_ids)  # [T, hidden]
-        residual = None
+        h = self.embed_tokens(input_ids)  # [T, hidden]
         for layer in self.layers:
-            hidden_states, residual = layer(positions, hidden_states, residual, ctx)
-        hidden_states, _ = self.norm(hidden_states, residual)
-        return hidden_states
+            h = layer(positions, h, ctx)
+        return h
 
 
 class LlamaForCausalLM(nn.Module):
@@ -187,13 +189,24 @@ class LlamaForCausalLM(nn.Module):
             ctx: the step's attention metadata and one KV cache per layer.
 
         Returns:
-            [T, hidden_size] final-norm hidden states in the model dtype.
+            [T, hidden_size] hidden states in the model dtype: the last layer's output, before the final norm
+            (``compute_logits`` applies it).
         """
         return self.model(input_ids, positions, ctx)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Args: hidden_states [N, hidden] (usually each request's last token). Returns [N, vocab], model dtype."""
-        return self.lm_head(hidden_states)
+        """Final norm and LM head. Args: hidden_states [N, hidden] rows of ``forward``'s output (usually each
+        request's last token). Returns [N, vocab] in the model dtype."""
+        return self.lm_head.forward_normed(hidden_states, self.model.norm)
+
+    def fold_norm_weights(self) -> int:
+        """Fold every RMSNorm's weight into the projection that reads its output (the platform asked, see
+        ``linear_method.fold_norms_wanted``): the same function, the norm then a plain ``x / rms(x)`` a GEMM
+        can apply while it reads ``x``. Returns the number of norms folded (the final norm stays when the LM
+        head is tied to the embedding, and a quantized projection keeps its norm). Call once, after loading.
+        """
+        folded = sum(layer.fold_norms() for layer in self.model.layers)
+        return folded + int(self.lm_head.fold_input_norm(self.model.norm))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named checkpoint tensors into the merged parameters.
