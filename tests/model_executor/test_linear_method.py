@@ -154,12 +154,15 @@ def test_silu_mul_gemm_seam_folds_the_activation_into_the_down_projection():
     norm = RMSNorm(16, 1e-5)
     norm.weight.data.uniform_(0.5, 1.5)
     for rows in (1, 3):
-        h = torch.randn(rows, 16)
-        x = norm.forward_native(h)
-        want = h + F.linear(SiluAndMul().forward_native(F.linear(x, plain.gate_up_proj.weight,
-                                                                 plain.gate_up_proj.bias)),
-                            plain.down_proj.weight, plain.down_proj.bias)
-        torch.testing.assert_close(fused(h, norm), want)
-        torch.testing.assert_close(plain(h, norm), want)
-    assert calls == [((1, 80), True)]  # only the one-row batch took the fused path, residual included
+        h, rest = torch.randn(rows, 16), torch.randn(rows, 16)
+        for pending in (None, rest):  # the stream is h, or h + rest with the add still pending
+            stream = h if pending is None else h + pending
+            x = norm.forward_native(stream)
+            want = stream + F.linear(SiluAndMul().forward_native(F.linear(x, plain.gate_up_proj.weight,
+                                                                          plain.gate_up_proj.bias)),
+                                     plain.down_proj.weight, plain.down_proj.bias)
+            for mlp in (fused, plain):
+                out, left = mlp(h, pending, norm)
+                torch.testing.assert_close(out if left is None else out + left, want)
+    assert calls == [((1, 80), True)] * 2  # only one-row batches took the fused path, residual included
 

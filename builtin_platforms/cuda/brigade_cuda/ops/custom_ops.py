@@ -82,16 +82,13 @@ def silu_mul_gemm_cuda(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 def residual_gemm_cuda(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                        residual: torch.Tensor) -> torch.Tensor | None:
     """``residual + x @ weight.T + bias`` with the add in the epilogue: the GEMV at one row, the skinny GEMM
-    up to 16 rows, cuBLAS (``addmm``'s beta) beyond when there is no bias; None (add after) otherwise."""
-    if not _residual_ok(residual, x, weight):
+    up to 16 rows; None beyond, where cuBLAS makes the product and the next norm's fused add-and-normalize
+    kernel adds (``addmm`` with the residual as C measured slower for prefill-sized batches)."""
+    if not _residual_ok(residual, x, weight) or check_skinny(x, weight) is not None:
         return None
-    if check_skinny(x, weight) is None:
-        if x.shape[0] == 1 and _gemv_on():
-            return gemv(x, weight, bias, residual=residual)
-        return skinny_linear(x, weight, bias, residual=residual)
-    if bias is None and x.dim() == 2:
-        return torch.addmm(residual, x, weight.t())
-    return None
+    if x.shape[0] == 1 and _gemv_on():
+        return gemv(x, weight, bias, residual=residual)
+    return skinny_linear(x, weight, bias, residual=residual)
 
 
 def rms_norm_gemm_cuda(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -80,25 +80,12 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, stride_xm, s
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_wn, eps,
                  HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SILU_MUL: tl.constexpr,
                  RMS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False,
-                 L2_PREFETCH_TILES: tl.constexpr = 0, LINE: tl.constexpr = 64):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     n_ok = offs_n[:, None] < N
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-    if USE_PDL and L2_PREFETCH_TILES > 0:
-        # No kernel writes the weights (pdl.py): ask L2 for this program's first weight tiles while the
-        # previous kernel drains, one prefetch per 128-byte line, so the memory system stays busy across the
-        # kernel boundary. Rows and columns are clamped into the matrix (a prefetch never faults, but stays in
-        # bounds anyway).
-        pf_rows = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn
-        pf_lines = tl.arange(0, BLOCK_K // LINE) * LINE  # LINE: elements per 128-byte line
-        for t in tl.static_range(L2_PREFETCH_TILES):
-            pf_cols = tl.minimum(t * BLOCK_K + pf_lines, K - 1)
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                                      [w_ptr + pf_rows[:, None] + pf_cols[None, :]], dtype=tl.int32, is_pure=False,
-                                      pack=1)
     if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel, let the next one launch
         gdc_prologue(PDL_EARLY)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -209,20 +196,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         weight.stride(0), float(rms_norm_eps or 0.0),
         HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, EVEN_N=n % block_n == 0, SILU_MUL=silu_mul,
         RMS_NORM=rms_norm_eps is not None, HAS_RESIDUAL=residual is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
-        **pdl_launch(), **_l2_prefetch(k, block_k, weight.element_size()))
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **pdl_launch())
     return y
-
-
-def _l2_prefetch(k: int, block_k: int, element_size: int) -> dict:
-    """``L2_PREFETCH_TILES`` and ``LINE`` for a PDL launch: ``BRIGADE_CUDA_GEMV_L2_PREFETCH`` weight tiles
-    (default 0, off)."""
-    if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
-        return {}
-    tiles = min(int(os.environ.get("BRIGADE_CUDA_GEMV_L2_PREFETCH", "0")), triton.cdiv(k, block_k))
-    if tiles <= 0 or not pdl_launch().get("USE_PDL") or block_k * element_size < 128:
-        return {}
-    return {"L2_PREFETCH_TILES": tiles, "LINE": 128 // element_size}
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

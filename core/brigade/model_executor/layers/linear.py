@@ -52,33 +52,59 @@ class LinearBase(nn.Module):
             raise ValueError(f"{type(self).__name__} has no shards, got shard {shard_id!r}")
         default_weight_loader(param, loaded_weight)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """Args: x [num_tokens, input_size]; residual, optional [num_tokens, output_size] added to the product
-        (where the method can, inside the GEMM). Returns a [num_tokens, output_size] tensor in x's dtype."""
-        if residual is None:
-            return self.quant_method.apply(self, x, self.bias)
-        return self.quant_method.apply_residual(self, x, self.bias, residual)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Args: x [num_tokens, input_size]. Returns [num_tokens, output_size] in x's dtype."""
+        return self.quant_method.apply(self, x, self.bias)
 
-    def forward_silu_mul(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | None:
-        """``forward(silu(x[:, :in]) * x[:, in:], residual)`` fused into the GEMM, or None when the layer's
-        method has no such kernel for this input (the caller then runs the activation and ``forward``).
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The product of a branch that ends in a skip connection: ``(out, rest)`` with ``out + rest`` the new
+        residual stream (``rest`` None: ``out`` is the whole stream).
+
+        Where the method has a kernel that adds the residual in the GEMM's epilogue for this batch, the add is
+        done there and ``rest`` is None; otherwise the add is left to the next norm (``forward_normed``),
+        whose fused add-and-normalize kernel does it in the same pass.
+
+        Args: x [T, input_size]; residual [T, output_size] or None.
+        """
+        if residual is None:
+            return self.forward(x), None
+        out = self.quant_method.apply_residual(self, x, self.bias, residual)
+        return (out, None) if out is not None else (self.forward(x), residual)
+
+    def forward_silu_mul(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """``forward_add(silu(x[:, :in]) * x[:, in:], residual)`` with the activation inside the GEMM, or None
+        when the layer's method has no such kernel for this input (the caller then runs the activation and
+        ``forward_add``).
 
         Args: x [num_tokens, 2 * input_size], gate then up (a ``MergedColumnLinear`` gate_up output);
-        residual as in ``forward``.
+        residual as in ``forward_add``.
         """
-        return self.quant_method.apply_silu_mul(self, x, self.bias, residual=residual)
+        out = self.quant_method.apply_silu_mul(self, x, self.bias, residual=residual)
+        if out is None and residual is not None:  # the kernel may take the activation but not the add
+            out = self.quant_method.apply_silu_mul(self, x, self.bias)
+            return None if out is None else (out, residual)
+        return None if out is None else (out, None)
 
-    def forward_normed(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-        """``forward(norm(x))`` for an ``RMSNorm`` ``norm``; when the norm's weight was folded into this layer
-        (``fold_input_norm``) and the method has a kernel for it, one GEMM that normalizes while it reads x.
+    def forward_normed(self, x: torch.Tensor, rest: torch.Tensor | None, norm: nn.Module
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward(norm(x + rest))`` for an ``RMSNorm`` ``norm``; returns it and the stream ``x + rest``.
 
-        Args: x [num_tokens, input_size] (the residual stream). Returns [num_tokens, output_size].
+        With ``rest`` (an add left by ``forward_add``) the norm's fused add-and-normalize kernel makes both.
+        Without it, when the norm's weight was folded into this layer (``fold_input_norm``) and the method has
+        a kernel for it, one GEMM normalizes while it reads ``x``.
+
+        Args: x, rest [num_tokens, input_size] (rest may be None). Returns ([num_tokens, output_size], stream).
         """
+        if rest is not None:
+            normed, stream = norm(x, rest)
+            return self.forward(normed), stream
         if getattr(norm, "weight_folded", False):
             out = self.quant_method.apply_rms_norm(self, x, self.bias, norm.variance_epsilon)
             if out is not None:
-                return out
-        return self.forward(norm(x))
+                return out, x
+        return self.forward(norm(x)), x
 
     def fold_input_norm(self, norm: nn.Module) -> bool:
         """Fold ``norm.weight`` (an ``RMSNorm`` applied to this layer's input) into the weight, leaving the

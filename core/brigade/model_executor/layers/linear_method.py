@@ -60,13 +60,15 @@ class LinearMethod(ABC):
         return None
 
     def apply_residual(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
-                       residual: torch.Tensor) -> torch.Tensor:
-        """``residual + (x @ W.T + b)``: a pre-norm block's skip connection, added where the product is made.
+                       residual: torch.Tensor) -> torch.Tensor | None:
+        """``residual + (x @ W.T + b)`` with the add in the GEMM's epilogue (a pre-norm block's skip
+        connection), or None when the method has no such kernel for ``x`` (the default): the caller then
+        leaves the add to the next norm's fused add-and-normalize kernel.
 
         Args: x [T, input_size]; residual [T, output_size] in x's dtype. Returns a new [T, output_size]
-        tensor. The default adds after ``apply``, rounding the product to x's dtype first (HF's order).
+        tensor; the product is rounded to x's dtype before the add (HF's order).
         """
-        return residual + self.apply(layer, x, bias)
+        return None
 
     def apply_rms_norm(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
                        eps: float) -> torch.Tensor | None:
@@ -188,9 +190,8 @@ class UnquantizedLinearMethod(LinearMethod):
         return self.silu_mul_gemm(x, layer.weight, bias, residual=residual)
 
     def apply_residual(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
-                       residual: torch.Tensor) -> torch.Tensor:
-        out = None if self.residual_gemm is None else self.residual_gemm(x, layer.weight, bias, residual)
-        return out if out is not None else residual + self.apply(layer, x, bias)
+                       residual: torch.Tensor) -> torch.Tensor | None:
+        return None if self.residual_gemm is None else self.residual_gemm(x, layer.weight, bias, residual)
 
     def apply_rms_norm(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
                        eps: float) -> torch.Tensor | None:

@@ -59,16 +59,18 @@ class LlamaMLP(nn.Module):
                                 quant_method=get_linear_method(quant_config, f"{prefix}.down_proj"))
         self.act_fn = SiluAndMul()
 
-    def forward(self, h: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-        """``h + mlp(norm(h))``. Args: h [T, hidden], the residual stream. Returns the new stream [T, hidden].
+    def forward(self, h: torch.Tensor, rest: torch.Tensor | None, norm: RMSNorm
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``stream + mlp(norm(stream))`` for the residual stream ``h + rest`` (rest None: ``h``).
 
-        Where the platform has the kernels for this batch (the CUDA platform at one token), the norm runs
-        inside the gate/up GEMM, SiLU-and-mul inside the down GEMM and the residual add in its epilogue;
-        otherwise each runs as its own op.
+        Args: h, rest [T, hidden]. Returns the new stream as ``(h, rest)`` the same way. Where the platform
+        has the kernels for this batch (the CUDA platform at one token), the norm runs inside the gate/up GEMM,
+        SiLU-and-mul inside the down GEMM and the residual add in its epilogue; otherwise the norm kernel makes
+        the pending add, and the add after the down projection is left pending for the next norm.
         """
-        gate_up = self.gate_up_proj.forward_normed(h, norm)
-        out = self.down_proj.forward_silu_mul(gate_up, residual=h)
-        return out if out is not None else self.down_proj(self.act_fn(gate_up), residual=h)
+        gate_up, stream = self.gate_up_proj.forward_normed(h, rest, norm)
+        out = self.down_proj.forward_silu_mul(gate_up, residual=stream)
+        return out if out is not None else self.down_proj.forward_add(self.act_fn(gate_up), stream)
 
 
 class LlamaAttention(nn.Module):
@@ -91,18 +93,26 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(self.num_heads, head_size, self.num_kv_heads, scale=head_size ** -0.5,
                               layer_idx=layer_idx, backend_cls=attn_backend)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, ctx: AttentionContext, norm: RMSNorm) -> torch.Tensor:
-        """``h + attn(norm(h))``. Args: positions [T] int64, h [T, hidden] (the residual stream). Returns the
-        new stream [T, hidden]; the norm may run inside the qkv GEMM and the add in o_proj's epilogue."""
-        qkv = self.qkv_proj.forward_normed(h, norm)
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, rest: torch.Tensor | None, ctx: AttentionContext,
+                norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``stream + attn(norm(stream))`` for the residual stream ``h + rest`` (rest None: ``h``).
+
+        Args: positions [T] int64; h, rest [T, hidden]. Returns the new stream as ``(h, rest)``: the norm may
+        run inside the qkv GEMM and the add in o_proj's epilogue, or the add is left for the next norm.
+        """
+        qkv, stream = self.qkv_proj.forward_normed(h, rest, norm)
         q, k, v = self.qkv_proj.split(qkv)  # [T, H*D], [T, Hkv*D], [T, Hkv*D]
         # The backend applies the rotation (and may fuse it into its KV-cache write).
-        return self.o_proj(self.attn(q, k, v, ctx, positions=positions, rotary_emb=self.rotary_emb), residual=h)
+        attn = self.attn(q, k, v, ctx, positions=positions, rotary_emb=self.rotary_emb)
+        return self.o_proj.forward_add(attn, stream)
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``, each add done by the projection that ends
-    its branch (o_proj, down_proj), so a platform can put it in the GEMM's epilogue."""
+    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``.
+
+    The residual stream travels as a pair ``(h, rest)`` whose sum is the stream: each add is done either in
+    the epilogue of the projection that ends its branch (o_proj, down_proj; ``rest`` is then None) or by the
+    next norm's fused add-and-normalize kernel, whichever the platform has for the batch."""
 
     def __init__(self, config: Any, *, layer_idx: int, rotary_emb: RotaryEmbedding, head_size: int,
                  dtype: torch.dtype, attn_backend: type[AttentionBackend],
@@ -117,10 +127,12 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, bias=bool(getattr(config, "mlp_bias", False)),
                             dtype=dtype, quant_config=quant_config, prefix=f"{prefix}.mlp")
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        """Args: h [T, hidden], the residual stream (the HF layer's input). Returns the HF layer's output."""
-        h = self.self_attn(positions, h, ctx, self.input_layernorm)
-        return self.mlp(h, self.post_attention_layernorm)
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, rest: torch.Tensor | None,
+                ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Args: (h, rest) [T, hidden], the HF layer's input as a pair (see the class docstring). Returns the
+        HF layer's output the same way."""
+        h, rest = self.self_attn(positions, h, rest, ctx, self.input_layernorm)
+        return self.mlp(h, rest, self.post_attention_layernorm)
 
     def fold_norms(self) -> int:
         """Fold both norms' weights into the projections that read them (``LinearBase.fold_input_norm``);
@@ -148,10 +160,10 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        h = self.embed_tokens(input_ids)  # [T, hidden]
+        h, rest = self.embed_tokens(input_ids), None  # [T, hidden]
         for layer in self.layers:
-            h = layer(positions, h, ctx)
-        return h
+            h, rest = layer(positions, h, rest, ctx)
+        return h if rest is None else h + rest
 
 
 class LlamaForCausalLM(nn.Module):
