@@ -67,3 +67,30 @@ def test_a_second_platform_function_is_refused():
             register_fused_sampler("cpu", lambda *a, **k: None)
     finally:
         unregister_fused_sampler("cpu")
+
+
+@pytest.mark.parametrize("vocab", [128256, 49152, 1000, 300])
+def test_cuda_fused_sampler_compiles_once_per_variant(vocab):
+    """The CUDA kernels' compile-time values (block, the row kernel's power of two) and the segment length's
+    divisibility do not move with the batch size, so a server whose batch grows never stalls on a Triton
+    compile; segments tile the vocabulary exactly, at most 256 per row."""
+    from brigade_cuda.ops.sampling import BLOCK, _row_best_kernel, _segment_best_kernel, launch_config
+
+    configs = {rows: launch_config(rows, vocab) for rows in (1, 2, 3, 5, 8, 64, 100, 512, 1024, 4096)}
+    assert len({segs_p2 for _, _, segs_p2 in configs.values()}) == 1
+    for rows, (seg_len, num_segs, segs_p2) in configs.items():
+        assert seg_len % BLOCK == 0 and num_segs <= segs_p2 <= 256
+        assert (num_segs - 1) * seg_len < vocab <= num_segs * seg_len
+    assert configs[1][1] == min(256, -(-vocab // BLOCK))  # a single row spreads over as many programs as it can
+    assert "seed" in _segment_best_kernel.do_not_specialize and "num_segs" in _row_best_kernel.do_not_specialize
+
+
+def test_model_runner_warms_up_every_plain_kind(calls):
+    """The runner's start-up warm-up reaches the platform's fused sampler once per kind of plain batch, with
+    logits of the model's vocabulary and dtype, so its kernels compile before the first request."""
+    from brigade.worker.model_runner import ModelRunner
+
+    runner = ModelRunner.__new__(ModelRunner)  # only what warm_up_sampler reads; no model needed
+    runner.sampler, runner.device, runner.dtype, runner.vocab_size = Sampler(), torch.device("cpu"), torch.bfloat16, 77
+    runner.warm_up_sampler()
+    assert calls == [(True, None), (False, None), (False, [pytest.approx(0.7)])]

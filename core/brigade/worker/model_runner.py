@@ -77,6 +77,22 @@ class ModelRunner:
         shape = self.attn_backend.kv_cache_shape(num_blocks, self.block_size, num_kv_heads, head_size)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
         self.maybe_capture_cuda_graphs(num_blocks)
+        if self.device.type != "cpu":
+            self.warm_up_sampler()
+
+    @torch.inference_mode()
+    def warm_up_sampler(self) -> None:
+        """Sample once from dummy logits per kind of plain batch (greedy, random, random with a temperature),
+        so that a platform's fused sampler compiles its kernels now and not under the first requests (a
+        compile stalls every running request; vLLM warms its sampler the same way)."""
+        from brigade.sampling_params import SamplingParams
+
+        logits = torch.randn(1, self.vocab_size, device=self.device).to(self.dtype)
+        for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=1.0),
+                       SamplingParams(temperature=0.7)):
+            state = SamplingRequestState(params=params, prompt_token_ids=[0], output_token_ids=[], generator=None,
+                                         eos_token_id=None)
+            self.sampler(logits, build_sampling_metadata([state], vocab_size=self.vocab_size, device=self.device))
 
     def maybe_capture_cuda_graphs(self, num_blocks: int) -> None:
         """Capture decode graphs on a CUDA device when the backend allows it and -O/--enforce-eager do."""

@@ -22,10 +22,25 @@ import triton
 import triton.language as tl
 
 TARGET_PROGRAMS = 1024  # (row, segment) programs per call, enough to spread a small batch over the GPU
-BLOCK = 1024  # logits per program per loop step
+BLOCK = 512  # logits per program per loop step; segments are whole multiples of it
+MAX_SEGMENTS = 256  # per row
 
 
-@triton.jit
+def launch_config(rows: int, vocab: int) -> tuple[int, int, int]:
+    """(seg_len, num_segs, segs_p2) for ``rows`` rows of ``vocab`` logits.
+
+    Only the runtime values depend on the batch: ``BLOCK`` and ``segs_p2`` (the row kernel's constexpr) are
+    fixed by the vocabulary, and ``seg_len`` is always a multiple of ``BLOCK``, so the kernels compile once per
+    (dtype, greedy / random / temperature) and never again while a server's batch size moves (a Triton
+    compile is a stall of about a second for every running request).
+    """
+    want = max(1, min(MAX_SEGMENTS, TARGET_PROGRAMS // max(rows, 1), triton.cdiv(vocab, BLOCK)))
+    seg_len = triton.cdiv(triton.cdiv(vocab, want), BLOCK) * BLOCK
+    segs_p2 = triton.next_power_of_2(min(MAX_SEGMENTS, triton.cdiv(vocab, BLOCK)))
+    return seg_len, triton.cdiv(vocab, seg_len), segs_p2
+
+
+@triton.jit(do_not_specialize=["seed", "num_segs"])  # a seed divisible by 16 must not compile a variant
 def _segment_best_kernel(logits_ptr, temp_ptr, seed, best_ptr, where_ptr, V, stride_row, seg_len, num_segs,
                          HAS_TEMP: tl.constexpr, RANDOM: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -55,7 +70,7 @@ def _segment_best_kernel(logits_ptr, temp_ptr, seed, best_ptr, where_ptr, V, str
     tl.store(where_ptr + row * num_segs + seg, where)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_segs"])
 def _row_best_kernel(best_ptr, where_ptr, out_ptr, num_segs, SEGS_P2: tl.constexpr):
     row = tl.program_id(0)
     segs = tl.arange(0, SEGS_P2)
@@ -86,9 +101,7 @@ def fused_sample(logits: torch.Tensor, temperature: torch.Tensor | None, *, gree
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows == 0:
         return out
-    want = max(1, min(256, TARGET_PROGRAMS // rows, triton.cdiv(vocab, 256)))
-    seg_len = triton.cdiv(triton.cdiv(vocab, want), 256) * 256
-    num_segs = triton.cdiv(vocab, seg_len)
+    seg_len, num_segs, segs_p2 = launch_config(rows, vocab)
     best = torch.empty((rows, num_segs), dtype=torch.float32, device=logits.device)
     where = torch.empty((rows, num_segs), dtype=torch.int32, device=logits.device)
     random = not greedy
@@ -97,9 +110,9 @@ def fused_sample(logits: torch.Tensor, temperature: torch.Tensor | None, *, gree
     has_temp = random and temperature is not None
     _segment_best_kernel[(rows, num_segs)](
         logits, temperature if has_temp else best, seed, best, where, vocab, logits.stride(0), seg_len, num_segs,
-        HAS_TEMP=has_temp, RANDOM=random, BLOCK=min(BLOCK, triton.next_power_of_2(seg_len)), num_warps=4)
-    _row_best_kernel[(rows,)](best, where, out, num_segs, SEGS_P2=triton.next_power_of_2(num_segs), num_warps=4)
+        HAS_TEMP=has_temp, RANDOM=random, BLOCK=BLOCK, num_warps=4)
+    _row_best_kernel[(rows,)](best, where, out, num_segs, SEGS_P2=segs_p2, num_warps=4)
     return out
 
 
-__all__ = ["fused_sample"]
+__all__ = ["fused_sample", "launch_config"]
