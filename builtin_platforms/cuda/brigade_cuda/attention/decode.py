@@ -35,7 +35,10 @@ from brigade_cuda.pdl import gdc_prologue, pdl_launch, pdl_prefetch
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# Values that change from step to step outside the CUDA graphs (the split count, the block table's width) are
+# not specialized: Triton would compile a variant for each of 1, multiples of 16 and the rest the first time
+# each appears, a stall of about a second for every running request.
+@triton.jit(do_not_specialize=["num_splits", "stride_bt_r"])
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
     scale_log2,
@@ -189,7 +192,7 @@ def _rope_lanes(position_ptr, cos_sin_ptr, stride_cos_sin, dims, HALF: tl.conste
     return cos, sin, partner
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_merge_kernel(
     mid_o_ptr, mid_lse_ptr, out_ptr,
     stride_out_t, stride_out_h, stride_mid_r, stride_mid_h, stride_mid_s, num_splits,
@@ -232,6 +235,9 @@ def choose_num_splits(num_decodes: int, num_kv_heads: int, max_seq_len: int, num
     wanted = -(-2 * num_sms // programs)
     useful = max(1, -(-max_seq_len // block_n))
     return max(1, min(wanted, useful, max_splits))
+
+
+MERGE_SPLITS_P2 = 32  # the merge's split lanes: one compiled variant for every split count up to 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,7 +313,8 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     if num_splits > 1:
         _decode_merge_kernel[(num_decodes, num_heads)](
             mid_o, mid_lse, out, out.stride(0), out.stride(1), *mid_strides, num_splits,
-            HEAD_SIZE=head_size, HEAD_P2=head_p2, SPLITS_P2=triton.next_power_of_2(num_splits), num_warps=4,
+            HEAD_SIZE=head_size, HEAD_P2=head_p2, SPLITS_P2=max(MERGE_SPLITS_P2, triton.next_power_of_2(num_splits)),
+            num_warps=4,
             **pdl_launch(),
         )
 

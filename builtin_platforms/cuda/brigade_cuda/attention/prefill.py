@@ -41,7 +41,9 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cac
     return acc, m_new, l_i
 
 
-@triton.jit
+# The first request's index and the block table's width change from step to step: not specialized, so a new
+# value never compiles a variant mid-serving (see decode.py).
+@triton.jit(do_not_specialize=["first_req", "stride_bt_r"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
     scale_log2, first_req,
