@@ -277,3 +277,11 @@ def test_json_numbers_still_work(server):
     assert all(len(entry.top_logprobs) == 1 for entry in chat.choices[0].logprobs.content)
     back = httpx.post(server.url("/detokenize"), json={"tokens": ids}, timeout=60)
     assert back.status_code == 200 and back.json()["prompt"] == "The capital of France is"
+
+
+@pytest.mark.parametrize("best_of", [0, -3])
+def test_best_of_below_one_is_a_range_error(server, best_of):
+    response = httpx.post(server.url("/v1/completions"), json={**COMPLETION, "best_of": best_of}, timeout=60)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "best_of" and error["message"] == f"best_of must be at least 1, got {best_of}"

@@ -139,6 +139,31 @@ def test_cli_exits_2_with_one_line(smollm2_path, flags, needle):
     assert "usage:" not in result.stderr
 
 
+@pytest.mark.parametrize("argv,line", [
+    (["serve", "{model}", "--max-model-len", "abc"], "brigade serve: error: argument --max-model-len: invalid int value"),
+    (["serve", "{model}", "--bogus-flag"], "brigade serve: error: unrecognized arguments: --bogus-flag"),
+    (["bench", "latency", "{model}", "--bogus"], "brigade bench latency: error: unrecognized arguments: --bogus"),
+])
+def test_a_bad_flag_prints_only_its_error_at_the_default_log_level(smollm2_path, argv, line):
+    """With the default log level, the plugin loader's start-up lines wait until the command line has parsed:
+    a bad flag prints one line, argparse's error without the usage block; an unknown flag is reported by the
+    subcommand that received it."""
+    env = {k: v for k, v in os.environ.items() if k != "BRIGADE_LOGGING_LEVEL"}
+    result = subprocess.run([*brigade_command(), *[a.format(model=smollm2_path) for a in argv]],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2, result.stderr
+    assert line in result.stderr.splitlines()[-1], result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "loaded plugin" not in result.stderr
+
+
+def test_help_has_no_log_lines():
+    env = {k: v for k, v in os.environ.items() if k != "BRIGADE_LOGGING_LEVEL"}
+    result = subprocess.run([*brigade_command(), "serve", "--help"], capture_output=True, text=True, timeout=120,
+                            env=env)
+    assert result.returncode == 0 and result.stdout.startswith("usage: brigade serve")
+    assert result.stderr == ""
+
+
 def test_kv_cache_memory_beyond_ram_is_refused_before_loading(smollm2_path):
     """On the CPU the KV pool lives in RAM: asking for more than the machine has is one line, up front."""
     proc = subprocess.run([*brigade_command(), "serve", str(smollm2_path), "--kv-cache-memory", "100000"],

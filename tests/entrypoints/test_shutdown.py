@@ -65,6 +65,7 @@ def test_sigterm_drains_in_flight_requests_then_cuts_the_rest(smollm2_path):
         assert unary_response.status_code == 503 and unary_response.json()["error"]["code"] == "shutting_down"
         assert SHUTDOWN_TIMEOUT_S - 1 <= cut_after <= SHUTDOWN_TIMEOUT_S + 10, cut_after
         assert server.proc.wait(timeout=30) == 0
+        assert "received while shutting down" not in server.log_tail(100_000)  # one signal logged as one
         deadline = time.monotonic() + 10
         while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                   for pid in core_pids):

@@ -24,28 +24,84 @@ def build_parser(plugin_choices: dict[str, list[str]]) -> argparse.ArgumentParse
     chat.add_parser(subparsers)
     bench.add_parser(subparsers, plugin_choices)
     plugins.add_parser(subparsers)
+    _one_line_errors(parser)
     return parser
 
 
+def one_line_error(parser: argparse.ArgumentParser):
+    """argparse's error(), minus the usage block: one line naming the flag (and where help is), then exit 2."""
+
+    def error(message: str):
+        print(f"{parser.prog}: error: {message} (see {parser.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+    return error
+
+
+def _one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Give ``parser`` and every subcommand parser under it ``one_line_error``."""
+    parser.error = one_line_error(parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _one_line_errors(sub)
+
+
+class _HeldRecords(logging.Handler):
+    """Holds the plugin loader's log records until the command line has parsed (``main``)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _deepest_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser of the command ``args`` selected, e.g. ``brigade bench latency``'s."""
+    while True:
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, actions[0].dest, None) if actions else None
+        if chosen is None or chosen not in actions[0].choices:
+            return parser
+        parser = actions[0].choices[chosen]
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``brigade`` console script; returns the exit status."""
+    """Entry point of the ``brigade`` console script; returns the exit status.
+
+    The plugin loader's log lines are held until the command line parses: a bad flag or ``--help`` prints only
+    argparse's output. Then ``serve`` replays them all (which plugins loaded is the server's start-up log);
+    other commands replay warnings only.
+    """
     logging.basicConfig(level=os.environ.get("BRIGADE_LOGGING_LEVEL", "INFO"),
                         format="%(levelname)s %(asctime)s %(message)s")
     from brigade.config import ConfigError
     from brigade.plugins import PluginLoadError, load_plugins, plugin_choices
 
-    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
-    if (words[:1] != ["serve"] and "BRIGADE_LOGGING_LEVEL" not in os.environ
-            and logging.getLogger("brigade.plugins").level == logging.NOTSET):
-        # Which plugins loaded is the server's start-up log; other commands (and --help) keep only warnings.
-        logging.getLogger("brigade.plugins").setLevel(logging.WARNING)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    plugin_log = logging.getLogger("brigade.plugins")
+    held, propagate = _HeldRecords(), plugin_log.propagate
+    plugin_log.addHandler(held)
+    plugin_log.propagate = False
     try:
-        load_plugins("api")
-    except PluginLoadError as exc:
-        print(f"brigade: {exc}", file=sys.stderr)
-        return 1
-    parser = build_parser(plugin_choices())
-    args = parser.parse_args(argv)
+        try:
+            load_plugins("api")
+        except PluginLoadError as exc:
+            print(f"brigade: {exc}", file=sys.stderr)
+            return 1
+        parser = build_parser(plugin_choices())
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # reported by the subcommand that received them, with its own usage line
+            _deepest_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    finally:
+        plugin_log.removeHandler(held)
+        plugin_log.propagate = propagate
+    explicit = "BRIGADE_LOGGING_LEVEL" in os.environ or plugin_log.level != logging.NOTSET
+    for record in held.records:
+        if args.command == "serve" or explicit or record.levelno >= logging.WARNING:
+            plugin_log.handle(record)
     if args.command is None:
         parser.print_help()
         return 2

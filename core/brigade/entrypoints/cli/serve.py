@@ -16,16 +16,6 @@ API_KEY_ENV = "BRIGADE_API_KEY"
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
-def _one_line_error(parser: argparse.ArgumentParser):
-    """argparse's error(), minus the usage block: one line naming the flag, then exit 2."""
-
-    def error(message: str):
-        print(f"{parser.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-    return error
-
-
 def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = None) -> argparse.ArgumentParser:
     """Add the ``serve`` sub-command to ``subparsers`` (from ``ArgumentParser.add_subparsers()``).
 
@@ -35,7 +25,6 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
     parser = subparsers.add_parser(
         "serve", help="serve a model over the OpenAI-compatible HTTP API",
         description="Serve MODEL (an HF-format directory) over the OpenAI-compatible HTTP API.")
-    parser.error = _one_line_error(parser)
     add_server_args(parser)
     add_engine_args(parser, plugin_choices)
     parser.set_defaults(run=run)

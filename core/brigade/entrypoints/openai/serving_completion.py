@@ -44,6 +44,8 @@ class OpenAIServingCompletion(OpenAIServing):
         await self.check_request(request)
         if request.suffix is not None:
             raise OpenAIError.not_supported("suffix (insertion)", "suffix")
+        if request.best_of is not None and request.best_of < 1:
+            raise OpenAIError.bad_param(f"best_of must be at least 1, got {request.best_of}", "best_of")
         if request.best_of is not None and request.best_of != request.n:
             raise OpenAIError.not_supported("best_of different from n", "best_of")
         # echo with logprobs scores the prompt too: the engine computes prompt logprobs for it.

@@ -11,13 +11,16 @@ blocks are freed). uvicorn is given a short grace period beyond the deadline for
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from typing import TypeVar
 
 import anyio
 import uvicorn
+from uvicorn.server import HANDLED_SIGNALS
 
 from brigade.entrypoints.openai.errors import OpenAIError
 
@@ -111,6 +114,21 @@ class DrainingServer(uvicorn.Server):
         self.drain.begin(self.drain_timeout_s)
         await super().shutdown(sockets)
 
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, minus handing the captured SIGTERM/SIGINT back to the previous handler on exit: Brigade
+        shuts its engine down after ``serve()`` returns and exits 0, and the handed-back signal read in the log
+        as a second one."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
 
 def _already_shutting_down(signum, frame) -> None:
     logger.info("signal %d received while shutting down; shutdown is already under way", signum)
@@ -119,9 +137,9 @@ def _already_shutting_down(signum, frame) -> None:
 def quiet_signals_after_serve() -> None:
     """Call just before ``DrainingServer.serve()``, from the main thread.
 
-    uvicorn re-raises the SIGTERM/SIGINT it handled once it has shut down, to the handler that was in
-    place before it started; with the default handlers that kills the process (exit -15) before the
-    engine is shut down. These handlers only log, so the server returns normally and exits 0.
+    A SIGTERM/SIGINT that arrives after the HTTP server has stopped, while the engine shuts down, would kill
+    the process with the default handlers (exit -15) before the engine is shut down. These handlers only log,
+    so the shutdown finishes and the process exits 0.
     """
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _already_shutting_down)
