@@ -285,3 +285,13 @@ def test_best_of_below_one_is_a_range_error(server, best_of):
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == "best_of" and error["message"] == f"best_of must be at least 1, got {best_of}"
+
+
+@pytest.mark.parametrize("path,body", [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)])
+def test_stream_options_without_stream_is_a_400(server, path, body):
+    """As OpenAI and vLLM: stream_options only mean something for a stream."""
+    client = openai.OpenAI(base_url=server.url("/v1"), api_key="unused", max_retries=0, timeout=60)
+    create = client.chat.completions.create if "chat" in path else client.completions.create
+    with pytest.raises(openai.BadRequestError) as info:
+        create(model=MODEL, **body, stream=False, stream_options={"include_usage": True})
+    assert info.value.body["param"] == "stream_options" and "stream=true" in info.value.body["message"]

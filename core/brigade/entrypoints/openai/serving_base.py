@@ -168,11 +168,11 @@ class OpenAIServing:
 
     # ---- checks --------------------------------------------------------------------------------------
     async def check_request(self, request: BaseModel) -> None:
-        """404 for another model, 503 for a dead engine (so a stream fails before it starts); warns about
-        fields this server ignores.
+        """404 for another model, 503 for a dead engine (so a stream fails before it starts), 400 for
+        ``stream_options`` without ``stream`` (as OpenAI and vLLM); warns about fields this server ignores.
 
         Raises:
-            OpenAIError: 404 or 503.
+            OpenAIError: 404, 503 or 400.
         """
         model = getattr(request, "model", None)
         if model is not None and model != self.served_model_name:
@@ -183,6 +183,8 @@ class OpenAIServing:
             raise OpenAIError.engine_dead(str(exc)) from None
         if request.model_extra:
             logger.warning("ignoring unknown request fields: %s", sorted(request.model_extra))
+        if getattr(request, "stream_options", None) is not None and not getattr(request, "stream", False):
+            raise OpenAIError.bad_param("stream_options can only be given with stream=true", "stream_options")
 
     def check_length(self, num_prompt_tokens: int, max_tokens: int | None, *, prompt_param: str,
                      max_tokens_param: str) -> int:
