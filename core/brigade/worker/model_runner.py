@@ -77,8 +77,38 @@ class ModelRunner:
         shape = self.attn_backend.kv_cache_shape(num_blocks, self.block_size, num_kv_heads, head_size)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
         self.maybe_capture_cuda_graphs(num_blocks)
-        if self.device.type != "cpu":
+        if self.device.type != "cpu":  # nothing is compiled on first use on the CPU
+            self.warm_up_mixed_steps()
             self.warm_up_sampler()
+
+    @torch.inference_mode()
+    def warm_up_mixed_steps(self) -> None:
+        """Run two eager steps that mix a decode with a short prefill (decode contexts of 40 and 300 tokens,
+        below and above one decode split), on a throwaway KV cache, so the kernels such steps use outside the
+        CUDA graphs compile now and not under the first request that arrives while others decode (a Triton
+        compile stalls every running request for about a second). The real KV cache is not touched."""
+        max_len = self.config.model_config.max_model_len
+        generator = torch.Generator().manual_seed(0)
+        head_size, num_kv_heads, num_layers = self._kv_shape()
+        for context in sorted({min(40, max_len - 2), min(300, max_len - 2)}):
+            if context < 1:
+                continue
+            lengths = (context + 1, min(17, max_len))  # the decode's whole sequence, then the prompt
+            states, first = [], 0
+            for i, (length, computed) in enumerate(zip(lengths, (context, 0))):
+                num_blocks = -(-length // self.block_size)
+                states.append(CachedRequestState(
+                    req_id=str(i), token_ids=torch.randint(0, self.hf_config.vocab_size, (length,),
+                                                           generator=generator).tolist(),
+                    num_prompt_tokens=length, block_ids=list(range(first, first + num_blocks)),
+                    num_computed_tokens=computed, sampling=None))
+                first += num_blocks
+            inputs = build_step_inputs(states, [1, lengths[1]], block_size=self.block_size, device=self.device)
+            shape = self.attn_backend.kv_cache_shape(first, self.block_size, num_kv_heads, head_size)
+            kv = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
+            hidden = self.model(inputs.input_ids, inputs.positions,
+                                AttentionContext(metadata=inputs.metadata, kv_caches=kv))
+            self.model.compute_logits(hidden[inputs.logits_indices])
 
     @torch.inference_mode()
     def warm_up_sampler(self) -> None:
