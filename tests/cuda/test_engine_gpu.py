@@ -74,15 +74,18 @@ def test_engine_greedy_equals_transformers_on_gpu(tiny_llama, kwargs):
     torch.cuda.empty_cache()
 
 
-def test_short_context_graphs_give_the_same_tokens(tiny_llama, monkeypatch):
-    """Decode graphs captured per context bucket (single-split decode up to 64 tokens): contexts from 4 to
-    281 tokens cross the bucket while generating, and the tokens still equal transformers'."""
+@pytest.mark.parametrize("env", ["BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN", "BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN"])
+def test_short_context_graphs_give_the_same_tokens(tiny_llama, monkeypatch, env):
+    """Decode graphs captured per context bucket (up to 64 tokens: single-split decode, or the split count
+    chosen for 64 tokens): contexts from 4 to 281 tokens cross the bucket while generating, and the tokens
+    still equal transformers'."""
     from brigade import LLM, SamplingParams
-    from brigade_cuda.attention.triton_backend import single_split_len
+    from brigade_cuda.attention.triton_backend import short_graph_len, single_split_len
 
     path, prompts, expected = tiny_llama
-    monkeypatch.setenv("BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN", "64")
+    monkeypatch.setenv(env, "64")
     single_split_len.cache_clear()
+    short_graph_len.cache_clear()
     try:
         llm = LLM(path, dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.3, max_model_len=512)
         graphs = llm.engine.core.executor.worker.model_runner.cuda_graphs
@@ -95,5 +98,6 @@ def test_short_context_graphs_give_the_same_tokens(tiny_llama, monkeypatch):
         del llm
         torch.cuda.empty_cache()
     finally:
-        monkeypatch.delenv("BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN")
+        monkeypatch.delenv(env)
         single_split_len.cache_clear()
+        short_graph_len.cache_clear()

@@ -191,3 +191,22 @@ def test_short_contexts_take_one_split_and_their_own_graph_bucket(monkeypatch):
         monkeypatch.delenv("BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN")
         single_split_len.cache_clear()
     assert TritonAttentionBackend.decode_graph_seq_lens(1, 2048) == (2048,)
+
+
+def test_short_graph_bucket_keeps_the_split_choice(monkeypatch):
+    from brigade_cuda.attention.decode import choose_num_splits
+    from brigade_cuda.attention.triton_backend import short_graph_len, single_split_len
+
+    monkeypatch.setenv("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", "512")
+    monkeypatch.setenv("BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN", "128")
+    short_graph_len.cache_clear()
+    single_split_len.cache_clear()
+    try:
+        assert TritonAttentionBackend.decode_graph_seq_lens(1, 2048) == (128, 512, 2048)
+        assert TritonAttentionBackend.decode_graph_seq_lens(64, 2048) == (2048,)
+        assert choose_num_splits(1, 8, 512, 132) == 8  # the 512 bucket's graph: 8 splits, not 32
+    finally:
+        for name in ("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", "BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN"):
+            monkeypatch.delenv(name)
+        short_graph_len.cache_clear()
+        single_split_len.cache_clear()

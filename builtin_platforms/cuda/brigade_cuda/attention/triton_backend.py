@@ -58,6 +58,15 @@ def single_split_len() -> int:
     return int(os.environ.get("BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN", "0"))
 
 
+@functools.cache
+def short_graph_len() -> int:
+    """Decode graphs of up to ``SHORT_GRAPH_MAX_BATCH`` requests are also captured for contexts up to this many
+    tokens, with the split count chosen for that length (``BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN``; 0, the
+    default, turns it off). At batch 1 the full-length graph splits every context 32 ways, most splits empty
+    for a short one; a 512-token bucket launches 8. Not yet timed on the H200 (``benchmarks/gpu/run_w.sh``)."""
+    return int(os.environ.get("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", "0"))
+
+
 SHORT_GRAPH_MAX_BATCH = 32  # beyond this, a Llama-shaped batch fills the GPU with one split per request
 
 
@@ -90,11 +99,12 @@ class TritonAttentionBackend(AttentionBackend):
 
     @classmethod
     def decode_graph_seq_lens(cls, num_decodes: int, max_model_len: int) -> tuple[int, ...]:
-        """A short-context bucket (``single_split_len``) for small batches, then ``max_model_len``."""
-        short = single_split_len()
-        if 0 < short < max_model_len and num_decodes <= SHORT_GRAPH_MAX_BATCH:
-            return (short, max_model_len)
-        return (max_model_len,)
+        """Short-context buckets (``single_split_len``, ``short_graph_len``) for small batches, then
+        ``max_model_len``."""
+        if num_decodes > SHORT_GRAPH_MAX_BATCH:
+            return (max_model_len,)
+        short = {n for n in (single_split_len(), short_graph_len()) if 0 < n < max_model_len}
+        return (*sorted(short), max_model_len)
 
     def _multiprocessors(self, device: torch.device) -> int:
         index = device.index if device.index is not None else torch.cuda.current_device()
