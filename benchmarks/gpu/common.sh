@@ -10,3 +10,8 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e buil
 M=benchmarks/configs/llama-3.1-8b
 C="--load-format dummy --dtype bfloat16 --skip-tokenizer-init"
 run() { echo "+ $*"; timeout ${STEP_TIMEOUT:-150} "$@" 2>&1 | grep -v -i "warn\|deprecat" | tail -${TAIL:-25}; }
+# lat NAME [VAR=VALUE ...]: the batch-1 latency benchmark (3 iterations, batch-1 graphs only) under that
+# environment, results in $out/latency_NAME.json.
+lat() { local name=$1; shift; STEP_TIMEOUT=${STEP_TIMEOUT:-70} TAIL=2 run env "$@" brigade bench latency $M $C \
+    --max-model-len 2048 --batch-size 1 --input-len 128 --output-len 256 --num-iters-warmup 1 --num-iters 3 \
+    --max-num-seqs 1 --output-json "$out/latency_$name.json"; }

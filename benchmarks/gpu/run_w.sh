@@ -6,8 +6,6 @@
 source "$(dirname "$0")/common.sh"
 STEP_TIMEOUT=300 TAIL=6 run python3 -m pytest -q -p no:warnings tests/cuda
 python3 -m brigade.benchmarks.roofline $M > "$out/roofline.json"; tail -1 "$out/roofline.json"
-lat() { name=$1; shift; STEP_TIMEOUT=70 TAIL=2 run env "$@" brigade bench latency $M $C --max-model-len 2048 --batch-size 1 \
-    --input-len 128 --output-len 256 --num-iters-warmup 1 --num-iters 3 --max-num-seqs 1 --output-json "$out/latency_$name.json"; }
 lat default
 lat short_graph_512 BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN=512
 STEP_TIMEOUT=150 TAIL=3 run brigade bench latency $M $C --max-model-len 2048 --batch-size 1 --input-len 128 --output-len 256 \
