@@ -83,17 +83,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_up_mixed_steps(self) -> None:
-        """Run two eager steps that mix a decode with a short prefill (decode contexts of 40 and 300 tokens,
-        below and above one decode split), on a throwaway KV cache, so the kernels such steps use outside the
-        CUDA graphs compile now and not under the first request that arrives while others decode (a Triton
-        compile stalls every running request for about a second). The real KV cache is not touched."""
+        """Run two eager steps that mix a decode with a prefill (a 40-token context with a 3-token prompt, a
+        300-token context with a 17-token prompt: one and several decode splits, a step small enough for the
+        few-row GEMM kernels and one that is not), on a throwaway KV cache, so the kernels such steps use
+        outside the CUDA graphs compile now and not under the first request that arrives while others decode
+        (a Triton compile stalls every running request for about a second). The real KV cache is untouched."""
         max_len = self.config.model_config.max_model_len
         generator = torch.Generator().manual_seed(0)
         head_size, num_kv_heads, num_layers = self._kv_shape()
-        for context in sorted({min(40, max_len - 2), min(300, max_len - 2)}):
+        for context, prompt in sorted({(min(40, max_len - 2), 3), (min(300, max_len - 2), 17)}):
             if context < 1:
                 continue
-            lengths = (context + 1, min(17, max_len))  # the decode's whole sequence, then the prompt
+            lengths = (context + 1, min(prompt, max_len))  # the decode's whole sequence, then the prompt
             states, first = [], 0
             for i, (length, computed) in enumerate(zip(lengths, (context, 0))):
                 num_blocks = -(-length // self.block_size)

@@ -36,7 +36,7 @@ def launch_config(rows: int, vocab: int) -> tuple[int, int, int]:
     """
     want = max(1, min(MAX_SEGMENTS, TARGET_PROGRAMS // max(rows, 1), triton.cdiv(vocab, BLOCK)))
     seg_len = triton.cdiv(triton.cdiv(vocab, want), BLOCK) * BLOCK
-    segs_p2 = triton.next_power_of_2(min(MAX_SEGMENTS, triton.cdiv(vocab, BLOCK)))
+    segs_p2 = max(2, triton.next_power_of_2(min(MAX_SEGMENTS, triton.cdiv(vocab, BLOCK))))
     return seg_len, triton.cdiv(vocab, seg_len), segs_p2
 
 
