@@ -5,8 +5,6 @@
 source "$(dirname "$0")/common.sh"
 STEP_TIMEOUT=120 TAIL=4 run env BRIGADE_CUDA_FUSED_SAMPLER=1 python3 -m pytest -q -x -p no:warnings \
     tests/cuda/test_fused_sampler_cuda.py tests/cuda/test_engine_gpu.py
-lat() { name=$1; shift; STEP_TIMEOUT=70 TAIL=2 run env "$@" brigade bench latency $M $C --max-model-len 2048 --batch-size 1 \
-    --input-len 128 --output-len 256 --num-iters-warmup 1 --num-iters 3 --max-num-seqs 1 --output-json "$out/latency_$name.json"; }
 lat fused_sampler_1 BRIGADE_CUDA_FUSED_SAMPLER=1
 lat fused_sampler_0
 prof() { name=$1; var=$2; shift 2; STEP_TIMEOUT=70 TAIL=30 run env $var python3 benchmarks/gpu/profile_decode.py $M --json "$out/profile_$name.json" "$@"; }

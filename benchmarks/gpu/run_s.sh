@@ -5,8 +5,6 @@
 source "$(dirname "$0")/common.sh"
 STEP_TIMEOUT=150 TAIL=6 run python3 -m pytest -q -x -p no:warnings tests/cuda/test_triton_gemm.py \
     tests/cuda/test_llama_triton.py tests/cuda/test_fused_sampler_cuda.py tests/cuda/test_engine_gpu.py
-lat() { name=$1; shift; STEP_TIMEOUT=70 TAIL=2 run env "$@" brigade bench latency $M $C --max-model-len 2048 --batch-size 1 \
-    --input-len 128 --output-len 256 --num-iters-warmup 1 --num-iters 3 --max-num-seqs 1 --output-json "$out/latency_$name.json"; }
 lat fold_1
 lat fold_0 BRIGADE_CUDA_NORM_FOLD=0
 STEP_TIMEOUT=70 TAIL=40 run python3 benchmarks/gpu/profile_decode.py $M --json "$out/profile_t1.json" --temperature 1.0

@@ -6,8 +6,6 @@
 source "$(dirname "$0")/common.sh"
 STEP_TIMEOUT=120 TAIL=3 run env BRIGADE_CUDA_GEMV_L2_PREFETCH=2 python3 -m pytest -q -x -p no:warnings tests/cuda/test_engine_gpu.py
 python3 -m brigade.benchmarks.roofline $M > "$out/roofline.json"; tail -1 "$out/roofline.json"
-lat() { name=$1; shift; STEP_TIMEOUT=70 TAIL=2 run env "$@" brigade bench latency $M $C --max-model-len 2048 --batch-size 1 \
-    --input-len 128 --output-len 256 --num-iters-warmup 1 --num-iters 3 --max-num-seqs 1 --output-json "$out/latency_$name.json"; }
 lat l2pf_0
 lat l2pf_2 BRIGADE_CUDA_GEMV_L2_PREFETCH=2
 lat l2pf_8 BRIGADE_CUDA_GEMV_L2_PREFETCH=8

@@ -69,8 +69,7 @@ class DecodeGraphs:
         self.block_table = self._dev32[2 * n + 1:].view(n, width)
         self.slot_mapping.fill_(-1)
         self.query_start_loc.copy_(torch.arange(n + 1, dtype=torch.int32))
-        self._host64.copy_(self._dev64)
-        self._host32.copy_(self._dev32)
+        self._host.copy_(self._dev)
         buckets = seq_len_buckets or (lambda size, max_len: (max_len,))
         self.buckets = {size: sorted({min(b, max_model_len) for b in buckets(size, max_model_len)} | {max_model_len})
                         for size in self.sizes}

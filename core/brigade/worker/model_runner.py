@@ -90,26 +90,11 @@ class ModelRunner:
         (a Triton compile stalls every running request for about a second). The real KV cache is untouched."""
         max_len = self.config.model_config.max_model_len
         generator = torch.Generator().manual_seed(0)
-        head_size, num_kv_heads, num_layers = self._kv_shape()
         for context, prompt in sorted({(min(40, max_len - 2), 3), (min(300, max_len - 2), 17)}):
             if context < 1:
                 continue
-            lengths = (context + 1, min(prompt, max_len))  # the decode's whole sequence, then the prompt
-            states, first = [], 0
-            for i, (length, computed) in enumerate(zip(lengths, (context, 0))):
-                num_blocks = -(-length // self.block_size)
-                states.append(CachedRequestState(
-                    req_id=str(i), token_ids=torch.randint(0, self.hf_config.vocab_size, (length,),
-                                                           generator=generator).tolist(),
-                    num_prompt_tokens=length, block_ids=list(range(first, first + num_blocks)),
-                    num_computed_tokens=computed, sampling=None))
-                first += num_blocks
-            inputs = build_step_inputs(states, [1, lengths[1]], block_size=self.block_size, device=self.device)
-            shape = self.attn_backend.kv_cache_shape(first, self.block_size, num_kv_heads, head_size)
-            kv = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
-            hidden = self.model(inputs.input_ids, inputs.positions,
-                                AttentionContext(metadata=inputs.metadata, kv_caches=kv))
-            self.model.compute_logits(hidden[inputs.logits_indices])
+            prompt = min(prompt, max_len)
+            self._dummy_step([(context + 1, context), (prompt, 0)], [1, prompt], generator)
 
     @torch.inference_mode()
     def warm_up_sampler(self) -> None:
@@ -300,17 +285,24 @@ class ModelRunner:
         """
         num_reqs = max(1, min(num_reqs, num_tokens))
         per_req = num_tokens // num_reqs
-        blocks_per_req = -(-per_req // self.block_size)
-        generator = torch.Generator().manual_seed(0)
-        states = [CachedRequestState(
-            req_id=str(i), token_ids=torch.randint(0, self.hf_config.vocab_size, (per_req,),
-                                                   generator=generator).tolist(),
-            num_prompt_tokens=per_req, block_ids=list(range(i * blocks_per_req, (i + 1) * blocks_per_req)),
-            num_computed_tokens=0, sampling=None) for i in range(num_reqs)]
-        inputs = build_step_inputs(states, [per_req] * num_reqs, block_size=self.block_size, device=self.device)
+        self._dummy_step([(per_req, 0)] * num_reqs, [per_req] * num_reqs, torch.Generator().manual_seed(0))
+
+    def _dummy_step(self, requests: list[tuple[int, int]], num_scheduled: list[int],
+                    generator: torch.Generator) -> None:
+        """One forward pass (and the logits of each request) over random-token requests given as
+        (length, tokens already computed), decodes first, on a throwaway KV cache just large enough for them."""
+        states, first = [], 0
+        for i, (length, computed) in enumerate(requests):
+            num_blocks = -(-length // self.block_size)
+            states.append(CachedRequestState(
+                req_id=str(i), token_ids=torch.randint(0, self.hf_config.vocab_size, (length,),
+                                                       generator=generator).tolist(),
+                num_prompt_tokens=length, block_ids=list(range(first, first + num_blocks)),
+                num_computed_tokens=computed, sampling=None))
+            first += num_blocks
+        inputs = build_step_inputs(states, num_scheduled, block_size=self.block_size, device=self.device)
         head_size, num_kv_heads, num_layers = self._kv_shape()
-        shape = self.attn_backend.kv_cache_shape(num_reqs * blocks_per_req, self.block_size, num_kv_heads,
-                                                 head_size)
+        shape = self.attn_backend.kv_cache_shape(first, self.block_size, num_kv_heads, head_size)
         kv = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
         hidden = self.model(inputs.input_ids, inputs.positions,
                             AttentionContext(metadata=inputs.metadata, kv_caches=kv))

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from brigade_cuda.ops.activation import silu_and_mul
-from brigade_cuda.ops.gemm import check_skinny, gemv, skinny_linear
+from brigade_cuda.ops.gemm import check_residual, check_skinny, gemv, skinny_linear
 from brigade_cuda.ops.layernorm import fused_add_rms_norm, rms_norm
 from brigade_cuda.ops.rotary import rotary_embedding
 from brigade_cuda.ops.sampling import fused_sample
@@ -101,9 +101,7 @@ def rms_norm_gemm_cuda(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 
 def _residual_ok(residual: torch.Tensor | None, x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return residual is None or (residual.dim() == 2 and residual.shape[0] == x.shape[0]
-                                and residual.shape[1] == weight.shape[0] and residual.dtype == x.dtype
-                                and residual.stride(-1) == 1)
+    return residual is None or check_residual(residual, x, weight) is None
 
 
 @functools.cache

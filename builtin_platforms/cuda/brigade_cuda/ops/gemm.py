@@ -150,6 +150,15 @@ def check_skinny(x: torch.Tensor, weight: torch.Tensor, *, k_factor: int = 1) ->
     return None
 
 
+def check_residual(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """Why ``residual`` cannot be added in the epilogue of ``x @ weight.T`` (one line), or None when it can: it
+    must be [rows of x, N] in x's dtype with a contiguous last dimension."""
+    if (residual.dim() != 2 or tuple(residual.shape) != (x.shape[0], weight.shape[0]) or residual.dtype != x.dtype
+            or residual.stride(-1) != 1):
+        return f"needs a contiguous [{x.shape[0]}, {weight.shape[0]}] residual in x's dtype"
+    return None
+
+
 def _gemv_tile(n: int, k: int, variant: str) -> tuple[int, int, int, int]:
     key = f"{n}x{k}" + (f"/{variant}" if variant else "")
     return GEMV_TILES.get(key) or GEMV_TILES.get(f"{n}x{k}", DEFAULT_GEMV_TILE)
@@ -183,9 +192,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         reason = "takes exactly one row"
     if reason is None and silu_mul and rms_norm_eps is not None:
         reason = "normalizes a plain input only, not a SiLU-and-mul one"
-    if reason is None and residual is not None and (tuple(residual.shape) != (1, weight.shape[0])
-                                                   or residual.dtype != x.dtype or residual.stride(-1) != 1):
-        reason = f"needs a contiguous [1, {weight.shape[0]}] residual in x's dtype"
+    if reason is None and residual is not None:
+        reason = check_residual(residual, x, weight)
     if reason is not None:
         raise ValueError(f"gemv {reason}")
     n, k = weight.shape
@@ -218,9 +226,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         ValueError: on more than 16 rows, mismatched shapes or dtypes, or a non-contiguous last dimension.
     """
     reason = check_skinny(x, weight)
-    if reason is None and residual is not None and (tuple(residual.shape) != (x.shape[0], weight.shape[0])
-                                                   or residual.dtype != x.dtype or residual.stride(-1) != 1):
-        reason = f"needs a [{x.shape[0]}, {weight.shape[0]}] residual in x's dtype with a contiguous last dimension"
+    if reason is None and residual is not None:
+        reason = check_residual(residual, x, weight)
     if reason is not None:
         raise ValueError(f"skinny_linear {reason}")
     m, k = x.shape

@@ -55,5 +55,11 @@ class RMSNorm(CustomOp):
         x = x * self.weight
         return x if residual is None else (x, residual)
 
+    def mark_weight_folded(self) -> None:
+        """Record that the weight now lives in the projection reading this norm's output: the weight becomes all
+        ones and ``weight_folded`` is set (called by that projection's ``fold_input_norm`` after it folded)."""
+        self.weight.data.fill_(1.0)
+        self.weight_folded = True
+
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.variance_epsilon}, impl={self.impl_name}"

@@ -114,8 +114,7 @@ class LinearBase(nn.Module):
         """
         if not self.quant_method.fold_input_scale(self, norm.weight.data):
             return False
-        norm.weight.data.fill_(1.0)
-        norm.weight_folded = True
+        norm.mark_weight_folded()
         return True
 
     def extra_repr(self) -> str:

@@ -82,8 +82,7 @@ class LMHead(nn.Module):
         if self.tied:
             return False
         fold_scale_into_weight(self.weight.data, norm.weight.data)
-        norm.weight.data.fill_(1.0)
-        norm.weight_folded = True
+        norm.mark_weight_folded()
         return True
 
     def extra_repr(self) -> str:
