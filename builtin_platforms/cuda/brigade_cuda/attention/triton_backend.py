@@ -61,10 +61,11 @@ def single_split_len() -> int:
 @functools.cache
 def short_graph_len() -> int:
     """Decode graphs of up to ``SHORT_GRAPH_MAX_BATCH`` requests are also captured for contexts up to this many
-    tokens, with the split count chosen for that length (``BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN``; 0, the
-    default, turns it off). At batch 1 the full-length graph splits every context 32 ways, most splits empty
-    for a short one; a 512-token bucket launches 8. Not yet timed on the H200 (``benchmarks/gpu/run_w.sh``)."""
-    return int(os.environ.get("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", "0"))
+    tokens, with the split count chosen for that length (``BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN``, default 512;
+    0 turns it off). At batch 1 the full-length graph splits every context 32 ways, most splits empty for a
+    short one; the 512-token bucket launches 8. Batch-1 TPOT on the H200, 128 in / 256 out: 3.94 against
+    4.04 ms (session 6, ``docs/benchmarks.md``)."""
+    return int(os.environ.get("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", "512"))
 
 
 SHORT_GRAPH_MAX_BATCH = 32  # beyond this, a Llama-shaped batch fills the GPU with one split per request
