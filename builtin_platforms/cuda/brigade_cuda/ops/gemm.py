@@ -40,7 +40,7 @@ from brigade_cuda.pdl import gdc_prologue, pdl_launch
 MAX_ROWS = 16  # x rows the kernel takes (tl.dot's smallest M); larger batches go to cuBLAS
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # 16 rows (divisible by 16) must not compile a variant mid-serving
 def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, stride_rm,
                         HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False):
