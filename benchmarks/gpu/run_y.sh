@@ -2,8 +2,10 @@
 # Session 6: where do the serve runs' inter-token stalls come from (run_x, rate 16: ITL max 1.76 s, TTFT max
 # 1.82 s; rate 4: 0.55 s)? The server runs with compile_watch/ on PYTHONPATH, which prints every Triton
 # variant loaded or compiled with its time; those after the server reported healthy are listed at the end.
-# The skinny GEMM's row count is do_not_specialize from this run on.
+# The skinny GEMM's row count is do_not_specialize from this run on, and (second run) the packed input
+# copy aligns every array to 64 bytes (unaligned views compiled new prefill/decode/rotary variants).
 source "$(dirname "$0")/common.sh"
+[ -n "${WITH_TESTS:-}" ] && STEP_TIMEOUT=60 TAIL=2 run python3 -m pytest -q -p no:warnings tests/cuda/test_host_to_device_cuda.py
 PYTHONPATH=$PWD/benchmarks/gpu/compile_watch:$PYTHONPATH brigade serve $M $C --max-model-len 4096 --max-num-seqs 512 \
     --port 8000 --disable-log-requests > "$out/serve.log" 2>&1 &
 for i in $(seq 1 150); do curl -sf http://127.0.0.1:8000/health >/dev/null && break; sleep 1; done

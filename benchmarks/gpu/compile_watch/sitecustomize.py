@@ -17,9 +17,12 @@ if knobs is not None:
         _pending[str(key)] = time.time()
         return False  # never skip the compile
 
-    def _after(*, key, repr, **_):
+    def _after(*, key, repr, compile=None, **_):
         start = _pending.pop(str(key), time.time())
-        print(f"TRITON_COMPILE t={start:.3f} took={time.time() - start:.3f}s {repr}", file=sys.stderr, flush=True)
+        attrs = " ".join(str((compile or {}).get("configs", "")).split())[:600]
+        name = repr.split("[", 1)[0]
+        print(f"TRITON_COMPILE t={start:.3f} took={time.time() - start:.3f}s {name} attrs={attrs}", file=sys.stderr,
+              flush=True)
 
     knobs.runtime.jit_cache_hook = _before
     knobs.runtime.jit_post_compile_hook = _after

@@ -129,7 +129,14 @@ class HostToDevice:
     Small separate copies (and pinning fresh memory each step) cost more host time than the decode step
     itself on a fast GPU, so the arrays are packed into one pinned int64 and one pinned int32 buffer. An
     event guards reuse: a buffer is rewritten only after the previous step's copy out of it has run.
+
+    Each array starts at a multiple of ``ALIGN_BYTES`` in its buffer. Triton specializes a kernel on
+    whether each pointer is 16-byte aligned, so offsets that followed the step's token and request counts
+    compiled new kernel variants in the middle of serving (an inter-token stall of about a second for every
+    running request, seen in the H200 serve benchmark of session 6).
     """
+
+    ALIGN_BYTES = 64
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -156,17 +163,25 @@ class HostToDevice:
         out = {}
         for dtype, np_dtype in ((torch.int64, np.int64), (torch.int32, np.int32)):
             group = {name: a for name, a in arrays.items() if a.dtype == np_dtype}
-            total = sum(a.size for a in group.values())
+            offsets, total = packed_offsets([a.size for a in group.values()],
+                                            self.ALIGN_BYTES // np.dtype(np_dtype).itemsize)
             host = self._buffer(dtype, total)
             host_np = host.numpy()
-            offset = 0
-            for a in group.values():
+            for offset, a in zip(offsets, group.values()):
                 host_np[offset:offset + a.size] = a.ravel()
-                offset += a.size
             dev = host[:total].to(self.device, non_blocking=True)
-            offset = 0
-            for name, a in group.items():
+            for offset, (name, a) in zip(offsets, group.items()):
                 out[name] = dev[offset:offset + a.size].view(a.shape)
-                offset += a.size
         self._event.record()
         return out
+
+
+def packed_offsets(sizes: list[int], align: int) -> tuple[list[int], int]:
+    """Where arrays of ``sizes`` elements start when packed one after another, each at a multiple of
+    ``align`` elements, and the total length (elements) that holds them all."""
+    offsets, end = [], 0
+    for size in sizes:
+        start = -(-end // align) * align
+        offsets.append(start)
+        end = start + size
+    return offsets, end
