@@ -51,6 +51,19 @@ def test_transfer_writes_the_graph_buffers_padded_to_the_graph_size():
     assert graphs.block_table[1, :3].tolist() == [1, 2, 4]
 
 
+@pytest.mark.parametrize("sizes", [[1], [1, 2, 3], [1, 2, 4, 8]])
+def test_graph_buffers_start_at_aligned_offsets(sizes):
+    """Each input array of the graphs starts 64 bytes into the shared buffer or a multiple of it (Triton
+    specializes kernels on 16-byte pointer alignment), whatever the largest size and block-table width."""
+    graphs = DecodeGraphs(None, [], sizes, max_blocks_per_req=5, max_model_len=80, device=torch.device("cpu"))
+    base = graphs._dev.data_ptr()
+    for name in ("input_ids", "positions", "slot_mapping", "logits_indices", "seq_lens", "query_start_loc",
+                 "block_table"):
+        assert (getattr(graphs, name).data_ptr() - base) % 64 == 0, name
+    assert graphs.block_table.shape == (sizes[-1], 5) and graphs.query_start_loc.tolist() == list(
+        range(sizes[-1] + 1))
+
+
 def test_run_refuses_a_step_not_staged_in_the_graph_buffers():
     states = [_state(0, 20, [5, 3])]
     plain = build_step_inputs(states, [1], block_size=16, device=torch.device("cpu"),

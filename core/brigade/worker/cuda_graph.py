@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from brigade.attention.backend import AttentionContext, AttentionMetadata
-from brigade.worker.input_batch import StepInputs
+from brigade.worker.input_batch import HostToDevice, StepInputs, packed_offsets
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,10 @@ class DecodeGraphs:
         n, width = self.max_size, max_blocks_per_req
         # All graph inputs live in one device byte buffer (an int64 part, then an int32 part), mirrored by a
         # pinned host buffer, so ``transfer`` fills them with one copy and ``run`` has nothing left to copy.
-        bytes64, bytes32 = 8 * 4 * n, 4 * (2 * n + 1 + n * width)
+        # Every array starts at a 64-byte boundary, as in ``HostToDevice`` (Triton specializes on alignment).
+        self._row64 = packed_offsets([n, 0], HostToDevice.ALIGN_BYTES // 8)[0][1]  # int64 row length
+        (_, self._qsl_at, self._table_at), end32 = packed_offsets([n, n + 1, n * width], HostToDevice.ALIGN_BYTES // 4)
+        bytes64, bytes32 = 8 * 4 * self._row64, 4 * end32
         pin = device.type == "cuda"
         self._dev = torch.zeros(bytes64 + bytes32, dtype=torch.uint8, device=device)
         self._host = torch.zeros(bytes64 + bytes32, dtype=torch.uint8, pin_memory=pin)
@@ -63,10 +66,10 @@ class DecodeGraphs:
         self._dev64, self._dev32 = self._dev[:bytes64].view(torch.int64), self._dev[bytes64:].view(torch.int32)
         self._host64, self._host32 = self._host[:bytes64].view(torch.int64), self._host[bytes64:].view(torch.int32)
         self._copied = torch.cuda.Event() if pin else None  # guards the host buffers' reuse
-        self.input_ids, self.positions, self.slot_mapping, self.logits_indices = self._dev64.view(4, n)
+        self.input_ids, self.positions, self.slot_mapping, self.logits_indices = self._dev64.view(4, -1)[:, :n]
         self.seq_lens = self._dev32[:n]
-        self.query_start_loc = self._dev32[n:2 * n + 1]
-        self.block_table = self._dev32[2 * n + 1:].view(n, width)
+        self.query_start_loc = self._dev32[self._qsl_at:self._qsl_at + n + 1]
+        self.block_table = self._dev32[self._table_at:].view(n, width)
         self.slot_mapping.fill_(-1)
         self.query_start_loc.copy_(torch.arange(n + 1, dtype=torch.int32))
         self._host.copy_(self._dev)
@@ -129,7 +132,7 @@ class DecodeGraphs:
         num_logits, cap = len(arrays["logits_indices"]), self.max_size
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy has left the host buffers
-        h64 = self._host64.numpy().reshape(4, cap)
+        h64 = self._host64.numpy().reshape(4, self._row64)
         h64[0, :n] = arrays["input_ids"]
         h64[1, :n] = arrays["positions"]
         h64[2, :n] = arrays["slot_mapping"]
@@ -138,10 +141,10 @@ class DecodeGraphs:
         h32 = self._host32.numpy()
         h32[:n] = arrays["seq_lens"]
         h32[n:size] = 0
-        h32[cap:cap + n + 1] = arrays["query_start_loc"]
-        table = h32[2 * cap + 1:].reshape(cap, -1)
+        h32[self._qsl_at:self._qsl_at + n + 1] = arrays["query_start_loc"]
+        table = h32[self._table_at:].reshape(cap, -1)
         table[:n, :width] = arrays["block_table"]
-        used = self._bytes64 + 4 * (2 * cap + 1 + size * table.shape[1])  # rows past the graph size: never read
+        used = self._bytes64 + 4 * (self._table_at + size * table.shape[1])  # rows past the graph size: never read
         self._dev[:used].copy_(self._host[:used], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
