@@ -1,4 +1,5 @@
-"""CudaWorker: the core Worker plus the CUDA-only start-up step of binding the Triton ops."""
+"""CudaWorker: the core Worker plus the CUDA-only start-up steps: binding the Triton ops, and watching for
+Triton kernels compiled after start-up (``compile_watch``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,17 @@ class CudaWorker(Worker):
     """
 
     def init_device(self, hf_config) -> None:
+        from brigade_cuda import compile_watch
         from brigade_cuda.ops import register_cuda_ops
 
+        compile_watch.watch()
         register_cuda_ops()
         super().init_device(hf_config)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """The core step (KV cache, decode graphs, warm-ups), then every Triton compile is logged as a
+        WARNING: the start-up is over, and a kernel variant compiled now stalls running requests."""
+        from brigade_cuda import compile_watch
+
+        super().initialize_kv_cache(num_blocks)
+        compile_watch.mark_serving()
