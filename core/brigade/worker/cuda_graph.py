@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from brigade.attention.backend import AttentionContext, AttentionMetadata
-from brigade.worker.input_batch import HostToDevice, StepInputs, packed_offsets
+from brigade.worker.input_batch import HostToDevice, StepInputs, align_up, packed_offsets
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +56,9 @@ class DecodeGraphs:
         # All graph inputs live in one device byte buffer (an int64 part, then an int32 part), mirrored by a
         # pinned host buffer, so ``transfer`` fills them with one copy and ``run`` has nothing left to copy.
         # Every array starts at a 64-byte boundary, as in ``HostToDevice`` (Triton specializes on alignment).
-        self._row64 = packed_offsets([n, 0], HostToDevice.ALIGN_BYTES // 8)[0][1]  # int64 row length
-        (_, self._qsl_at, self._table_at), end32 = packed_offsets([n, n + 1, n * width], HostToDevice.ALIGN_BYTES // 4)
+        self._row64 = align_up(n, HostToDevice.ALIGN_BYTES // 8)  # int64 elements per input row
+        (_, self._qsl_at, self._table_at), end32 = packed_offsets([n, n + 1, n * width],
+                                                                  HostToDevice.ALIGN_BYTES // 4)
         bytes64, bytes32 = 8 * 4 * self._row64, 4 * end32
         pin = device.type == "cuda"
         self._dev = torch.zeros(bytes64 + bytes32, dtype=torch.uint8, device=device)

@@ -176,12 +176,17 @@ class HostToDevice:
         return out
 
 
+def align_up(count: int, align: int) -> int:
+    """The smallest multiple of ``align`` not below ``count``."""
+    return -(-count // align) * align
+
+
 def packed_offsets(sizes: list[int], align: int) -> tuple[list[int], int]:
     """Where arrays of ``sizes`` elements start when packed one after another, each at a multiple of
     ``align`` elements, and the total length (elements) that holds them all."""
     offsets, end = [], 0
     for size in sizes:
-        start = -(-end // align) * align
+        start = align_up(end, align)
         offsets.append(start)
         end = start + size
     return offsets, end
