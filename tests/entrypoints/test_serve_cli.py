@@ -143,11 +143,16 @@ def test_cli_exits_2_with_one_line(smollm2_path, flags, needle):
     (["serve", "{model}", "--max-model-len", "abc"], "brigade serve: error: argument --max-model-len: invalid int value"),
     (["serve", "{model}", "--bogus-flag"], "brigade serve: error: unrecognized arguments: --bogus-flag"),
     (["bench", "latency", "{model}", "--bogus"], "brigade bench latency: error: unrecognized arguments: --bogus"),
+    (["serve", "{model}", "--dtype", "float7"], "brigade serve: error: --dtype 'float7' is not known; use one of"),
+    (["serve", "{model}", "--port", "99999"], "brigade serve: error: --port must be in 0..65535, got 99999"),
+    (["serve", "{model}", "--max-model-len", "100000"],
+     "brigade serve: error: --max-model-len 100000 exceeds the model's max_position_embeddings (8192)"),
 ])
 def test_a_bad_flag_prints_only_its_error_at_the_default_log_level(smollm2_path, argv, line):
-    """With the default log level, the plugin loader's start-up lines wait until the command line has parsed:
-    a bad flag prints one line, argparse's error without the usage block; an unknown flag is reported by the
-    subcommand that received it."""
+    """With the default log level, the plugin loader's start-up lines wait until the command line has parsed
+    and, for serve, until its flags pass the checks that need no engine (against config.json too): a bad flag
+    prints one line, argparse's error without the usage block; an unknown flag is reported by the subcommand
+    that received it."""
     env = {k: v for k, v in os.environ.items() if k != "BRIGADE_LOGGING_LEVEL"}
     result = subprocess.run([*brigade_command(), *[a.format(model=smollm2_path) for a in argv]],
                             capture_output=True, text=True, timeout=120, env=env)

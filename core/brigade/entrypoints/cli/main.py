@@ -71,8 +71,9 @@ def _deepest_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``brigade`` console script; returns the exit status.
 
-    The plugin loader's log lines are held until the command line parses: a bad flag or ``--help`` prints only
-    argparse's output. Then ``serve`` replays them all (which plugins loaded is the server's start-up log);
+    The plugin loader's log lines are held until the command line parses and, for a command that sets a
+    ``check`` default (``serve``), until its flags pass that check: a bad flag or ``--help`` prints only its
+    one error line. Then ``serve`` replays them all (which plugins loaded is the server's start-up log);
     other commands replay warnings only.
     """
     logging.basicConfig(level=os.environ.get("BRIGADE_LOGGING_LEVEL", "INFO"),
@@ -95,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         args, extra = parser.parse_known_args(argv)
         if extra:  # reported by the subcommand that received them, with its own usage line
             _deepest_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+        check = getattr(args, "check", None)
+        if check is not None:
+            check(args)
+    except ConfigError as exc:
+        print(f"brigade {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     finally:
         plugin_log.removeHandler(held)
         plugin_log.propagate = propagate

@@ -27,8 +27,26 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
         description="Serve MODEL (an HF-format directory) over the OpenAI-compatible HTTP API.")
     add_server_args(parser)
     add_engine_args(parser, plugin_choices)
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, check=check)
     return parser
+
+
+def check(args: argparse.Namespace) -> None:
+    """What ``run`` checks first, and the flags checked against the model's config.json (``--max-model-len``,
+    the architecture), run by ``brigade``'s main before the start-up log begins, so a bad flag prints one line.
+
+    Raises:
+        ConfigError: naming the bad flag and what would be right.
+    """
+    import copy
+
+    from brigade.model_executor.loader import get_hf_config, get_model_class
+
+    config = runnable_config_from_args(args)
+    settings_from_args(args)
+    hf_config = get_hf_config(config.model_config.model)
+    get_model_class(hf_config)
+    copy.deepcopy(config).resolve(hf_config)
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
