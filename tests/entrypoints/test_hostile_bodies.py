@@ -56,7 +56,7 @@ def test_unknown_chat_role_is_a_400_naming_it_and_the_allowed_ones(server):
     error = info.value.body
     assert info.value.status_code == 400 and set(error) == {"message", "type", "param", "code"}
     assert error["type"] == "invalid_request_error" and error["param"] == "messages"
-    assert "messages.1.role" in error["message"] and "'wizard'" in error["message"]
+    assert "messages[1].role" in error["message"] and "'wizard'" in error["message"]
     assert all(f"'{role}'" in error["message"] for role in ROLES), error["message"]
     out = client.chat.completions.create(model=MODEL, max_tokens=2, temperature=0,
                                          messages=[{"role": "user", "content": "hi"}])

@@ -323,6 +323,15 @@ def test_malformed_body_is_400_never_422(server, body):
     assert response.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_a_prompt_too_long_for_the_default_max_tokens_says_it_is_the_default(server):
+    response = httpx.post(server.url("/v1/completions"), json={"prompt": [42] * (MAX_MODEL_LEN - 5)},
+                          headers=server.headers(), timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "max_tokens"
+    assert f"({MAX_MODEL_LEN - 5} in the prompt, 16 in the output, the default max_tokens)" in error["message"]
+
+
 def test_openai_client_sees_errors_then_server_still_works(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=2, temperature=-1)

@@ -73,22 +73,57 @@ def from_invalid_param(exc: InvalidParamError) -> OpenAIError:
 def from_validation_error(exc: ValidationError | RequestValidationError) -> OpenAIError:
     """A pydantic type error as a 400; ``param`` is the top-level field of the first error.
 
-    FastAPI prefixes locations with "body"/"query"; union members show up as extra location parts, so
-    only the top-level field name is reported (e.g. ``stop`` for ``("stop", "list[str]", 0)``). A scalar
-    input is quoted back (``messages.0.role: Input should be 'system', ... or 'function', got 'wizard'``).
+    FastAPI prefixes locations with "body"/"query", dropped here; a location reads as the client wrote it
+    (``messages[0].role``), and a scalar input is quoted back (``messages[0].role: Input should be 'system',
+    ... or 'function', got 'wizard'``). A field whose every union member refused the input is one sentence
+    naming the members (``stop: must be str or list[str], got 42``), not one error per member.
     """
     errors = exc.errors()
     if not errors:
         return OpenAIError.bad_param("invalid request", None)
-    first = errors[0]
-    loc = [part for part in first.get("loc", ()) if part not in ("body", "query", "path")]
+    locs = [[part for part in e.get("loc", ()) if part not in ("body", "query", "path")] for e in errors]
+    first, loc = errors[0], locs[0]
     param = str(loc[0]) if loc else None
-    where = ".".join(str(p) for p in loc) or "body"
     if first.get("type") in ("json_invalid", "model_attributes_type") and not loc:
         return OpenAIError.bad_param(f"the request body is not a valid JSON object: {first.get('msg')}", None)
     got = _quoted_input(first.get("input"))
+    union = _union_members(locs)
+    if union:
+        where, members, others = union
+        extra = f" (and {others} more)" if others else ""
+        return OpenAIError.bad_param(f"{_where(where)}: must be {' or '.join(members)}{got}{extra}", param)
     extra = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return OpenAIError.bad_param(f"{where}: {first.get('msg')}{got}{extra}", param)
+    return OpenAIError.bad_param(f"{_where(loc)}: {first.get('msg')}{got}{extra}", param)
+
+
+_BASIC_TYPES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _is_member_label(part: object) -> bool:
+    return isinstance(part, str) and (part in _BASIC_TYPES or "[" in part)
+
+
+def _union_members(locs: list[list[object]]) -> tuple[list[object], list[str], int] | None:
+    """For the first error: (its field's location, the union members that refused the input, how many
+    errors concern other fields) when it is one of several errors on one field, each under a member label
+    (pydantic's ``("stop", "str")``, ``("stop", "list[str]", 0)``); None otherwise."""
+    first = locs[0]
+    for depth in range(len(first) - 1, 0, -1):
+        if not _is_member_label(first[depth]):
+            continue
+        same = [loc for loc in locs if len(loc) > depth and loc[:depth] == first[:depth]]
+        if len(same) >= 2 and all(_is_member_label(loc[depth]) for loc in same):
+            members = list(dict.fromkeys(str(loc[depth]).replace("constrained-", "") for loc in same))
+            return first[:depth], members, len(locs) - len(same)
+    return None
+
+
+def _where(loc: list[object]) -> str:
+    """A location as the client wrote it: ``messages[0].content``; "body" for the body itself."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "body"
 
 
 _MAX_QUOTED_CHARS = 60

@@ -187,8 +187,11 @@ class OpenAIServing:
             raise OpenAIError.bad_param("stream_options can only be given with stream=true", "stream_options")
 
     def check_length(self, num_prompt_tokens: int, max_tokens: int | None, *, prompt_param: str,
-                     max_tokens_param: str) -> int:
+                     max_tokens_param: str, max_tokens_defaulted: bool = False) -> int:
         """The output budget of one prompt, checked against max_model_len before the request is queued.
+
+        ``max_tokens_defaulted``: the client did not send ``max_tokens_param`` (the endpoint's default applies),
+        which the error message then says.
 
         Returns:
             max_tokens, or all the room left when it is None.
@@ -205,10 +208,11 @@ class OpenAIServing:
         if max_tokens < 1:
             raise OpenAIError.bad_param(f"{max_tokens_param} must be at least 1, got {max_tokens}", max_tokens_param)
         if max_tokens > room:
+            default = f", the default {max_tokens_param}" if max_tokens_defaulted else ""
             raise OpenAIError.bad_param(
                 f"This model's maximum context length is {self.max_model_len} tokens; you asked for "
                 f"{num_prompt_tokens + max_tokens} ({num_prompt_tokens} in the prompt, {max_tokens} in the "
-                f"output). Reduce the prompt or {max_tokens_param}.", max_tokens_param)
+                f"output{default}). Reduce the prompt or {max_tokens_param}.", max_tokens_param)
         return max_tokens
 
     # ---- tokenizer work, off the event loop --------------------------------------------------------

@@ -56,7 +56,8 @@ class OpenAIServingCompletion(OpenAIServing):
         params = []
         for prompt in prompts:
             max_tokens = self.check_length(len(prompt.token_ids), request.max_tokens, prompt_param="prompt",
-                                           max_tokens_param="max_tokens")
+                                           max_tokens_param="max_tokens",
+                                           max_tokens_defaulted="max_tokens" not in request.model_fields_set)
             params.append(self.sampling_params(request, max_tokens=max_tokens, logprobs=request.logprobs,
                                                prompt_logprobs=prompt_logprobs))
         base_id = random_request_id("cmpl")

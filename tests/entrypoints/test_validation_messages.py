@@ -1,0 +1,35 @@
+"""Pydantic's refusals of a request body read as one sentence about the field, as the client wrote it: a
+field whose union members all refused names the members, nested locations use ``messages[0].content``."""
+
+import pytest
+from pydantic import ValidationError
+
+from brigade.entrypoints.openai.errors import from_validation_error
+from brigade.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+
+
+def _error(cls, body):
+    with pytest.raises(ValidationError) as info:
+        cls(**body)
+    return from_validation_error(info.value)
+
+
+@pytest.mark.parametrize("cls,body,param,message", [
+    (CompletionRequest, {"prompt": "x", "stop": 42}, "stop", "stop: must be str or list[str], got 42"),
+    (CompletionRequest, {"prompt": "x", "stop": {"a": 1}}, "stop", "stop: must be str or list[str]"),
+    (CompletionRequest, {"prompt": 3}, "prompt",
+     "prompt: must be str or list[str] or list[int] or list[list[int]], got 3"),
+    (CompletionRequest, {"prompt": "x", "max_tokens": "a"}, "max_tokens",
+     "max_tokens: Input should be a valid integer, got 'a'"),
+    (ChatCompletionRequest, {"messages": [{"role": "wizard", "content": "x"}]}, "messages",
+     "messages[0].role: Input should be 'system', 'developer', 'user', 'assistant', 'tool' or 'function', "
+     "got 'wizard'"),
+    (ChatCompletionRequest, {"messages": [{"role": "user", "content": 3}]}, "messages",
+     "messages[0].content: must be str or list[dict[str,any]], got 3"),
+    (ChatCompletionRequest, {"messages": [{"role": "user", "content": 3}, {"role": "user", "content": 4}]},
+     "messages", "messages[0].content: must be str or list[dict[str,any]], got 3 (and 2 more)"),
+])
+def test_refusals_name_the_field_as_the_client_wrote_it(cls, body, param, message):
+    error = _error(cls, body)
+    assert error.status_code == 400 and error.param == param
+    assert error.message == message
