@@ -22,6 +22,10 @@ def get_tokenizer(model_config: ModelConfig):
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load a tokenizer from {path!r}: {exc}") from exc
+    # The engine checks lengths against --max-model-len itself (a 400 naming the limit); without this,
+    # transformers logs "Token indices sequence length is longer than ... will result in indexing errors"
+    # for every too-long prompt it encodes, an alarm about a request that is refused cleanly anyway.
+    tokenizer.model_max_length = int(1e30)
     if model_config.chat_template is not None:
         template = model_config.chat_template
         if os.path.isfile(template):
