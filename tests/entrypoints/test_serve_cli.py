@@ -238,3 +238,28 @@ def test_bench_errors_are_one_line(smollm2_path):
                              "--num-prompts", "2"], capture_output=True, text=True, timeout=180)
     assert nobody.returncode == 2 and "Traceback" not in nobody.stderr, nobody.stderr[-2000:]
     assert "cannot reach a server at http://127.0.0.1:9" in nobody.stderr and "--launch" in nobody.stderr
+
+
+def _all_parsers(parser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _all_parsers(sub)
+
+
+def test_every_flag_of_every_command_says_what_it_does():
+    """``--help`` of each command explains each of its flags (the fresh-clone review found bare ones)."""
+    from brigade.entrypoints.cli.main import build_parser
+    from brigade.plugins import load_plugins, plugin_choices
+
+    load_plugins("api")
+    bare = [f"{p.prog} {a.option_strings or a.dest}" for p in _all_parsers(build_parser(plugin_choices()))
+            for a in p._actions if not isinstance(a, argparse._SubParsersAction) and not a.help]
+    assert bare == []
+
+
+def test_version_short_and_long():
+    for flag in ("-V", "--version"):
+        result = subprocess.run([*brigade_command(), flag], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0 and result.stdout.startswith("brigade "), result.stderr

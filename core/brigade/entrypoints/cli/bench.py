@@ -102,11 +102,15 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
 
     lat = commands.add_parser("latency", help="latency, TTFT and TPOT of one batch",
                               description="End-to-end latency, TTFT and TPOT of one batch of random prompts.")
-    lat.add_argument("--batch-size", type=_positive_int, default=8)
-    lat.add_argument("--input-len", type=_positive_int, default=32)
-    lat.add_argument("--output-len", type=_positive_int, default=128)
-    lat.add_argument("--num-iters-warmup", type=int, default=10)
-    lat.add_argument("--num-iters", type=_positive_int, default=30)
+    lat.add_argument("--batch-size", type=_positive_int, default=8, help="prompts per batch (default %(default)s)")
+    lat.add_argument("--input-len", type=_positive_int, default=32,
+                     help="random prompt tokens per request (default %(default)s)")
+    lat.add_argument("--output-len", type=_positive_int, default=128,
+                     help="tokens generated per request, ignoring EOS (default %(default)s)")
+    lat.add_argument("--num-iters-warmup", type=int, default=10,
+                     help="untimed batches first (default %(default)s)")
+    lat.add_argument("--num-iters", type=_positive_int, default=30,
+                     help="timed batches; the report gives mean, median and p99 over them (default %(default)s)")
     lat.add_argument("--hf-peer", choices=("none", "generate"), default="none",
                      help="also time HF generate on the same batches")
     _add_output_args(lat)
@@ -137,7 +141,8 @@ def _add_dataset_args(parser: argparse.ArgumentParser, *, input_len: int, output
                    help="random: fixed lengths; sharegpt-like: seeded lognormal lengths, mean ~200 in / ~180 out")
     d.add_argument("--input-len", type=_positive_int, default=input_len, help="prompt tokens (random dataset)")
     d.add_argument("--output-len", type=_positive_int, default=output_len, help="output tokens (random dataset)")
-    d.add_argument("--num-prompts", type=_positive_int, default=num_prompts)
+    d.add_argument("--num-prompts", type=_positive_int, default=num_prompts,
+                   help="requests in the set (default %(default)s)")
 
 
 def _add_output_args(parser: argparse.ArgumentParser) -> None:

@@ -13,9 +13,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                                "or end of input quits.")
     parser.add_argument("--url", default="http://127.0.0.1:8000/v1", help="the server's /v1 base URL")
     parser.add_argument("--model", default=None, help="model name (default: the server's first model)")
-    parser.add_argument("--api-key", default=os.environ.get("BRIGADE_API_KEY", "EMPTY"))
-    parser.add_argument("--system-prompt", default=None)
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--api-key", default=os.environ.get("BRIGADE_API_KEY", "EMPTY"),
+                        help="Bearer key for /v1 (default: $BRIGADE_API_KEY)")
+    parser.add_argument("--system-prompt", default=None, help="a system message opening the conversation")
+    parser.add_argument("--max-tokens", type=int, default=256, help="tokens per answer at most (default %(default)s)")
     parser.set_defaults(run=run)
     return parser
 

@@ -67,13 +67,15 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
                    help=f"attention backend; installed: {_installed(choices['attention_backend'])}")
     c = parser.add_argument_group("KV cache")
     c.add_argument("--block-size", type=int, help="tokens per KV block (power of two; default: the platform's)")
-    c.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="fraction of GPU memory to use")
+    c.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of GPU memory for weights, activations and the KV cache (default 0.9)")
     c.add_argument("--kv-cache-memory", type=float, dest="kv_cache_memory_gib", metavar="GIB",
                    help="KV cache size in GiB (overrides profiling; CPU default 1)")
     c.add_argument("--num-gpu-blocks-override", type=int, help="force this many KV blocks")
     c.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="reuse KV blocks of shared prefixes (default on)")
-    c.add_argument("--prefix-caching-hash-algo", choices=("sha256", "builtin"), default=None)
+    c.add_argument("--prefix-caching-hash-algo", choices=("sha256", "builtin"), default=None,
+                   help="hash of a full KV block's tokens for prefix caching (default sha256)")
     c.add_argument("--kv-cache-dtype", default="auto", help=f"KV cache dtype: {', '.join(KV_CACHE_DTYPE_CHOICES)}")
     c.add_argument("--kv-transfer-config", metavar="JSON",
                    help='{"kv_connector": NAME, "kv_role": "kv_producer"|"kv_consumer"|"kv_both", '
@@ -84,14 +86,17 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
     s.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
                    help="split long prompts across steps (default on)")
     s.add_argument("--long-prefill-token-threshold", type=int, help="cap on one prefill chunk per step")
-    s.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default=None)
+    s.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default=None,
+                   help="fcfs (default): arrival order; priority: lowest request priority value first, then arrival")
     s.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule step N+1 while step N runs on the device (default: on for GPUs)")
     p = parser.add_argument_group("parallelism")
-    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
-    p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1)
-    p.add_argument("-dp", "--data-parallel-size", type=int, default=1)
-    p.add_argument("--distributed-executor-backend", choices=("uni", "mp", "ray"), default=None)
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, help="GPUs per layer (only 1 runs yet)")
+    p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1,
+                   help="pipeline stages (only 1 runs yet)")
+    p.add_argument("-dp", "--data-parallel-size", type=int, default=1, help="engine replicas (only 1 runs yet)")
+    p.add_argument("--distributed-executor-backend", choices=("uni", "mp", "ray"), default=None,
+                   help="uni (default): the worker in the engine process; mp: in its own process")
 
 
 def _model_path(args: argparse.Namespace) -> str:

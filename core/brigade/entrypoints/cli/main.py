@@ -17,7 +17,7 @@ def build_parser(plugin_choices: dict[str, list[str]]) -> argparse.ArgumentParse
     from brigade.entrypoints.cli import bench, chat, generate, plugins, serve
 
     parser = argparse.ArgumentParser(prog="brigade", description="Brigade: an LLM inference and serving engine.")
-    parser.add_argument("--version", action="version", version=f"brigade {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"brigade {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="{" + ",".join(_COMMANDS) + "}")
     serve.add_parser(subparsers, plugin_choices)
     generate.add_parser(subparsers, plugin_choices)
