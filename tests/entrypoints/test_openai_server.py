@@ -419,6 +419,7 @@ def test_stream_disconnect_aborts_and_frees_kv_blocks(server):
     after = _wait_blocks_back(server, baseline["brigade:num_free_blocks"])
     time.sleep(1.0)  # had the request kept running, tokens would keep counting
     assert metrics(server)["brigade:generation_tokens_total"] == after["brigade:generation_tokens_total"]
+    assert "aborted before it finished (client gone or error sent)" in server.log_tail(20000)  # and says so
 
 
 def test_non_stream_disconnect_aborts_and_frees_kv_blocks(server):

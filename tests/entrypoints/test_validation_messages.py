@@ -5,7 +5,8 @@ import pytest
 from pydantic import ValidationError
 
 from brigade.entrypoints.openai.errors import from_validation_error
-from brigade.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from brigade.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_json_body
+from brigade.sampling_params import InvalidParamError
 
 
 def _error(cls, body):
@@ -33,3 +34,18 @@ def test_refusals_name_the_field_as_the_client_wrote_it(cls, body, param, messag
     error = _error(cls, body)
     assert error.status_code == 400 and error.param == param
     assert error.message == message
+
+
+@pytest.mark.parametrize("body,message", [
+    (b'\xff\xfe{\x00}\x00', "the request body is not UTF-8 text (byte 0 is invalid); send UTF-8 JSON"),
+    (b'{"prompt": "\xc3\x28"}', "the request body is not UTF-8 text (byte 12 is invalid); send UTF-8 JSON"),
+    (b'{"prompt": ', "the request body is not valid JSON: Expecting value: line 1 column 12 (char 11)"),
+])
+def test_a_body_that_is_not_utf8_json_says_which(body, message):
+    with pytest.raises(InvalidParamError) as info:
+        parse_json_body(body)
+    assert str(info.value) == message and info.value.param is None
+
+
+def test_utf8_with_a_byte_order_mark_is_read():
+    assert parse_json_body(b'\xef\xbb\xbf{"prompt": "\xc3\xa9"}') == {"prompt": "\u00e9"}

@@ -260,6 +260,11 @@ def parse_json_body(body: bytes) -> Any:
     if not body.strip():
         raise InvalidParamError("the request body is empty; send a JSON object", param=None)
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = body.decode("utf-8-sig")  # a UTF-8 byte-order mark is tolerated, as json.loads does
+    except UnicodeDecodeError as exc:  # json.loads would guess UTF-16/32 and report that codec instead
+        raise InvalidParamError(f"the request body is not UTF-8 text (byte {exc.start} is invalid); send UTF-8 "
+                                "JSON", param=None) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
         raise InvalidParamError(f"the request body is not valid JSON: {exc}", param=None) from None

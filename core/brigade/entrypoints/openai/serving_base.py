@@ -304,7 +304,12 @@ class OpenAIServing:
         return outputs if self.drain is None else self.drain.guard(outputs)
 
     async def abort(self, request_ids: Sequence[str]) -> None:
+        """Stop unfinished engine requests (the client left, or an error was sent to it) and free their KV
+        blocks; logged at INFO with the requests' other lines."""
         for request_id in request_ids:
+            if self.log_requests:
+                logger.info("request %s aborted before it finished (client gone or error sent); KV blocks freed",
+                            request_id)
             await self.engine.abort(request_id)
 
     def as_openai_error(self, exc: Exception) -> OpenAIError:
