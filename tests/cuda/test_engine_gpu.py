@@ -80,12 +80,12 @@ def test_short_context_graphs_give_the_same_tokens(tiny_llama, monkeypatch, env)
     chosen for 64 tokens): contexts from 4 to 281 tokens cross the bucket while generating, and the tokens
     still equal transformers'."""
     from brigade import LLM, SamplingParams
-    from brigade_cuda.attention.triton_backend import short_graph_len, single_split_len
+    from brigade_cuda.attention.triton_backend import short_graph_lens, single_split_len
 
     path, prompts, expected = tiny_llama
     monkeypatch.setenv(env, "64")
     single_split_len.cache_clear()
-    short_graph_len.cache_clear()
+    short_graph_lens.cache_clear()
     try:
         llm = LLM(path, dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.3, max_model_len=512)
         graphs = llm.engine.core.executor.worker.model_runner.cuda_graphs
@@ -100,4 +100,4 @@ def test_short_context_graphs_give_the_same_tokens(tiny_llama, monkeypatch, env)
     finally:
         monkeypatch.delenv(env)
         single_split_len.cache_clear()
-        short_graph_len.cache_clear()
+        short_graph_lens.cache_clear()

@@ -176,10 +176,10 @@ def test_validate_refuses_with_one_line_reasons():
 
 def test_short_contexts_take_one_split_and_their_own_graph_bucket(monkeypatch):
     from brigade_cuda.attention.decode import choose_num_splits
-    from brigade_cuda.attention.triton_backend import short_graph_len, single_split_len
+    from brigade_cuda.attention.triton_backend import short_graph_lens, single_split_len
 
     monkeypatch.setenv("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", "0")  # only the single-split bucket here
-    short_graph_len.cache_clear()
+    short_graph_lens.cache_clear()
     assert choose_num_splits(1, 8, 300, 132) > 1
     assert choose_num_splits(1, 8, 300, 132, single_split_len=512) == 1
     assert choose_num_splits(1, 8, 513, 132, single_split_len=512) > 1
@@ -194,18 +194,18 @@ def test_short_contexts_take_one_split_and_their_own_graph_bucket(monkeypatch):
         single_split_len.cache_clear()
     assert TritonAttentionBackend.decode_graph_seq_lens(1, 2048) == (2048,)
     monkeypatch.delenv("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN")
-    short_graph_len.cache_clear()
+    short_graph_lens.cache_clear()
     assert TritonAttentionBackend.decode_graph_seq_lens(1, 2048) == (512, 2048)  # the default short bucket
     assert TritonAttentionBackend.decode_graph_seq_lens(1, 512) == (512,)
 
 
 def test_short_graph_bucket_keeps_the_split_choice(monkeypatch):
     from brigade_cuda.attention.decode import choose_num_splits
-    from brigade_cuda.attention.triton_backend import short_graph_len, single_split_len
+    from brigade_cuda.attention.triton_backend import short_graph_lens, single_split_len
 
     monkeypatch.setenv("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", "512")
     monkeypatch.setenv("BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN", "128")
-    short_graph_len.cache_clear()
+    short_graph_lens.cache_clear()
     single_split_len.cache_clear()
     try:
         assert TritonAttentionBackend.decode_graph_seq_lens(1, 2048) == (128, 512, 2048)
@@ -214,5 +214,5 @@ def test_short_graph_bucket_keeps_the_split_choice(monkeypatch):
     finally:
         for name in ("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", "BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN"):
             monkeypatch.delenv(name)
-        short_graph_len.cache_clear()
+        short_graph_lens.cache_clear()
         single_split_len.cache_clear()

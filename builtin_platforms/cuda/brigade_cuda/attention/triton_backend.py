@@ -59,13 +59,25 @@ def single_split_len() -> int:
 
 
 @functools.cache
-def short_graph_len() -> int:
-    """Decode graphs of up to ``SHORT_GRAPH_MAX_BATCH`` requests are also captured for contexts up to this many
-    tokens, with the split count chosen for that length (``BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN``, default 512;
-    0 turns it off). At batch 1 the full-length graph splits every context 32 ways, most splits empty for a
-    short one; the 512-token bucket launches 8. Batch-1 TPOT on the H200, 128 in / 256 out: 3.94 against
-    4.04 ms (session 6, ``docs/benchmarks.md``)."""
-    return int(os.environ.get("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", "512"))
+def short_graph_lens() -> tuple[int, ...]:
+    """Decode graphs of up to ``SHORT_GRAPH_MAX_BATCH`` requests are also captured for contexts up to each of
+    these many tokens, with the split count chosen for that length (``BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN``,
+    token counts separated by commas, default "512"; "0" turns it off). At batch 1 the full-length graph
+    splits every context 32 ways, most splits empty for a short one; the 512-token bucket launches 8.
+    Batch-1 TPOT on the H200, 128 in / 256 out: 3.94 against 4.04 ms (session 6, ``docs/benchmarks.md``).
+
+    Raises:
+        ValueError: the variable is not a comma-separated list of non-negative integers.
+    """
+    raw = os.environ.get("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", "512")
+    try:
+        lens = tuple(int(part) for part in raw.split(",") if part.strip())
+    except ValueError:
+        lens = (-1,)
+    if any(n < 0 for n in lens):
+        raise ValueError(f"BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN must be token counts separated by commas "
+                         f"(e.g. 256,512; 0 for none), got {raw!r}")
+    return tuple(sorted(n for n in set(lens) if n > 0))
 
 
 SHORT_GRAPH_MAX_BATCH = 32  # beyond this, a Llama-shaped batch fills the GPU with one split per request
@@ -100,11 +112,11 @@ class TritonAttentionBackend(AttentionBackend):
 
     @classmethod
     def decode_graph_seq_lens(cls, num_decodes: int, max_model_len: int) -> tuple[int, ...]:
-        """Short-context buckets (``single_split_len``, ``short_graph_len``) for small batches, then
+        """Short-context buckets (``single_split_len``, ``short_graph_lens``) for small batches, then
         ``max_model_len``."""
         if num_decodes > SHORT_GRAPH_MAX_BATCH:
             return (max_model_len,)
-        short = {n for n in (single_split_len(), short_graph_len()) if 0 < n < max_model_len}
+        short = {n for n in (single_split_len(), *short_graph_lens()) if 0 < n < max_model_len}
         return (*sorted(short), max_model_len)
 
     def _multiprocessors(self, device: torch.device) -> int:

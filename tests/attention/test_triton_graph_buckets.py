@@ -1,0 +1,49 @@
+"""The Triton backend's decode-graph context buckets (pure Python: no GPU needed): which short-context
+buckets small batches get, from BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN, and the split count each bucket takes."""
+
+import pytest
+
+from brigade_cuda.attention.decode import choose_num_splits
+from brigade_cuda.attention.triton_backend import TritonAttentionBackend, short_graph_lens, single_split_len
+
+
+@pytest.fixture
+def env(monkeypatch):
+    def set_env(value: str | None):
+        if value is None:
+            monkeypatch.delenv("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", raising=False)
+        else:
+            monkeypatch.setenv("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", value)
+        short_graph_lens.cache_clear()
+        single_split_len.cache_clear()
+
+    yield set_env
+    monkeypatch.delenv("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", raising=False)
+    short_graph_lens.cache_clear()
+    single_split_len.cache_clear()
+
+
+@pytest.mark.parametrize("value,batch1,batch64", [
+    (None, (512, 2048), (2048,)),  # the default: one 512-token bucket for batches up to 32
+    ("0", (2048,), (2048,)),
+    ("256,512", (256, 512, 2048), (2048,)),
+    ("1024, 256,,", (256, 1024, 2048), (2048,)),
+    ("4096", (2048,), (2048,)),  # not below max_model_len: no extra bucket
+])
+def test_short_buckets_follow_the_variable(env, value, batch1, batch64):
+    env(value)
+    assert TritonAttentionBackend.decode_graph_seq_lens(1, 2048) == batch1
+    assert TritonAttentionBackend.decode_graph_seq_lens(32, 2048) == batch1
+    assert TritonAttentionBackend.decode_graph_seq_lens(64, 2048) == batch64
+
+
+@pytest.mark.parametrize("value", ["abc", "512,-1", "2.5"])
+def test_a_bad_value_is_one_clear_error(env, value):
+    env(value)
+    with pytest.raises(ValueError, match="BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN must be token counts"):
+        short_graph_lens()
+
+
+def test_each_bucket_takes_the_split_count_of_its_length():
+    """At batch 1 with 8 KV heads on 132 SMs, the split count is one 64-token tile per split up to 32."""
+    assert [choose_num_splits(1, 8, n, 132) for n in (256, 512, 2048)] == [4, 8, 32]
