@@ -47,3 +47,41 @@ def test_a_bad_value_is_one_clear_error(env, value):
 def test_each_bucket_takes_the_split_count_of_its_length():
     """At batch 1 with 8 KV heads on 132 SMs, the split count is one 64-token tile per split up to 32."""
     assert [choose_num_splits(1, 8, n, 132) for n in (256, 512, 2048)] == [4, 8, 32]
+
+
+def test_short_contexts_take_one_split_and_their_own_graph_bucket(monkeypatch):
+    monkeypatch.setenv("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", "0")  # only the single-split bucket here
+    short_graph_lens.cache_clear()
+    assert choose_num_splits(1, 8, 300, 132) > 1
+    assert choose_num_splits(1, 8, 300, 132, single_split_len=512) == 1
+    assert choose_num_splits(1, 8, 513, 132, single_split_len=512) > 1
+    monkeypatch.setenv("BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN", "512")
+    single_split_len.cache_clear()
+    try:
+        assert TritonAttentionBackend.decode_graph_seq_lens(1, 2048) == (512, 2048)
+        assert TritonAttentionBackend.decode_graph_seq_lens(64, 2048) == (2048,)
+        assert TritonAttentionBackend.decode_graph_seq_lens(1, 512) == (512,)
+    finally:
+        monkeypatch.delenv("BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN")
+        single_split_len.cache_clear()
+    assert TritonAttentionBackend.decode_graph_seq_lens(1, 2048) == (2048,)
+    monkeypatch.delenv("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN")
+    short_graph_lens.cache_clear()
+    assert TritonAttentionBackend.decode_graph_seq_lens(1, 2048) == (512, 2048)  # the default short bucket
+    assert TritonAttentionBackend.decode_graph_seq_lens(1, 512) == (512,)
+
+
+def test_short_graph_bucket_keeps_the_split_choice(monkeypatch):
+    monkeypatch.setenv("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", "512")
+    monkeypatch.setenv("BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN", "128")
+    short_graph_lens.cache_clear()
+    single_split_len.cache_clear()
+    try:
+        assert TritonAttentionBackend.decode_graph_seq_lens(1, 2048) == (128, 512, 2048)
+        assert TritonAttentionBackend.decode_graph_seq_lens(64, 2048) == (2048,)
+        assert choose_num_splits(1, 8, 512, 132) == 8  # the 512 bucket's graph: 8 splits, not 32
+    finally:
+        for name in ("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", "BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN"):
+            monkeypatch.delenv(name)
+        short_graph_lens.cache_clear()
+        single_split_len.cache_clear()
