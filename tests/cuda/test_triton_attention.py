@@ -161,14 +161,3 @@ def test_zero_length_padding_request_gives_zeros(paged_batch_factory):
             batch.query, batch.key, batch.value, batch.kv_cache, batch.metadata)
         assert torch.isfinite(out[:3]).all()
         assert torch.equal(out[2], torch.zeros_like(out[2]))
-
-
-def test_validate_refuses_with_one_line_reasons():
-    assert TritonAttentionBackend.validate(head_size=128, dtype=torch.bfloat16, block_size=16,
-                                           device_type="cuda") is None
-    for kwargs in (dict(head_size=128, dtype=torch.bfloat16, block_size=16, device_type="cpu"),
-                   dict(head_size=128, dtype=torch.float64, block_size=16, device_type="cuda"),
-                   dict(head_size=128, dtype=torch.bfloat16, block_size=24, device_type="cuda"),
-                   dict(head_size=72, dtype=torch.bfloat16, block_size=16, device_type="cuda")):
-        reason = TritonAttentionBackend.validate(**kwargs)
-        assert reason and "\n" not in reason and "triton" in reason

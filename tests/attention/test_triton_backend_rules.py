@@ -1,7 +1,9 @@
-"""The Triton backend's decode-graph context buckets (pure Python: no GPU needed): which short-context
-buckets small batches get, from BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN, and the split count each bucket takes."""
+"""The Triton backend's host-side rules (pure Python: no GPU needed, so CI runs them): which short-context
+decode-graph buckets small batches get, from BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN, the split count each
+bucket takes, and the one-line refusals of combinations the kernels do not take."""
 
 import pytest
+import torch
 
 from brigade_cuda.attention.decode import choose_num_splits
 from brigade_cuda.attention.triton_backend import TritonAttentionBackend, short_graph_lens, single_split_len
@@ -85,3 +87,14 @@ def test_short_graph_bucket_keeps_the_split_choice(monkeypatch):
             monkeypatch.delenv(name)
         short_graph_lens.cache_clear()
         single_split_len.cache_clear()
+
+
+def test_validate_refuses_with_one_line_reasons():
+    assert TritonAttentionBackend.validate(head_size=128, dtype=torch.bfloat16, block_size=16,
+                                           device_type="cuda") is None
+    for kwargs in (dict(head_size=128, dtype=torch.bfloat16, block_size=16, device_type="cpu"),
+                   dict(head_size=128, dtype=torch.float64, block_size=16, device_type="cuda"),
+                   dict(head_size=128, dtype=torch.bfloat16, block_size=24, device_type="cuda"),
+                   dict(head_size=72, dtype=torch.bfloat16, block_size=16, device_type="cuda")):
+        reason = TritonAttentionBackend.validate(**kwargs)
+        assert reason and "\n" not in reason and "triton" in reason
