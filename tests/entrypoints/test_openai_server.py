@@ -293,6 +293,11 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": MAX_MODEL_LEN}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "hi " * MAX_MODEL_LEN}, 400, "prompt"),
     ("/v1/completions", {"prompt": PROMPT, "suffix": "!"}, 400, "suffix"),
+    # Integers beyond 64 bits are refused by name (one overflowed the engine's message encoder: a 500).
+    ("/v1/completions", {"prompt": PROMPT, "priority": 2**80}, 400, "priority"),
+    ("/v1/completions", {"prompt": PROMPT, "seed": -2**70}, 400, "seed"),
+    ("/v1/completions", {"prompt": PROMPT, "logit_bias": {str(2**70): 1}}, 400, "logit_bias"),
+    ("/v1/chat/completions", {"messages": QUESTION, "stop_token_ids": [2**64]}, 400, "stop_token_ids"),
     # Constraints xgrammar rejects are refused before queuing (tests/entrypoints/test_structured_outputs.py
     # covers the valid ones).
     ("/v1/chat/completions", {"messages": QUESTION, "response_format": {

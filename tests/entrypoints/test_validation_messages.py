@@ -27,6 +27,10 @@ def _error(cls, body):
      "got 'wizard'"),
     (ChatCompletionRequest, {"messages": [{"role": "user", "content": 3}]}, "messages",
      "messages[0].content: must be str or list[dict[str,any]], got 3"),
+    (CompletionRequest, {"prompt": "x", "priority": 2**80}, "priority",
+     f"priority: Input should be less than or equal to {2**63 - 1}, got {2**80}"),  # the fuzzer's 500, once
+    (CompletionRequest, {"prompt": [[1, 2**70]]}, "prompt",
+     f"prompt[0][1]: Input should be less than or equal to {2**63 - 1}, got {2**70}"),
     (ChatCompletionRequest, {"messages": [{"role": "user", "content": 3}, {"role": "user", "content": 4}]},
      "messages", "messages[0].content: must be str or list[dict[str,any]], got 3 (and 2 more)"),
 ])

@@ -76,7 +76,9 @@ def from_validation_error(exc: ValidationError | RequestValidationError) -> Open
     FastAPI prefixes locations with "body"/"query", dropped here; a location reads as the client wrote it
     (``messages[0].role``), and a scalar input is quoted back (``messages[0].role: Input should be 'system',
     ... or 'function', got 'wizard'``). A field whose every union member refused the input is one sentence
-    naming the members (``stop: must be str or list[str], got 42``), not one error per member.
+    naming the members (``stop: must be str or list[str], got 42``), not one error per member, unless a
+    member took the input's shape and refused a value, which is then the error (``prompt[0]: Input should be
+    less than or equal to 9223372036854775807``).
     """
     errors = exc.errors()
     if not errors:
@@ -89,9 +91,16 @@ def from_validation_error(exc: ValidationError | RequestValidationError) -> Open
     got = _quoted_input(first.get("input"))
     union = _union_members(locs)
     if union:
-        where, members, others = union
-        extra = f" (and {others} more)" if others else ""
-        return OpenAIError.bad_param(f"{_where(where)}: must be {' or '.join(members)}{got}{extra}", param)
+        depth, group = union
+        extra = f" (and {len(errors) - len(group)} more)" if len(errors) > len(group) else ""
+        # A member that took the input's shape but not a value (an int beyond 64 bits in list[int]) says why.
+        for i in group:
+            if not str(errors[i].get("type", "")).endswith("_type"):
+                where = locs[i][:depth] + locs[i][depth + 1:]
+                return OpenAIError.bad_param(f"{_where(where)}: {errors[i].get('msg')}"
+                                             f"{_quoted_input(errors[i].get('input'))}{extra}", param)
+        members = list(dict.fromkeys(str(locs[i][depth]).replace("constrained-", "") for i in group))
+        return OpenAIError.bad_param(f"{_where(loc[:depth])}: must be {' or '.join(members)}{got}{extra}", param)
     extra = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return OpenAIError.bad_param(f"{_where(loc)}: {first.get('msg')}{got}{extra}", param)
 
@@ -103,18 +112,17 @@ def _is_member_label(part: object) -> bool:
     return isinstance(part, str) and (part in _BASIC_TYPES or "[" in part)
 
 
-def _union_members(locs: list[list[object]]) -> tuple[list[object], list[str], int] | None:
-    """For the first error: (its field's location, the union members that refused the input, how many
-    errors concern other fields) when it is one of several errors on one field, each under a member label
-    (pydantic's ``("stop", "str")``, ``("stop", "list[str]", 0)``); None otherwise."""
+def _union_members(locs: list[list[object]]) -> tuple[int, list[int]] | None:
+    """For the first error: (the depth of its union member label, the indices of the errors on that field)
+    when it is one of several errors on one field, each under a member label (pydantic's ``("stop", "str")``,
+    ``("stop", "list[str]", 0)``); None otherwise."""
     first = locs[0]
     for depth in range(len(first) - 1, 0, -1):
         if not _is_member_label(first[depth]):
             continue
-        same = [loc for loc in locs if len(loc) > depth and loc[:depth] == first[:depth]]
-        if len(same) >= 2 and all(_is_member_label(loc[depth]) for loc in same):
-            members = list(dict.fromkeys(str(loc[depth]).replace("constrained-", "") for loc in same))
-            return first[:depth], members, len(locs) - len(same)
+        same = [i for i, loc in enumerate(locs) if len(loc) > depth and loc[:depth] == first[:depth]]
+        if len(same) >= 2 and all(_is_member_label(locs[i][depth]) for i in same):
+            return depth, same
     return None
 
 

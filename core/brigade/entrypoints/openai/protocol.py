@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt
+from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, Strict, StrictBool
 
 from brigade.sampling_params import InvalidParamError, StructuredOutputsParams
 
@@ -25,6 +25,10 @@ ChatRole = Literal["system", "developer", "user", "assistant", "tool", "function
 CHAT_ROLES: tuple[str, ...] = get_args(ChatRole)
 """The message roles OpenAI accepts ("function" is its deprecated form of "tool"); any other is a 400."""
 
+
+StrictInt = Annotated[int, Strict(), Field(ge=-2**63, le=2**63 - 1)]
+"""An integer request field: a JSON integer that fits 64 bits (the engine's messages carry int64; a larger one
+is a 400 naming the field, not an overflow deep in the server)."""
 
 Number = Annotated[float, Strict(), AllowInfNan(False)]
 """A float request field: a finite JSON number; an integer (``"temperature": 1``) is taken as a float."""
