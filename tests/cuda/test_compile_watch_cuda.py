@@ -27,6 +27,7 @@ def test_an_unaligned_pointer_after_start_up_is_reported(caplog):
     before = knobs.runtime.jit_cache_hook
     try:
         watch = compile_watch.watch()
+        earlier = len(watch.late)  # an engine built earlier in this process may have armed the same watch
         x = torch.arange(64, dtype=torch.float32, device="cuda")
         y = torch.empty_like(x)
         _watched_copy_kernel[(1,)](x, y, 63, BLOCK=64)  # start-up: aligned pointers
@@ -40,7 +41,7 @@ def test_an_unaligned_pointer_after_start_up_is_reported(caplog):
         (record,) = caplog.records
         assert "_watched_copy_kernel while serving" in record.getMessage()
         assert "x_ptr" in record.getMessage() and "tt.divisibility=16" in record.getMessage()
-        assert watch.late == ["_watched_copy_kernel"]
+        assert watch.late[earlier:] == ["_watched_copy_kernel"]
     finally:
         knobs.runtime.jit_cache_hook = before
         compile_watch._watch = None
