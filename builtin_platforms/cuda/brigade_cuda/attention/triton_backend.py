@@ -70,14 +70,11 @@ def short_graph_lens() -> tuple[int, ...]:
         ValueError: the variable is not a comma-separated list of non-negative integers.
     """
     raw = os.environ.get("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", "512")
-    try:
-        lens = tuple(int(part) for part in raw.split(",") if part.strip())
-    except ValueError:
-        lens = (-1,)
-    if any(n < 0 for n in lens):
+    parts = [part.strip() for part in raw.split(",") if part.strip()]
+    if not all(part.isascii() and part.isdigit() for part in parts):
         raise ValueError(f"BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN must be token counts separated by commas "
                          f"(e.g. 256,512; 0 for none), got {raw!r}")
-    return tuple(sorted(n for n in set(lens) if n > 0))
+    return tuple(sorted({int(part) for part in parts} - {0}))
 
 
 SHORT_GRAPH_MAX_BATCH = 32  # beyond this, a Llama-shaped batch fills the GPU with one split per request

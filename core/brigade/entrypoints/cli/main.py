@@ -98,10 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             _deepest_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
         check = getattr(args, "check", None)
         if check is not None:
-            check(args)
-    except ConfigError as exc:
-        print(f"brigade {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+            try:
+                check(args)
+            except ConfigError as exc:
+                print(f"brigade {args.command}: error: {exc}", file=sys.stderr)
+                return 2
     finally:
         plugin_log.removeHandler(held)
         plugin_log.propagate = propagate
