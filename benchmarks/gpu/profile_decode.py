@@ -125,16 +125,30 @@ def main() -> None:
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--trace", help="also write the Chrome trace here")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); else random")
+    parser.add_argument("--batch-sizes", default="1", help="comma list: profile a decode batch of each size "
+                        "(that many requests of distinct prompts, started together), one after the other")
+    parser.add_argument("--prompt-len", type=int, default=128)
     args = parser.parse_args()
-    llm = LLM(args.model, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048)
-    rng = random.Random(0)
-    prompt = [rng.randrange(1000, 30000) for _ in range(128)]
+    llm = LLM(args.model, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048,
+              max_num_seqs=max(256, *(int(b) for b in args.batch_sizes.split(","))))
+    results = {}
+    for batch_size in (int(b) for b in args.batch_sizes.split(",")):
+        results[batch_size] = profile_batch(llm, args, batch_size)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results if len(results) > 1 else next(iter(results.values())), f, indent=2)
+
+
+def profile_batch(llm, args, batch_size: int) -> dict:
+    rng = random.Random(batch_size)
+    prompts = [[rng.randrange(1000, 30000) for _ in range(args.prompt_len)] for _ in range(batch_size)]
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=args.temperature)
-    llm.generate([prompt], params, use_tqdm=False)  # warm-up: compiles, graphs captured at start
+    llm.generate(prompts, params, use_tqdm=False)  # warm-up: compiles, graphs captured at start
+    llm.reset_prefix_cache()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        llm.generate([prompt], params, use_tqdm=False)
+        llm.generate(prompts, params, use_tqdm=False)
         torch.cuda.synchronize()
-    trace = args.trace or "/tmp/brigade_decode_trace.json"
+    trace = args.trace or f"/tmp/brigade_decode_trace_{batch_size}.json"
     prof.export_chrome_trace(trace)
     with open(trace) as f:
         events = json.load(f)["traceEvents"]
@@ -145,10 +159,13 @@ def main() -> None:
     num_layers = llm.engine.core.executor.hf_config.num_hidden_layers
     result = analyze(kernels, num_layers)
     result["between_graphs"] = boundary(device_ops)
-    result["graph_replay_us"] = replay_times(llm.engine.core.executor.worker.model_runner.cuda_graphs)
+    result["batch_size"] = batch_size
+    graphs = llm.engine.core.executor.worker.model_runner.cuda_graphs
+    graph_size = min((size for size, _ in graphs.graphs if size >= batch_size), default=batch_size)
+    result["graph_replay_us"] = replay_times(graphs, graph_size)
     result["env"] = {k: v for k, v in os.environ.items() if k.startswith("BRIGADE_CUDA")}
     result["device"] = torch.cuda.get_device_name()
-    print(f"decode steps {result['decode_steps']:.0f}: span {result['span_us_per_step']:.0f} us/step, busy "
+    print(f"batch {batch_size}: decode steps {result['decode_steps']:.0f}: span {result['span_us_per_step']:.0f} us/step, busy "
           f"{result['busy_us_per_step']:.0f}, idle {result['idle_us_per_step']:.0f}, "
           f"{result['kernels_per_step']:.0f} kernels/step, kernel time sum {result['sum_kernel_us_per_step']:.0f}")
     print("graph replay us/step by context bucket:", {k: round(v, 1) for k, v in result["graph_replay_us"].items()})
@@ -158,9 +175,7 @@ def main() -> None:
     print("between two decode graphs (gap before, duration):")
     for row in result["between_graphs"]:
         print(f"  +{row['gap_us']:6.1f}  {row['dur_us']:6.1f}  {row['name']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    return result
 
 
 if __name__ == "__main__":
