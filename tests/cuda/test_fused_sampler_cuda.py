@@ -42,6 +42,26 @@ def test_random_draws_follow_the_distribution(temperature):
     assert freq[0] == freq[2] == freq[6] == 0.0
 
 
+@pytest.mark.parametrize("rows,calls,temperature", [(60000, 1, None), (4, 5000, 0.7)])
+def test_random_draws_follow_the_distribution_across_quarters_and_segments(rows, calls, temperature):
+    # Each loop step of the random path draws four uniforms per Philox call, one per quarter of its block:
+    # mass in every quarter of a block, in a second block, in the ragged last one and (at 4 rows, 256
+    # segments per row) in different segments must still come out as softmax(logits / T).
+    vocab = 128256
+    pos = [5, 200, 300, 450, 700, 40_000, 90_001, vocab - 1]
+    probs = torch.tensor([0.2, 0.1, 0.1, 0.15, 0.1, 0.1, 0.1, 0.15], device="cuda")
+    logits = torch.full((rows, vocab), float("-inf"), device="cuda", dtype=torch.bfloat16)
+    logits[:, pos] = probs.log().to(torch.bfloat16)
+    temp = None if temperature is None else torch.full((rows,), temperature, device="cuda")
+    torch.manual_seed(1)
+    ids = torch.cat([fused_sample(logits, temp, greedy=False) for _ in range(calls)])
+    counts = torch.bincount(ids, minlength=vocab)
+    assert counts.sum() == counts[pos].sum() == rows * calls  # never a masked token
+    freq = counts[pos].float() / (rows * calls)
+    want = torch.softmax(logits[0, pos].float() / (temperature or 1.0), dim=-1)
+    assert torch.allclose(freq, want, atol=0.015), (freq, want)
+
+
 def test_random_over_a_large_vocabulary_repeats_under_manual_seed():
     logits = torch.randn(4, 128256, device="cuda").to(torch.bfloat16)
     logits[0, 1234] = 60.0  # dominant: always drawn
