@@ -43,10 +43,9 @@ def test_random_draws_follow_the_distribution(temperature):
 
 
 @pytest.mark.parametrize("rows,calls,temperature", [(60000, 1, None), (4, 5000, 0.7)])
-def test_random_draws_follow_the_distribution_across_quarters_and_segments(rows, calls, temperature):
-    # Each loop step of the random path draws four uniforms per Philox call, one per quarter of its block:
-    # mass in every quarter of a block, in a second block, in the ragged last one and (at 4 rows, 256
-    # segments per row) in different segments must still come out as softmax(logits / T).
+def test_random_draws_follow_the_distribution_across_blocks_and_segments(rows, calls, temperature):
+    # Mass spread over one block, a second block, the ragged last one and (at 4 rows, 256 segments per
+    # row) different segments must come out as softmax(logits / T), never on a masked token.
     vocab = 128256
     pos = [5, 200, 300, 450, 700, 40_000, 90_001, vocab - 1]
     probs = torch.tensor([0.2, 0.1, 0.1, 0.15, 0.1, 0.1, 0.1, 0.15], device="cuda")

@@ -3,9 +3,8 @@ race, reading the logits once (book ch. 7).
 
 Two kernels. The first splits each row into segments, one program per (row, segment): it loads the logits
 in their own dtype, converts to fp32, divides by the row's temperature, and for a random row subtracts
-``log E`` with ``E = -log(1 - U)`` an Exp(1) draw from Triton's Philox generator (``tl.rand4x``: four
-uniforms per call, one for each quarter of a block), keyed by a seed drawn from the host's default
-generator (``torch.manual_seed`` repeats it) and by the element's position in the row; it keeps the segment's
+``log E`` with ``E = -log(1 - U)`` an Exp(1) draw from Triton's Philox generator (``tl.rand``), keyed by a
+seed drawn from the host's default generator (``torch.manual_seed`` repeats it) and by the element's flat index; it keeps the segment's
 best score and the lowest index reaching it. The second picks, per row, the best segment (the lowest on
 ties). ``argmax_i (x_i - log E_i)`` is the race ``argmax_i p_i / E_i``, distributed as Categorical(p) for
 ``p = softmax(x)`` (see ``brigade.sample.topk_topp.exponential_race_sample``); a greedy row is the plain argmax,
@@ -48,61 +47,27 @@ def _segment_best_kernel(logits_ptr, temp_ptr, seed, best_ptr, where_ptr, V, str
     seg = tl.program_id(1)
     start = seg * seg_len
     stop = tl.minimum(start + seg_len, V)
-    inv_t = 1.0
     if HAS_TEMP:
         inv_t = 1.0 / tl.load(temp_ptr + row)
     best = float("-inf")
     where = start
-    row_logits = logits_ptr + row.to(tl.int64) * stride_row
-    if RANDOM:
-        # One Philox call gives four uniforms (tl.rand4x), so each step takes its BLOCK logits as four
-        # quarters, quarter q drawing the q-th uniform of counter row * V4 + k0 / 4 + j: a quarter of the
-        # generator work of one call per logit, which bounds this kernel's time at large batches.
-        QUARTER: tl.constexpr = BLOCK // 4
-        V4 = tl.cdiv(V, BLOCK) * QUARTER  # counters per row: k0 / 4 + j stays below it
-        for k0 in range(start, stop, BLOCK):
-            j = tl.arange(0, QUARTER)
-            u0, u1, u2, u3 = tl.rand4x(seed, row * V4 + k0 // 4 + j)
-            m0, w0 = _race_quarter(row_logits, k0, j, stop, u0, inv_t, QUARTER)
-            m1, w1 = _race_quarter(row_logits, k0 + QUARTER, j, stop, u1, inv_t, QUARTER)
-            m2, w2 = _race_quarter(row_logits, k0 + 2 * QUARTER, j, stop, u2, inv_t, QUARTER)
-            m3, w3 = _race_quarter(row_logits, k0 + 3 * QUARTER, j, stop, u3, inv_t, QUARTER)
-            # strictly greater throughout: the earlier quarter, and the earlier step, keep a tie
-            if m0 > best:
-                best, where = m0, w0
-            if m1 > best:
-                best, where = m1, w1
-            if m2 > best:
-                best, where = m2, w2
-            if m3 > best:
-                best, where = m3, w3
-    else:
-        for k0 in range(start, stop, BLOCK):
-            offs = k0 + tl.arange(0, BLOCK)
-            ok = offs < stop
-            x = tl.load(row_logits + offs, mask=ok, other=float("-inf")).to(tl.float32)
-            if HAS_TEMP:
-                x = x * inv_t
-            x = tl.where(ok, x, float("-inf"))
-            m, i = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
-            if m > best:  # strictly: an earlier chunk keeps a tie
-                best = m
-                where = k0 + i
+    for k0 in range(start, stop, BLOCK):
+        offs = k0 + tl.arange(0, BLOCK)
+        ok = offs < stop
+        x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + offs, mask=ok, other=float("-inf")).to(tl.float32)
+        if HAS_TEMP:
+            x = x * inv_t
+        if RANDOM:
+            u = tl.rand(seed, row * V + offs)  # [0, 1)
+            e = tl.maximum(-tl.log(1.0 - u), 1.1754943508222875e-38)  # Exp(1), kept > 0 so log stays finite
+            x = x - tl.log(e)
+        x = tl.where(ok, x, float("-inf"))
+        m, i = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
+        if m > best:  # strictly: an earlier chunk keeps a tie
+            best = m
+            where = k0 + i
     tl.store(best_ptr + row * num_segs + seg, best)
     tl.store(where_ptr + row * num_segs + seg, where)
-
-
-@triton.jit
-def _race_quarter(row_logits, base, j, stop, u, inv_t, QUARTER: tl.constexpr):
-    """The exponential race over logits [base, base + QUARTER) of a row with uniforms ``u``: the best
-    ``x / T - log E`` (E = -log(1 - u), an Exp(1) draw) and its index, the lowest on ties; -inf past ``stop``."""
-    offs = base + j
-    ok = offs < stop
-    x = tl.load(row_logits + offs, mask=ok, other=float("-inf")).to(tl.float32) * inv_t
-    e = tl.maximum(-tl.log(1.0 - u), 1.1754943508222875e-38)  # Exp(1), kept > 0 so log stays finite
-    x = tl.where(ok, x - tl.log(e), float("-inf"))
-    m, i = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
-    return m, base + i
 
 
 @triton.jit(do_not_specialize=["num_segs"])
