@@ -86,3 +86,35 @@ def test_registries_have_one_registry_per_registration_hook():
     registries = Registries()
     assert sorted(registries.as_names()) == sorted(h.removeprefix("register_") for h in REGISTRATION_HOOKS)
     assert registries.for_hook("register_kv_connectors") is registries.kv_connectors
+
+
+def test_registries_of_classes_refuse_a_value_that_cannot_be_called():
+    registries = Registries()
+    with pytest.raises(ValueError, match=r"stat logger 'garbage' must be registered as a class or factory .* "
+                                         r"got int 42"):
+        registries.stat_loggers.add("garbage", 42, A)
+    assert "garbage" not in registries.stat_loggers
+    registries.stat_loggers.add("lazy", "brigade.metrics.stats:StatLoggerBase", A)  # a path is checked on use
+    registries.endpoints.add("router", lambda state: None, A)
+    with pytest.raises(ValueError, match="endpoint 'x' must be registered as a class or factory"):
+        registries.endpoints.add("x", "not a path".split(), A)
+
+
+class _Raises:
+    def __init__(self, config):
+        raise RuntimeError(f"cannot start with {config}")
+
+
+def test_create_calls_the_factory_and_names_the_plugin_when_it_fails():
+    registry = Registry("stat logger", callable_values=True)
+    registry.add("ok", dict, A)
+    registry.add("bad", _Raises, B)
+    registry.add("lazy_module", "brigade.plugins.registry:logger", A)  # resolves to a Logger, not callable
+    assert registry.create("ok", a=1) == {"a": 1}
+    with pytest.raises(PluginLoadError) as info:
+        registry.create("bad", "cfg")
+    assert str(info.value) == ("stat logger 'bad' from plugin 'faster_attn' (vendor-b 0.3.1) failed to start: "
+                               "RuntimeError: cannot start with cfg")
+    with pytest.raises(PluginLoadError, match="stat logger 'lazy_module' from plugin 'fast_attn' .* is a Logger, "
+                                              "not a class or factory"):
+        registry.create("lazy_module")

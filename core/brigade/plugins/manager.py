@@ -24,12 +24,14 @@ from brigade.plugins.groups import (ALL_GROUPS, BUILTIN_PLUGIN, CORE_DISTRIBUTIO
 from brigade.plugins.platform_choice import PlatformChoice, choose_platform
 from brigade.plugins.records import PluginRecord, PluginStatus
 from brigade.plugins.registry import PluginSource, Registration, Registries
-from brigade.plugins.settings import ENDPOINT_PLUGINS_ENV, PLUGINS_ENV, STRICT_ENV, PluginSettings
+from brigade.plugins.settings import ENDPOINT_PLUGINS_ENV, PLATFORM_ENV, PLUGINS_ENV, STRICT_ENV, PluginSettings
 
 if TYPE_CHECKING:
     from brigade.platforms.interface import Platform
 
 logger = logging.getLogger("brigade.plugins")
+
+SERVER_ONLY_NOTICE = "brigade_server_only"  # log-record attribute: a notice that concerns a server only
 
 BUILTIN_MODULE = "brigade.plugins.builtin"
 
@@ -82,6 +84,16 @@ class PluginManager:
     def current_platform(self) -> type[Platform]:
         """The platform class of this process, resolved on first call (loads the engine scope first)."""
         return self.platform_choice().platform_cls
+
+    def check_forced_platform(self) -> None:
+        """Refuse a BRIGADE_PLATFORM that no loaded plugin registers, without running any detector (for the
+        CLI, before it binds a port or starts an engine). Raises PluginLoadError naming what is installed."""
+        forced = self.settings.platform
+        self.load("engine")
+        names = self.registries.platforms.names()
+        if forced is not None and forced not in names:
+            raise PluginLoadError(f"{PLATFORM_ENV}={forced} but no installed plugin registers platform {forced!r}; "
+                                  f"registered platforms: {', '.join(names) or 'none'}")
 
     def platform_choice(self) -> PlatformChoice:
         """The platform, its plugin and why it was chosen. Raises PluginLoadError when none can be."""
@@ -179,7 +191,8 @@ class PluginManager:
         elif allow is None and entry_points:
             listed = ", ".join(f"{ep.name} ({distribution_of(ep)[0]})" for ep in entry_points)
             logger.warning("endpoint plugins are installed but not enabled (endpoint plugins are denied by "
-                           "default; enable them with %s=name[,name]): %s", ENDPOINT_PLUGINS_ENV, listed)
+                           "default; enable them with %s=name[,name]): %s", ENDPOINT_PLUGINS_ENV, listed,
+                           extra={SERVER_ONLY_NOTICE: True})
 
     def _load_one(self, group: PluginGroup, name: str, dist: str, version: str, value: str,
                   load: Callable[[], Any], *, always: bool = False) -> None:
@@ -201,7 +214,7 @@ class PluginManager:
             obj = load()
             self._check_hookspec_version(obj, record)
             self._register(obj, record, group)
-        except Exception as exc:  # plugin code can raise anything; reported with its reason, never dropped
+        except (Exception, SystemExit) as exc:  # plugin code can raise anything, even sys.exit(); reported
             self._report_failure(record.source, exc, required, record=record)
             return
         log = logger.debug if group is GENERAL else logger.info

@@ -71,7 +71,7 @@ def choose_platform(registries: Registries, settings: PluginSettings, *, core_so
     for entry in entries:
         try:
             platform_cls = _run_detector(entry, registries)
-        except Exception as exc:  # a vendor's detector can raise anything; report it with its reason
+        except (Exception, SystemExit) as exc:  # a vendor's detector can raise anything; report it with its reason
             report_failure(entry.source, exc, None)
             mark(entry.source, entry.name, "failed")
             continue
@@ -114,7 +114,7 @@ def _forced(name: str, entries: list[Registration], registries: Registries, repo
             mark(other.source, other.name, "not checked")
     try:
         platform_cls = _run_detector(entry, registries)
-    except Exception as exc:  # forced means named by the operator, so report_failure raises
+    except (Exception, SystemExit) as exc:  # forced means named by the operator, so report_failure raises
         mark(entry.source, entry.name, "failed")
         report_failure(entry.source, exc, f"the operator named its platform in {PLATFORM_ENV}={name}")
         raise

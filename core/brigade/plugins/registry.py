@@ -69,8 +69,11 @@ class Registry(Generic[T]):
     naming both distributions unless it passes ``override=True``. Resolved lazy values are cached.
     """
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, *, callable_values: bool = False):
+        """``callable_values``: every value must be a class or factory (or a lazy path to one); checked at
+        registration, so a plugin that registers anything else fails at start-up with its name."""
         self.kind = kind  # human-readable, e.g. "attention backend"
+        self.callable_values = callable_values
         self._entries: dict[str, Registration] = {}
         self._resolved: dict[str, T] = {}
         self._lock = threading.Lock()
@@ -84,6 +87,9 @@ class Registry(Generic[T]):
             parse_lazy_path(value)
         elif value is None:
             raise ValueError(f"{self.kind} {name!r} registered with value None")
+        elif self.callable_values and not callable(value):
+            raise ValueError(f"{self.kind} {name!r} must be registered as a class or factory (or a "
+                             f"'module:Attr' path to one), got {type(value).__name__} {value!r:.60}")
         existing = self._entries.get(name)
         if existing is not None and not override and existing.source != source:
             raise DuplicateNameError(
@@ -125,6 +131,25 @@ class Registry(Generic[T]):
             self._resolved[name] = obj
         return obj
 
+    def create(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call the class or factory registered as ``name`` with these arguments (a plugin's stat logger,
+        endpoint router...), naming the plugin when it fails.
+
+        Raises:
+            UnknownNameError, PluginLoadError: as ``get``; PluginLoadError also when the value is not
+                callable or the call raises (the message names the plugin and the reason).
+        """
+        factory = self.get(name)
+        source = self.entry(name).source
+        if not callable(factory):
+            raise PluginLoadError(f"{self.kind} {name!r} from {source.describe()} is a {type(factory).__name__}, "
+                                  "not a class or factory")
+        try:
+            return factory(*args, **kwargs)
+        except Exception as exc:
+            raise PluginLoadError(f"{self.kind} {name!r} from {source.describe()} failed to start: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+
     def entry(self, name: str) -> Registration:
         """The registration record of ``name``; raises UnknownNameError listing installed names."""
         try:
@@ -164,9 +189,10 @@ class Registries:
     quantization_methods: Registry = field(default_factory=lambda: Registry("quantization method"))
     kv_connectors: Registry = field(default_factory=lambda: Registry("KV connector"))
     io_processors: Registry = field(default_factory=lambda: Registry("IO processor"))
-    endpoints: Registry = field(default_factory=lambda: Registry("endpoint"))
-    stat_loggers: Registry = field(default_factory=lambda: Registry("stat logger"))
-    logits_processors: Registry = field(default_factory=lambda: Registry("logits processor"))
+    endpoints: Registry = field(default_factory=lambda: Registry("endpoint", callable_values=True))
+    stat_loggers: Registry = field(default_factory=lambda: Registry("stat logger", callable_values=True))
+    logits_processors: Registry = field(default_factory=lambda: Registry("logits processor",
+                                                                         callable_values=True))
 
     def for_hook(self, hook_name: str) -> Registry:
         """The registry a ``register_*`` hook fills."""

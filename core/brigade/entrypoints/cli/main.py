@@ -10,6 +10,7 @@ import sys
 from brigade.version import __version__
 
 _COMMANDS = ("serve", "generate", "bench", "plugins", "chat")
+_ENGINE_COMMANDS = ("serve", "generate", "bench")  # may start an engine: BRIGADE_PLATFORM must name a platform
 
 
 def build_parser(plugin_choices: dict[str, list[str]]) -> argparse.ArgumentParser:
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("BRIGADE_LOGGING_LEVEL", "INFO"),
                         format="%(levelname)s %(asctime)s %(message)s")
     from brigade.config import ConfigError
-    from brigade.plugins import PluginLoadError, load_plugins, plugin_choices
+    from brigade.plugins import PluginLoadError, load_plugins, plugin_choices, process_plugin_manager
+    from brigade.plugins.manager import SERVER_ONLY_NOTICE
 
     argv = sys.argv[1:] if argv is None else list(argv)
     plugin_log = logging.getLogger("brigade.plugins")
@@ -97,18 +99,21 @@ def main(argv: list[str] | None = None) -> int:
         if extra:  # reported by the subcommand that received them, with its own usage line
             _deepest_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
         check = getattr(args, "check", None)
-        if check is not None:
-            try:
+        try:
+            if check is not None:
                 check(args)
-            except ConfigError as exc:
-                print(f"brigade {args.command}: error: {exc}", file=sys.stderr)
-                return 2
+            if args.command in _ENGINE_COMMANDS:
+                process_plugin_manager().check_forced_platform()
+        except (ConfigError, PluginLoadError) as exc:
+            print(f"brigade {args.command}: error: {exc}", file=sys.stderr)
+            return 2
     finally:
         plugin_log.removeHandler(held)
         plugin_log.propagate = propagate
     explicit = "BRIGADE_LOGGING_LEVEL" in os.environ or plugin_log.level != logging.NOTSET
     for record in held.records:
-        if args.command == "serve" or explicit or record.levelno >= logging.WARNING:
+        if args.command == "serve" or explicit or (record.levelno >= logging.WARNING
+                                                   and not getattr(record, SERVER_ONLY_NOTICE, False)):
             plugin_log.handle(record)
     if args.command is None:
         parser.print_help()
@@ -118,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"brigade {args.command}: {exc}", file=sys.stderr)
         return 2
+    except PluginLoadError as exc:  # a plugin failed once the command ran (platform detection, a factory)
+        print(f"brigade {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 
