@@ -163,3 +163,14 @@ def test_throughput_repeats_interleave_rounds_and_report_medians(smollm2_path, t
                               for b, h in zip(rounds["brigade"], rounds["hf_generate"]))
     assert record["ratios"]["brigade/hf_generate/output_tokens_per_s"] == pytest.approx(per_round_ratios[1])
     assert record["config"]["benchmark"]["repeats"] == 3
+
+
+def test_serve_accepts_an_openai_base_url_ending_in_v1(smollm2_path, tmp_path, free_port):
+    """``--base-url http://HOST:PORT/v1`` (the usual OpenAI base URL) is the server's root: /v1 is not doubled."""
+    out = tmp_path / "serve_v1.json"
+    run_bench("serve", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25", "--max-model-len", "2048",
+              "--launch", "--base-url", f"http://127.0.0.1:{free_port}/v1/", "--num-prompts", "2", "--input-len", "8",
+              "--output-len", "3", "--output-json", str(out))
+    record = load(out)
+    assert record["config"]["benchmark"]["base_url"] == f"http://127.0.0.1:{free_port}"
+    assert record["results"]["brigade"]["completed"] == 2

@@ -169,10 +169,11 @@ def test_help_has_no_log_lines():
     assert result.stderr == ""
 
 
-def test_kv_cache_memory_beyond_ram_is_refused_before_loading(smollm2_path):
+def test_kv_cache_memory_beyond_ram_is_refused_before_loading(smollm2_path, free_port):
     """On the CPU the KV pool lives in RAM: asking for more than the machine has is one line, up front."""
-    proc = subprocess.run([*brigade_command(), "serve", str(smollm2_path), "--kv-cache-memory", "100000"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*brigade_command(), "serve", str(smollm2_path), "--kv-cache-memory", "100000",
+                           "--host", "127.0.0.1", "--port", str(free_port)], capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "--kv-cache-memory 100000 GiB is more than this machine's" in errors[0]

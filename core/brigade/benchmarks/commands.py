@@ -12,7 +12,6 @@ import itertools
 import logging
 import math
 import os
-import sys
 from urllib.parse import urlparse
 
 import torch
@@ -136,9 +135,8 @@ def run_latency(args: argparse.Namespace) -> int:
     try:
         max_len = llm.config.model_config.max_model_len
         if args.input_len + args.output_len > max_len:
-            print(f"brigade bench latency: --input-len + --output-len exceeds the max model length {max_len}",
-                  file=sys.stderr)
-            return 2
+            raise ConfigError(f"--input-len {args.input_len} + --output-len {args.output_len} exceeds the max model "
+                              f"length {max_len}")
         runner = BrigadeLatencyRunner(llm.engine, platform.synchronize)
         vocab = prompt_vocab_size(hf_config.vocab_size, llm.get_tokenizer())
         make = batch_maker(vocab)
@@ -197,22 +195,28 @@ def _server_facts(base_url: str, api_key: str | None, served_name: str | None) -
     if served_name:
         return served_name, version
     resp = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=10.0)
-    resp.raise_for_status()
-    return resp.json()["data"][0]["id"], version
+    if resp.status_code in (401, 403):
+        raise ConfigError(f"the server at {base_url} refused GET /v1/models ({resp.status_code}); pass its key "
+                          "with --api-key or $BRIGADE_API_KEY")
+    try:
+        resp.raise_for_status()
+        return resp.json()["data"][0]["id"], version
+    except (httpx.HTTPStatusError, ValueError, KeyError, IndexError, TypeError):
+        raise ConfigError(f"GET {base_url}/v1/models gave no model (HTTP {resp.status_code}); is --base-url an "
+                          "OpenAI-compatible server? Or name the model with --served-model-name") from None
 
 
 def run_serve(args: argparse.Namespace, serve_engine_argv: list[str]) -> int:
     """``brigade bench serve``; ``serve_engine_argv`` are the engine flags to launch the server with."""
     from brigade.benchmarks.launcher import ServerProcess
     from brigade.benchmarks.serve import run_serve_benchmark, serve_metrics
+    from brigade.entrypoints.cli.engine_args import check_tokenizer_dir, model_path
     from brigade.model_executor.loader import get_hf_config
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
-    model_dir = getattr(args, "model_tag", None) or args.model
-    if not model_dir:
-        print("brigade bench serve: pass MODEL (a local model directory): its config.json gives the vocabulary "
-              "for the token-id prompts", file=sys.stderr)
-        return 2
+    model_dir = model_path(args)  # its config.json gives the vocabulary of the token-id prompts
+    if args.tokenizer is not None and not args.skip_tokenizer_init:
+        check_tokenizer_dir(args.tokenizer)
     seed = 0 if args.seed is None else args.seed
     hf_config = get_hf_config(model_dir)
     max_len = args.max_model_len or getattr(hf_config, "max_position_embeddings", None)

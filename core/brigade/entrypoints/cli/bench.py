@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlparse
 
@@ -63,18 +64,60 @@ def _add_engine_args(parser: argparse.ArgumentParser, plugin_choices) -> None:
     parser.set_defaults(bench_engine_actions=actions)
 
 
+def _int(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least {least}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+    return value
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    """argparse type: an int of at least 1."""
+    return _int(text, 1)
+
+
+def _non_negative_int(text: str) -> int:
+    """argparse type: an int of at least 0."""
+    return _int(text, 0)
+
+
+def _positive_float(text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:  # also refuses nan and -inf
+        raise argparse.ArgumentTypeError(f"must be a positive number of {what}, got {text!r}")
     return value
 
 
 def _rate(text: str) -> float:
-    value = float(text)
-    if not (value > 0 or math.isinf(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive number of requests/s or inf, got {text}")
-    return value
+    """argparse type: requests/s, positive or inf."""
+    return _positive_float(text, "requests/s or inf")
+
+
+def _seconds(text: str) -> float:
+    """argparse type: a positive number of seconds."""
+    return _positive_float(text, "seconds")
+
+
+def _base_url(text: str) -> str:
+    """argparse type: the server's root URL, ``http(s)://HOST[:PORT]``. A trailing ``/v1`` (the usual OpenAI
+    base URL) is dropped, as the benchmark adds ``/v1/...`` itself; any other path is refused."""
+    expected = "give http(s)://HOST:PORT, e.g. http://127.0.0.1:8000"
+    url = urlparse(text.strip())
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL; {expected}")
+    try:
+        url.port
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} has a bad port; {expected}") from None
+    if url.path.rstrip("/") not in ("", "/v1") or url.query or url.fragment or url.params:
+        raise argparse.ArgumentTypeError(f"{text!r} has a path; {expected} (a trailing /v1 is accepted too)")
+    return f"{url.scheme}://{url.netloc}"
 
 
 def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = None) -> argparse.ArgumentParser:
@@ -98,7 +141,7 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
                         "medians; both stay loaded, so on a GPU lower --gpu-memory-utilization (default 1)")
     _add_output_args(t)
     _add_engine_args(t, plugin_choices)
-    t.set_defaults(run=_run_throughput)
+    t.set_defaults(run=_one_line_config_errors(_run_throughput, t))
 
     lat = commands.add_parser("latency", help="latency, TTFT and TPOT of one batch",
                               description="End-to-end latency, TTFT and TPOT of one batch of random prompts.")
@@ -107,7 +150,7 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
                      help="random prompt tokens per request (default %(default)s)")
     lat.add_argument("--output-len", type=_positive_int, default=128,
                      help="tokens generated per request, ignoring EOS (default %(default)s)")
-    lat.add_argument("--num-iters-warmup", type=int, default=10,
+    lat.add_argument("--num-iters-warmup", type=_non_negative_int, default=10,
                      help="untimed batches first (default %(default)s)")
     lat.add_argument("--num-iters", type=_positive_int, default=30,
                      help="timed batches; the report gives mean, median and p99 over them (default %(default)s)")
@@ -115,23 +158,25 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
                      help="also time HF generate on the same batches")
     _add_output_args(lat)
     _add_engine_args(lat, plugin_choices)
-    lat.set_defaults(run=_run_latency)
+    lat.set_defaults(run=_one_line_config_errors(_run_latency, lat))
 
     s = commands.add_parser("serve", help="online serving: Poisson arrivals of streaming completions",
                             description="Streaming /v1/completions with token-id prompts and ignore_eos against "
                                         "--base-url, or a server started with --launch and the engine flags.")
     _add_dataset_args(s, input_len=1024, output_len=128, num_prompts=1000)
-    s.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server (default %(default)s)")
+    s.add_argument("--base-url", type=_base_url, default="http://127.0.0.1:8000",
+                   help="the server's root URL; a trailing /v1 is dropped (default %(default)s)")
     s.add_argument("--launch", action="store_true",
                    help="start `brigade serve` with the engine flags at --base-url's host and port, then stop it")
-    s.add_argument("--launch-timeout", type=float, default=600.0, help="seconds to wait for the launched server")
+    s.add_argument("--launch-timeout", type=_seconds, default=600.0,
+                   help="seconds to wait for the launched server (default %(default)s)")
     s.add_argument("--request-rate", type=_rate, default=float("inf"),
                    help="mean arrivals per second of a Poisson process; inf sends all at once (default)")
     s.add_argument("--max-concurrency", type=_positive_int, default=None, help="most requests in flight")
     s.add_argument("--api-key", default=None, help="Bearer key for /v1 (default: $BRIGADE_API_KEY)")
     _add_output_args(s)
     _add_engine_args(s, plugin_choices)
-    s.set_defaults(run=_run_serve)
+    s.set_defaults(run=_one_line_config_errors(_run_serve, s))
     return parser
 
 
@@ -150,6 +195,22 @@ def _add_output_args(parser: argparse.ArgumentParser) -> None:
                         help="where to write the JSON record (default: benchmarks/results/<timestamp>-<kind>.json)")
 
 
+def _one_line_config_errors(run, parser: argparse.ArgumentParser):
+    """``run``, with a ConfigError printed as one line in the name of the subcommand that got the flags
+    (``brigade bench latency: error: ...``, exit 2), as for a bad flag, rather than of ``bench``."""
+
+    def guarded(args: argparse.Namespace) -> int:
+        from brigade.config import ConfigError
+
+        try:
+            return run(args)
+        except ConfigError as exc:
+            print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+            return 2
+
+    return guarded
+
+
 def _run_throughput(args: argparse.Namespace) -> int:
     from brigade.benchmarks.commands import run_throughput
 
@@ -164,9 +225,8 @@ def _run_latency(args: argparse.Namespace) -> int:
 
 def _run_serve(args: argparse.Namespace) -> int:
     from brigade.benchmarks.commands import run_serve
+    from brigade.config import ConfigError
 
-    parsed = urlparse(args.base_url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        print(f"brigade bench serve: --base-url {args.base_url!r} is not an http(s) URL", flush=True)
-        return 2
+    if args.launch and urlparse(args.base_url).scheme != "http":
+        raise ConfigError(f"--launch starts a plain-HTTP server; give an http:// --base-url, not {args.base_url!r}")
     return run_serve(args, engine_argv(args, args.bench_engine_actions))

@@ -21,6 +21,9 @@ DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 KV_CACHE_DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
 KV_TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config")
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+# A folder holding any of these (or a *.tiktoken file) may hold a tokenizer transformers can load.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model", "sentencepiece.bpe.model")
 # Keys of the plugin_choices mapping (brigade.plugins.plugin_choices() returns exactly these).
 PLUGIN_KINDS = ("quantization", "attention_backend", "kv_connector", "io_processor")
 _CHOICES_DEST = "_brigade_plugin_choices"
@@ -99,12 +102,20 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
                    help="uni (default): the worker in the engine process; mp: in its own process")
 
 
-def _model_path(args: argparse.Namespace) -> str:
+def model_path(args: argparse.Namespace) -> str:
+    """The model directory of parsed engine flags (MODEL or --model).
+
+    Raises:
+        ConfigError: none given, both given and different, or it does not exist; the message shows the
+            command's own usage (``brigade bench latency MODEL``).
+    """
     positional, flag = getattr(args, "model_tag", None), args.model
     if positional and flag and positional != flag:
         raise ConfigError(f"MODEL {positional!r} and --model {flag!r} disagree; give the model once")
     model = positional or flag
     command = getattr(args, "command", None) or "serve"
+    if command == "bench" and getattr(args, "bench_command", None):
+        command = f"bench {args.bench_command}"
     usage = "brigade generate PROMPT MODEL" if command == "generate" else f"brigade {command} MODEL"
     if not model:
         raise ConfigError(f"no model given; pass an HF-format model directory: {usage} (or --model MODEL)")
@@ -163,15 +174,33 @@ def _set(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
+def check_tokenizer_dir(path: str, flag: str = "--tokenizer") -> None:
+    """A cheap look before any tokenizer loads: ``path`` must be a folder holding one of ``TOKENIZER_FILES``
+    (or a ``*.tiktoken`` file), else transformers fails later with a long message suggesting packages to install.
+
+    Raises:
+        ConfigError: naming the flag, the folder and the files looked for.
+    """
+    if not os.path.isdir(path):
+        raise ConfigError(f"{flag} {path!r} is not a folder; give the folder holding tokenizer.json "
+                          "or tokenizer_config.json")
+    try:
+        names = os.listdir(path)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path!r} cannot be read ({exc.strerror or exc})") from None
+    if not any(name in TOKENIZER_FILES or name.endswith(".tiktoken") for name in names):
+        raise ConfigError(f"{flag} {path!r}: no tokenizer files ({', '.join(TOKENIZER_FILES)}) in that folder; "
+                          "give the folder holding them")
+
+
 def _check_paths(args: argparse.Namespace) -> None:
     """Flags naming files or folders must name existing ones (Brigade never fetches from a hub).
 
     ``--chat-template`` takes a file or the template text itself: a value with no Jinja markup (``{{``,
     ``{%``, ``{#``) that is not a file is a path with a typo, not a template.
     """
-    if args.tokenizer is not None and not os.path.isdir(args.tokenizer):
-        raise ConfigError(f"--tokenizer {args.tokenizer!r} is not a folder; give the folder holding tokenizer.json "
-                          "or tokenizer_config.json")
+    if args.tokenizer is not None and not args.skip_tokenizer_init:
+        check_tokenizer_dir(args.tokenizer)
     gen = args.generation_config
     if gen not in (None, "auto", "none", "vllm") and not os.path.isdir(gen):
         raise ConfigError(f"--generation-config {gen!r} is not a folder; use auto, none or the folder holding "
@@ -201,7 +230,7 @@ def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
         ConfigError: one line naming the flag and what would be right.
     """
     choices: Mapping[str, Sequence[str]] = getattr(args, _CHOICES_DEST, None) or {}
-    model = _model_path(args)
+    model = model_path(args)
     if args.dtype not in DTYPE_CHOICES:
         raise ConfigError(f"--dtype {args.dtype!r} is not known; use one of {', '.join(DTYPE_CHOICES)}")
     if args.kv_cache_dtype not in KV_CACHE_DTYPE_CHOICES:
@@ -216,6 +245,9 @@ def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
     if args.num_gpu_blocks_override is not None and args.num_gpu_blocks_override < 1:
         raise ConfigError(f"--num-gpu-blocks-override must be at least 1, got {args.num_gpu_blocks_override}")
     _check_paths(args)
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise ConfigError(f"--served-model-name {args.served_model_name!r} is empty; give the name clients send "
+                          "as \"model\", or leave the flag out to use the model directory's name")
     model_config = ModelConfig(**_set(dict(
         model=model, tokenizer=args.tokenizer, served_model_name=args.served_model_name, dtype=args.dtype,
         max_model_len=args.max_model_len, seed=args.seed, load_format=args.load_format,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -32,21 +33,24 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
 
 
 def check(args: argparse.Namespace) -> None:
-    """What ``run`` checks first, and the flags checked against the model's config.json (``--max-model-len``,
-    the architecture), run by ``brigade``'s main before the start-up log begins, so a bad flag prints one line.
+    """Every check that needs no engine: the flags, then the platform's and the model's limits on them
+    (``prepare_config`` on a copy: ``--kv-cache-memory`` against the RAM on the CPU, ``--max-model-len``
+    against config.json, the architecture). ``brigade``'s main runs it before the start-up log begins, and
+    ``run`` before the port is bound, so a bad flag prints one line and a busy port never hides it.
 
     Raises:
         ConfigError: naming the bad flag and what would be right.
     """
     import copy
 
-    from brigade.model_executor.loader import get_hf_config, get_model_class
+    from brigade.engine.core import prepare_config
+    from brigade.model_executor.loader import get_model_class
 
     config = runnable_config_from_args(args)
     settings_from_args(args)
-    hf_config = get_hf_config(config.model_config.model)
+    hf_config = prepare_config(copy.deepcopy(config))
     get_model_class(hf_config)
-    copy.deepcopy(config).resolve(hf_config)
+    args.serve_checked = True
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +64,24 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     h.add_argument("--disable-log-requests", action="store_true", help="do not log each request")
     h.add_argument("--shutdown-timeout", type=float, default=5.0, metavar="SECONDS",
                    help="how long in-flight requests may finish after SIGTERM (default 5)")
+    for flag, what in (("--allowed-origins", "origins"), ("--allowed-methods", "methods"),
+                       ("--allowed-headers", "headers")):
+        h.add_argument(flag, type=_json_string_list(flag), default=["*"], metavar="JSON",
+                       help=f'CORS: the {what} browsers may use, a JSON list of strings (default ["*"])')
+    h.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (cookies, auth)")
+
+
+def _json_string_list(flag: str):
+    """An argparse type: a JSON list of strings, as vLLM's CORS flags take (e.g. '["https://a.example"]')."""
+    def parse(text: str) -> list[str]:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise argparse.ArgumentTypeError(f'{flag} takes a JSON list of strings such as \'["*"]\', got {text!r}')
+        return value
+    return parse
 
 
 def settings_from_args(args: argparse.Namespace):
@@ -75,7 +97,9 @@ def settings_from_args(args: argparse.Namespace):
         raise ConfigError(f"--shutdown-timeout must be non-negative seconds, got {args.shutdown_timeout}")
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     return ServerSettings(host=args.host, port=args.port, api_key=api_key, uvicorn_log_level=args.uvicorn_log_level,
-                          log_requests=not args.disable_log_requests, shutdown_timeout_s=args.shutdown_timeout)
+                          log_requests=not args.disable_log_requests, shutdown_timeout_s=args.shutdown_timeout,
+                          allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,
+                          allowed_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
 
     load_plugins("api")
     try:
-        config = runnable_config_from_args(args)  # the engine refuses what it cannot run too, but after start-up
+        if not getattr(args, "serve_checked", False):  # brigade's main has run it already
+            check(args)
+        config = runnable_config_from_args(args)
         settings = settings_from_args(args)
     except ConfigError as exc:
         print(f"brigade serve: error: {exc}", file=sys.stderr)

@@ -3,7 +3,8 @@
 The API server process only parses, renders chat templates, tokenizes and streams; the EngineCore runs
 in its own process behind AsyncLLM, so no route ever waits on model work (DESIGN.md). Routes follow
 API.md: /v1/completions, /v1/chat/completions, /v1/models and /v1/models/{id} (API key checked on /v1/*), and /health,
-/version, /tokenize, /detokenize, /metrics. Endpoint plugins the operator allowed are mounted last.
+/version, /tokenize, /detokenize, /metrics. Endpoint plugins the operator allowed are mounted last. CORS
+preflights are answered with vLLM's defaults (any origin, method and header; no credentials).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import logging
 import socket
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from brigade.config import BrigadeConfig
@@ -58,6 +60,14 @@ class ServerSettings:
     log_requests: bool = True
     shutdown_timeout_s: float = 5.0
     """How long in-flight requests may run on after SIGTERM before they are cut."""
+    allowed_origins: list[str] = field(default_factory=lambda: ["*"])
+    """CORS (vLLM's ``--allowed-origins``): origins whose browsers may call the API; preflights are answered."""
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    """CORS ``--allowed-methods``."""
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+    """CORS ``--allowed-headers``."""
+    allow_credentials: bool = False
+    """CORS ``--allow-credentials``."""
 
 
 class APIKeyMiddleware:
@@ -87,7 +97,7 @@ def _plugin_stat_loggers(config: BrigadeConfig) -> list[StatLoggerBase]:
     """Instantiate every stat logger a loaded plugin registered (``logger_cls(config)``)."""
     from brigade.plugins import registries
 
-    return [registries.stat_loggers.get(name)(config) for name in registries.stat_loggers.names()]
+    return [registries.stat_loggers.create(name, config) for name in registries.stat_loggers.names()]
 
 
 def _mount_endpoint_plugins(app: FastAPI) -> list[str]:
@@ -96,15 +106,14 @@ def _mount_endpoint_plugins(app: FastAPI) -> list[str]:
     Each factory gets ``app.state`` (``engine_client``, ``api_key``, ...). A factory that fails is fatal:
     the operator named the plugin, so serving without it would be silent degradation.
     """
-    from brigade.plugins import registries, select_endpoints
+    from brigade.plugins import PluginLoadError, registries, select_endpoints
 
     mounted = []
     for registration in select_endpoints(SUPPORTED_TASKS):
-        factory = registries.endpoints.get(registration.name)
-        router = factory(app.state)
+        router = registries.endpoints.create(registration.name, app.state)
         if not isinstance(router, APIRouter):
-            raise TypeError(f"endpoint plugin {registration.name!r} returned {type(router).__name__}, "
-                            "not a fastapi.APIRouter")
+            raise PluginLoadError(f"endpoint plugin {registration.name!r} ({registration.source.describe()}) "
+                                  f"returned {type(router).__name__}, not a fastapi.APIRouter")
         app.include_router(router)
         mounted.append(registration.name)
         logger.info("mounted endpoint plugin %r (%s)", registration.name, registration.source.describe())
@@ -128,7 +137,8 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     drain = Drain()
     common = dict(served_model_name=served_name, tokenizer_executor=tokenizer_executor,
                   generation_defaults=load_generation_defaults(config.model_config),
-                  log_requests=settings.log_requests, drain=drain)
+                  log_requests=settings.log_requests, drain=drain,
+                  scheduling_policy=config.scheduler_config.policy)
     completion = OpenAIServingCompletion(engine, **common)
     chat = OpenAIServingChat(engine, **common)
     tokenization = OpenAIServingTokenization(chat)
@@ -152,6 +162,10 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     install_error_handlers(app, EngineDeadError)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+    # Added last, so outermost: preflights are answered before the key check, and 401s carry CORS headers.
+    app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins,
+                       allow_methods=settings.allowed_methods, allow_headers=settings.allowed_headers,
+                       allow_credentials=settings.allow_credentials)
 
     @app.get("/health")
     async def health() -> Response:

@@ -8,6 +8,7 @@ model or route, 503 while the engine is dead, 500 only for a bug.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
@@ -151,8 +152,10 @@ def _quoted_input(value: object) -> str:
     return f", got {shown}"
 
 
-def error_json(error: OpenAIError) -> JSONResponse:
-    return JSONResponse(status_code=error.status_code, content=error.to_response().model_dump())
+def error_json(error: OpenAIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """``error`` as its JSON body and status; ``headers`` (e.g. a 405's ``Allow``) are sent with it."""
+    return JSONResponse(status_code=error.status_code, content=error.to_response().model_dump(),
+                        headers=dict(headers) if headers else None)
 
 
 _STATUS_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
@@ -186,7 +189,8 @@ def install_error_handlers(app: FastAPI, engine_dead_error: type[BaseException] 
         message = exc.detail if isinstance(exc.detail, str) else _status_phrase(exc.status_code)
         kind = _STATUS_TYPES.get(exc.status_code, "invalid_request_error" if exc.status_code < 500
                                  else "server_error")
-        return error_json(OpenAIError(message, status_code=exc.status_code, type=kind))
+        # The exception's headers are part of the answer: a 405's Allow, a 401's WWW-Authenticate.
+        return error_json(OpenAIError(message, status_code=exc.status_code, type=kind), exc.headers)
 
     async def on_engine_dead(_: Request, exc: BaseException) -> JSONResponse:
         return error_json(OpenAIError.engine_dead(str(exc)))

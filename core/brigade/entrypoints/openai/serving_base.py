@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import uuid
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from brigade.config import ModelConfig
 from brigade.engine.async_llm import EngineDeadError
+from brigade.engine.input_processor import validate_plugin_logits_processors
 from brigade.entrypoints.openai.errors import OpenAIError, from_invalid_param, from_validation_error
 from brigade.entrypoints.openai.protocol import SamplingFields, parse_json_body
 from brigade.entrypoints.openai.shutdown import Drain
@@ -49,6 +52,41 @@ def load_generation_defaults(model_config: ModelConfig) -> dict[str, Any]:
     if defaults:
         logger.info("default sampling parameters from %s: %s", path, defaults)
     return defaults
+
+
+_MAX_TOKEN_CHARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def max_token_chars(tokenizer: Any) -> int | None:
+    """The most characters of prompt text one token can cover, computed once per tokenizer (cached).
+
+    A prompt of C characters is then at least ceil(C / L) tokens, known without tokenizing it. L is the
+    longest token string of the vocabulary and of the added/special tokens' contents. A vocabulary string
+    is never shorter than the text its token decodes to (byte-level BPE writes one character per byte,
+    SentencePiece writes "\u2581" for a space; byte-fallback and WordPiece markers only add characters),
+    and reading it is one dict walk, not one decode per token.
+
+    Returns:
+        L, or None when the tokenizer cannot say (no pre-check is made then).
+    """
+    try:
+        return _MAX_TOKEN_CHARS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    try:
+        longest = max((len(piece) for piece in tokenizer.get_vocab()), default=0)
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        longest = max([longest, *(len(str(getattr(t, "content", t))) for t in added.values())])
+    except Exception:  # an unusual tokenizer: tokenizing stays the only length check
+        logger.warning("cannot bound characters per token for %s; long prompts are tokenized before the "
+                       "length check", type(tokenizer).__name__, exc_info=True)
+        return None
+    result = longest if longest > 0 else None
+    try:
+        _MAX_TOKEN_CHARS[tokenizer] = result
+    except TypeError:  # not weak-referenceable: computed again for the next handler
+        pass
+    return result
 
 
 async def parse_request(raw_request: Request, model_cls: type[BaseModel]) -> Any:
@@ -151,10 +189,13 @@ class OpenAIServing:
         generation_defaults: sampling defaults from generation_config.json.
         log_requests: log each request's id, prompt length and parameters at INFO.
         drain: the server's shutdown Drain; engine iterators are cut through it at the shutdown timeout.
+        scheduling_policy: the engine's ``--scheduling-policy`` ("fcfs" or "priority"); a nonzero
+            ``priority`` is refused under fcfs, as vLLM does.
     """
 
     def __init__(self, engine: Any, *, served_model_name: str, tokenizer_executor: ThreadPoolExecutor,
-                 generation_defaults: dict[str, Any], log_requests: bool = True, drain: Drain | None = None):
+                 generation_defaults: dict[str, Any], log_requests: bool = True, drain: Drain | None = None,
+                 scheduling_policy: str = "fcfs"):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.max_model_len: int = engine.max_model_len
@@ -163,13 +204,17 @@ class OpenAIServing:
         self.generation_defaults = generation_defaults
         self.log_requests = log_requests
         self.drain = drain
+        self.scheduling_policy = scheduling_policy
+        # Characters one token covers at most, for refusing huge prompts without tokenizing them.
+        self.max_token_chars = max_token_chars(self.tokenizer) if self.tokenizer is not None else None
         # Without a tokenizer (--skip-tokenizer-init) prompts are token ids checked against the model's vocab.
         self.vocab_size = len(self.tokenizer) if self.tokenizer is not None else engine.hf_config.vocab_size
 
     # ---- checks --------------------------------------------------------------------------------------
     async def check_request(self, request: BaseModel) -> None:
         """404 for another model, 503 for a dead engine (so a stream fails before it starts), 400 for
-        ``stream_options`` without ``stream`` (as OpenAI and vLLM); warns about fields this server ignores.
+        ``stream_options`` without ``stream`` (as OpenAI and vLLM) and for ``priority`` / ``cache_salt`` values
+        vLLM refuses; warns about fields this server ignores.
 
         Raises:
             OpenAIError: 404, 503 or 400.
@@ -185,6 +230,38 @@ class OpenAIServing:
             logger.warning("ignoring unknown request fields: %s", sorted(request.model_extra))
         if getattr(request, "stream_options", None) is not None and not getattr(request, "stream", False):
             raise OpenAIError.bad_param("stream_options can only be given with stream=true", "stream_options")
+        self._check_scheduling_fields(request)
+
+    def _check_scheduling_fields(self, request: BaseModel) -> None:
+        """``priority`` needs ``--scheduling-policy priority`` unless it is 0; ``cache_salt`` must not be "".
+
+        Raises:
+            OpenAIError: 400 naming priority or cache_salt.
+        """
+        priority = getattr(request, "priority", 0)
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise OpenAIError.bad_param(
+                f"priority is only supported with --scheduling-policy priority; this server schedules "
+                f"{self.scheduling_policy}, got priority {priority}", "priority")
+        if getattr(request, "cache_salt", None) == "":
+            raise OpenAIError.bad_param("cache_salt must be a non-empty string if given", "cache_salt")
+
+    def check_text_length(self, num_chars: int, param: str) -> None:
+        """Refuse, without tokenizing, a prompt text that is certainly too long: ``num_chars`` characters
+        are at least ceil(num_chars / max_token_chars) tokens (max_token_chars()).
+
+        Raises:
+            OpenAIError: 400 naming ``param`` when that many tokens leave no room in max_model_len (the
+                same refusal check_length makes once the prompt is tokenized, saying "at least").
+        """
+        if not self.max_token_chars:
+            return
+        at_least = math.ceil(num_chars / self.max_token_chars)
+        if at_least >= self.max_model_len:
+            raise OpenAIError.bad_param(
+                f"This model's maximum context length is {self.max_model_len} tokens; the prompt has at least "
+                f"{at_least} tokens ({num_chars} characters), which leaves no room for output. Shorten the "
+                "prompt.", param)
 
     def check_length(self, num_prompt_tokens: int, max_tokens: int | None, *, prompt_param: str,
                      max_tokens_param: str, max_tokens_defaulted: bool = False) -> int:
@@ -254,17 +331,20 @@ class OpenAIServing:
         fields = {**self.generation_defaults, **given}
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         try:
-            return SamplingParams(
+            params = SamplingParams(
                 n=request.n, seed=request.seed, max_tokens=max_tokens, min_tokens=request.min_tokens,
-                stop=stop, stop_token_ids=list(request.stop_token_ids or []), ignore_eos=request.ignore_eos,
-                logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                stop=stop, stop_token_ids=self._checked_token_ids(list(request.stop_token_ids or []),
+                                                                  "stop_token_ids"),
+                ignore_eos=request.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                 include_stop_str_in_output=request.include_stop_str_in_output,
                 skip_special_tokens=request.skip_special_tokens,
                 spaces_between_special_tokens=request.spaces_between_special_tokens,
                 logit_bias=request.logit_bias_by_id(self.vocab_size),
                 allowed_token_ids=self._checked_token_ids(request.allowed_token_ids, "allowed_token_ids"),
-                bad_words=request.bad_words, structured_outputs=structured_outputs, extra_args=request.vllm_xargs,
-                output_kind=RequestOutputKind.DELTA, **fields)
+                bad_words=self._checked_bad_words(request.bad_words), structured_outputs=structured_outputs,
+                extra_args=request.vllm_xargs, output_kind=RequestOutputKind.DELTA, **fields)
+            validate_plugin_logits_processors(params, self.vocab_size)  # as the engine would, but before a stream
+            return params
         except InvalidParamError as exc:
             raise from_invalid_param(exc) from None
 
@@ -283,6 +363,13 @@ class OpenAIServing:
         except InvalidParamError as exc:
             raise OpenAIError.bad_param(str(exc), exc.param or param) from None
         return constraint
+
+    @staticmethod
+    def _checked_bad_words(words: list[str] | None) -> list[str] | None:
+        """Raises OpenAIError: 400 naming bad_words when one is empty (it would match nothing; vLLM refuses it)."""
+        if words is not None and any(not w for w in words):
+            raise OpenAIError.bad_param("bad_words must be non-empty strings", "bad_words")
+        return words
 
     def _checked_token_ids(self, token_ids: list[int] | None, param: str) -> list[int] | None:
         if token_ids is not None and any(not 0 <= t < self.vocab_size for t in token_ids):

@@ -44,15 +44,17 @@ class OpenAIServingChat(OpenAIServing):
     async def render_messages(self, messages: list[ChatMessage], *, add_generation_prompt: bool,
                               continue_final_message: bool = False, add_special_tokens: bool = False,
                               template_kwargs: dict[str, Any] | None = None,
-                              tool_plan: ToolPlan | None = None) -> list[int]:
+                              tool_plan: ToolPlan | None = None, length_param: str | None = None) -> list[int]:
         """Messages -> prompt token ids, through the chat template, on the tokenizer thread.
 
         ``add_special_tokens`` is False by default: the template already writes BOS and the role markers.
         ``tool_plan``'s tools go to a template that reads ``tools``; one that does not gets them described
-        in the system message (tool_calls.prepare_conversation).
+        in the system message (tool_calls.prepare_conversation). With ``length_param``, a rendered text
+        certainly too long for the model is refused before it is tokenized (check_text_length).
 
         Raises:
-            OpenAIError: 400 for no messages, non-text content, no template, or a template error.
+            OpenAIError: 400 for no messages, non-text content, no template, a template error, or (with
+                ``length_param``, naming it) a prompt certainly too long.
         """
         if not messages:
             raise OpenAIError.bad_param("messages must hold at least one message", "messages")
@@ -77,6 +79,8 @@ class OpenAIServingChat(OpenAIServing):
                 conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, chat_template=self.chat_template, tools=tools,
                 **(template_kwargs or {}))
+            if length_param is not None:
+                self.check_text_length(len(text), length_param)
             return self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
 
         try:
@@ -99,7 +103,7 @@ class OpenAIServingChat(OpenAIServing):
             request.messages, add_generation_prompt=request.add_generation_prompt and not
             request.continue_final_message, continue_final_message=request.continue_final_message,
             add_special_tokens=request.add_special_tokens, template_kwargs=request.chat_template_kwargs,
-            tool_plan=plan)
+            tool_plan=plan, length_param="messages")
         wanted, param = request.wanted_max_tokens()
         max_tokens = self.check_length(len(prompt_ids), wanted, prompt_param="messages", max_tokens_param=param)
         params = self.sampling_params(request, max_tokens=max_tokens, logprobs=num_logprobs,

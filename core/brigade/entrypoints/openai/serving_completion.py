@@ -72,6 +72,12 @@ class OpenAIServingCompletion(OpenAIServing):
         return json_response(response)
 
     async def _prompt_inputs(self, request: CompletionRequest) -> list[PromptInput]:
+        """Every prompt of the request as text and token ids; texts certainly too long are refused before
+        any is tokenized (check_text_length), so a huge prompt never holds the tokenizer thread.
+
+        Raises:
+            OpenAIError: 400 naming prompt (empty, out of vocabulary, too long).
+        """
         prompt = request.prompt
         if isinstance(prompt, str):
             raw: list[str | list[int]] = [prompt]
@@ -81,10 +87,13 @@ class OpenAIServingCompletion(OpenAIServing):
             raw = list(prompt)
         if not raw:
             raise OpenAIError.bad_param("prompt must not be empty", "prompt")
-        inputs = []
         for item in raw:
             if not item:
                 raise OpenAIError.bad_param("prompt must not be empty (nor hold an empty prompt)", "prompt")
+            if isinstance(item, str):
+                self.check_text_length(len(item), "prompt")
+        inputs = []
+        for item in raw:
             if isinstance(item, str):
                 token_ids = await self.tokenize(item, add_special_tokens=request.add_special_tokens)
                 if not token_ids:
