@@ -9,7 +9,9 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 BRIGADE_LOGGING_LEVEL=WARNING
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e builtin_platforms/cuda 2>&1 | tail -3
 M=benchmarks/configs/llama-3.1-8b
 C="--load-format dummy --dtype bfloat16 --skip-tokenizer-init"
-run() { echo "+ $*"; timeout ${STEP_TIMEOUT:-150} "$@" 2>&1 | grep -v -i "warn\|deprecat" | tail -${TAIL:-25}; }
+# Python's own warnings (torch, transformers) are filtered out; Brigade's WARNING log lines (the compile
+# watch's "compiling a new variant ... while serving") are kept.
+run() { echo "+ $*"; timeout ${STEP_TIMEOUT:-150} "$@" 2>&1 | grep -v -E "Warning: |warnings\.warn|[Dd]eprecat" | tail -${TAIL:-25}; }
 # lat NAME [VAR=VALUE ...]: the batch-1 latency benchmark (3 iterations, batch-1 graphs only) under that
 # environment, results in $out/latency_NAME.json.
 lat() { local name=$1; shift; STEP_TIMEOUT=${STEP_TIMEOUT:-70} TAIL=2 run env "$@" brigade bench latency $M $C \
