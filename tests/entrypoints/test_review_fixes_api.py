@@ -161,6 +161,8 @@ def test_cors_flags_limit_the_origins(smollm2_path):
     ({"cache_salt": ""}, "cache_salt"),
     ({"bad_words": [""]}, "bad_words"),
     ({"bad_words": ["ok", ""]}, "bad_words"),
+    ({"bad_words": [f"w{i}" for i in range(4097)]}, "bad_words"),  # more than MAX_BAD_WORDS
+    ({"bad_words": ["a" * 3_000_000]}, "bad_words"),  # certainly longer than any output of this context
 ])
 @pytest.mark.parametrize("route", ["completions", "chat"])
 def test_values_vllm_refuses_are_a_400(client, extra, param, route):
@@ -179,3 +181,39 @@ def test_accepted_values_still_served(client):
     out = client.completions.create(model=MODEL, prompt="Hello", max_tokens=2,
                                     extra_body={"priority": 0, "cache_salt": "tenant-a", "bad_words": ["zebra"]})
     assert out.choices[0].finish_reason in ("length", "stop")
+
+
+def test_thousands_of_bad_words_are_tokenized_off_the_event_loop(client, server):
+    # 4096 words (the most accepted), tokenized on the tokenizer thread in linear time; /health answers meanwhile
+    # (they used to be tokenized on the event loop with a quadratic duplicate check: 16k words held every
+    # request for 8 s, 200k froze the server).
+    import threading
+
+    words = [f"zq{i}x" for i in range(4096)]
+    done = {}
+
+    def ask():
+        done["out"] = client.completions.create(model=MODEL, prompt="Hello", max_tokens=2,
+                                                extra_body={"bad_words": words})
+
+    worker = threading.Thread(target=ask)
+    worker.start()
+    health = httpx.get(server.url("/health"), timeout=5)
+    worker.join(timeout=120)
+    assert health.status_code == 200
+    assert done["out"].choices[0].finish_reason in ("length", "stop")
+
+
+def test_bad_words_token_ids_keep_first_seen_order_without_repeats(smollm2_path):
+    from brigade.config import ModelConfig
+    from brigade.engine.input_processor import bad_words_token_ids
+    from brigade.tokenizer import get_tokenizer
+
+    tokenizer = get_tokenizer(ModelConfig(model=str(smollm2_path)))
+    ids = bad_words_token_ids(tokenizer, ["Paris", "Paris", " Paris", "London"])
+    want = []
+    for word in ("Paris", " Paris", "London", " London"):
+        seq = tokenizer.encode(word, add_special_tokens=False)
+        if seq not in want:
+            want.append(seq)
+    assert ids == want

@@ -43,6 +43,21 @@ def child_request_id(request_id: str, index: int, n: int) -> str:
     return request_id if n == 1 else f"{index}_{request_id}"
 
 
+def bad_words_token_ids(tokenizer, words: list[str]) -> list[list[int]]:
+    """Token-id sequences of each bad word, with and without a leading space (as it appears mid-text), in
+    first-seen order without repeats. Linear in the number of words (a set holds the sequences seen): a
+    request's list of thousands of words must not cost quadratic time on a shared thread."""
+    sequences: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+    for word in words:
+        for variant in (word, " " + word.lstrip()):
+            ids = tokenizer.encode(variant, add_special_tokens=False)
+            if ids and tuple(ids) not in seen:
+                seen.add(tuple(ids))
+                sequences.append(ids)
+    return sequences
+
+
 class InputProcessor:
     """Validates and tokenizes requests for one model.
 
@@ -102,14 +117,8 @@ class InputProcessor:
                                         param=name)
 
     def bad_words_token_ids(self, words: list[str]) -> list[list[int]]:
-        """Token-id sequences of each bad word, with and without a leading space (as it appears mid-text)."""
-        sequences: list[list[int]] = []
-        for word in words:
-            for variant in (word, " " + word.lstrip()):
-                ids = self.tokenizer.encode(variant, add_special_tokens=False)
-                if ids and ids not in sequences:
-                    sequences.append(ids)
-        return sequences
+        """See the module function ``bad_words_token_ids``."""
+        return bad_words_token_ids(self.tokenizer, words)
 
     def process(self, prompt: str | list[int], params: SamplingParams, request_id: str, *,
                 priority: int = 0, cache_salt: str | None = None,
@@ -124,7 +133,7 @@ class InputProcessor:
         """
         text, token_ids = self.tokenize(prompt)
         self.validate(token_ids, params)
-        if params.bad_words and self.tokenizer is not None:
+        if params.bad_words and params.bad_words_token_ids is None and self.tokenizer is not None:
             params = msgspec.structs.replace(params, bad_words_token_ids=self.bad_words_token_ids(params.bad_words))
         arrival = time.time() if arrival_time is None else arrival_time
         children = []

@@ -15,12 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from brigade.config import ModelConfig
 from brigade.engine.async_llm import EngineDeadError
-from brigade.engine.input_processor import validate_plugin_logits_processors
+from brigade.engine.input_processor import bad_words_token_ids, validate_plugin_logits_processors
 from brigade.entrypoints.openai.errors import OpenAIError, from_invalid_param, from_validation_error
 from brigade.entrypoints.openai.protocol import SamplingFields, parse_json_body
 from brigade.entrypoints.openai.shutdown import Drain
@@ -55,6 +56,13 @@ def load_generation_defaults(model_config: ModelConfig) -> dict[str, Any]:
 
 
 _MAX_TOKEN_CHARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+MAX_LOGGED_PARAMS_CHARS = 2000  # a request's params in the request log (vLLM's --max-log-len does the same)
+MAX_BAD_WORDS = 4096  # per request: each word is tokenized twice on the server's one tokenizer thread
+
+
+def brief(text: str, limit: int = MAX_LOGGED_PARAMS_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how many were left out (long stop strings, id lists)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 def max_token_chars(tokenizer: Any) -> int | None:
@@ -364,12 +372,30 @@ class OpenAIServing:
             raise OpenAIError.bad_param(str(exc), exc.param or param) from None
         return constraint
 
-    @staticmethod
-    def _checked_bad_words(words: list[str] | None) -> list[str] | None:
-        """Raises OpenAIError: 400 naming bad_words when one is empty (it would match nothing; vLLM refuses it)."""
-        if words is not None and any(not w for w in words):
+    def _checked_bad_words(self, words: list[str] | None) -> list[str] | None:
+        """Raises OpenAIError: 400 naming bad_words when one is empty (it would match nothing; vLLM refuses it),
+        when there are more than MAX_BAD_WORDS, or when one is certainly longer than the context (it could
+        never be generated; its characters over the longest vocabulary string reach max_model_len)."""
+        if words is None:
+            return None
+        if any(not w for w in words):
             raise OpenAIError.bad_param("bad_words must be non-empty strings", "bad_words")
+        if len(words) > MAX_BAD_WORDS:
+            raise OpenAIError.bad_param(f"bad_words holds {len(words)} words; at most {MAX_BAD_WORDS} are accepted",
+                                        "bad_words")
+        longest = max(len(w) for w in words)
+        if self.max_token_chars and math.ceil(longest / self.max_token_chars) > self.max_model_len:
+            raise OpenAIError.bad_param(f"bad_words holds a word of {longest} characters, more than the "
+                                        f"{self.max_model_len} tokens of context could ever generate", "bad_words")
         return words
+
+    async def with_bad_words_ids(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with its bad words tokenized on the tokenizer thread (the engine would otherwise do it
+        on the event loop, where a long list holds every request)."""
+        if not params.bad_words or self.tokenizer is None:
+            return params
+        ids = await self.run_tokenizer(bad_words_token_ids, self.tokenizer, params.bad_words)
+        return msgspec.structs.replace(params, bad_words_token_ids=ids)
 
     def _checked_token_ids(self, token_ids: list[int] | None, param: str) -> list[int] | None:
         if token_ids is not None and any(not 0 <= t < self.vocab_size for t in token_ids):
@@ -385,7 +411,8 @@ class OpenAIServing:
                  request: SamplingFields):
         """Start one engine request; the iterator yields DELTA RequestOutputs."""
         if self.log_requests:
-            logger.info("request %s: %d prompt tokens, params=%s", request_id, len(prompt_token_ids), params)
+            logger.info("request %s: %d prompt tokens, params=%s", request_id, len(prompt_token_ids),
+                        brief(repr(msgspec.structs.replace(params, bad_words_token_ids=None))))
         outputs = self.engine.generate(prompt_token_ids, params, request_id, priority=request.priority,
                                        cache_salt=request.cache_salt)
         return outputs if self.drain is None else self.drain.guard(outputs)

@@ -106,8 +106,9 @@ class OpenAIServingChat(OpenAIServing):
             tool_plan=plan, length_param="messages")
         wanted, param = request.wanted_max_tokens()
         max_tokens = self.check_length(len(prompt_ids), wanted, prompt_param="messages", max_tokens_param=param)
-        params = self.sampling_params(request, max_tokens=max_tokens, logprobs=num_logprobs,
-                                      structured_outputs=plan.constraint() or own_constraint)
+        params = await self.with_bad_words_ids(
+            self.sampling_params(request, max_tokens=max_tokens, logprobs=num_logprobs,
+                                 structured_outputs=plan.constraint() or own_constraint))
         request_id = random_request_id("chatcmpl")
         if request.stream:
             return StreamingResponse(self._stream(request, prompt_ids, params, request_id, plan),

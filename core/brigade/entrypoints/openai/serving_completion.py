@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import msgspec
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
@@ -60,6 +61,9 @@ class OpenAIServingCompletion(OpenAIServing):
                                            max_tokens_defaulted="max_tokens" not in request.model_fields_set)
             params.append(self.sampling_params(request, max_tokens=max_tokens, logprobs=request.logprobs,
                                                prompt_logprobs=prompt_logprobs))
+        if params and params[0].bad_words:  # the same words for every prompt: tokenized once
+            first = await self.with_bad_words_ids(params[0])
+            params = [msgspec.structs.replace(p, bad_words_token_ids=first.bad_words_token_ids) for p in params]
         base_id = random_request_id("cmpl")
         request_ids = [f"{base_id}-{i}" for i in range(len(prompts))]
         if request.stream:
