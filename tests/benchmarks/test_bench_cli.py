@@ -174,3 +174,21 @@ def test_serve_accepts_an_openai_base_url_ending_in_v1(smollm2_path, tmp_path, f
     record = load(out)
     assert record["config"]["benchmark"]["base_url"] == f"http://127.0.0.1:{free_port}"
     assert record["results"]["brigade"]["completed"] == 2
+
+
+def test_serve_launch_refuses_a_port_another_server_listens_on(smollm2_path, tmp_path, free_port):
+    """A launched server could not bind there, while the health poll would reach the other one and the
+    benchmark would measure the wrong server: one line, status 1, nothing launched."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", free_port)) as other:
+        other.listen()
+        proc = subprocess.run([sys.executable, "-m", "brigade.entrypoints.cli.main", "bench", "serve",
+                               str(smollm2_path), "--launch", "--base-url", f"http://127.0.0.1:{free_port}",
+                               "--num-prompts", "2", "--output-json", str(tmp_path / "x.json")],
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"brigade bench serve: error: 127.0.0.1:{free_port} already has a server listening; stop it, or give "
+        "--base-url another port for the launched one (or drop --launch to benchmark that one)")
+    assert "Traceback" not in proc.stderr and not (tmp_path / "x.json").exists()

@@ -35,6 +35,7 @@ class ServerProcess:
         self.log_path: str | None = None
 
     def __enter__(self) -> ServerProcess:
+        self._refuse_busy_port()
         log = tempfile.NamedTemporaryFile("w", prefix="brigade-bench-serve-", suffix=".log", delete=False)
         self.log_path = log.name
         # A new session: the server and its EngineCore child are stopped together.
@@ -46,6 +47,22 @@ class ServerProcess:
             self.stop()
             raise
         return self
+
+    def _refuse_busy_port(self) -> None:
+        """Raise ServerStartError when something already listens where the server is to listen: the child
+        would fail to bind while the health poll reached the other server, benchmarking the wrong one."""
+        import socket
+        from urllib.parse import urlparse
+
+        url = urlparse(self.base_url)
+        host, port = url.hostname or "127.0.0.1", url.port or 80
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                pass
+        except OSError:
+            return  # nothing listens there: the port is free for the launched server
+        raise ServerStartError(f"{host}:{port} already has a server listening; stop it, or give --base-url "
+                               "another port for the launched one (or drop --launch to benchmark that one)")
 
     def __exit__(self, *exc_info) -> None:
         self.stop()

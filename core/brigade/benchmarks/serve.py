@@ -26,6 +26,10 @@ from brigade.benchmarks.datasets import SampleRequest
 from brigade.benchmarks.results import summarize
 
 
+class ServerUnusableError(RuntimeError):
+    """The server answered the benchmark's untimed test request with an error (wrong model name, bad key...)."""
+
+
 class _Choice(msgspec.Struct):
     text: str = ""
     finish_reason: str | None = None
@@ -137,7 +141,7 @@ async def run_serve_benchmark(base_url: str, model: str, requests: list[SampleRe
                               progress=None) -> tuple[list[RequestResult], float]:
     """Send ``requests`` with Poisson arrivals; returns (per-request results in order, duration s).
 
-    The duration runs from the first send to the last request's end. Raises RuntimeError when the
+    The duration runs from the first send to the last request's end. Raises ServerUnusableError when the
     untimed test request (2 tokens) fails, since the server is then not usable.
     """
     import httpx
@@ -151,7 +155,7 @@ async def run_serve_benchmark(base_url: str, model: str, requests: list[SampleRe
         probe = SampleRequest(requests[0].prompt_token_ids[::-1], 2)
         test = await send_request(client, url, model, probe, headers)
         if not test.success:
-            raise RuntimeError(f"the test request to {url} failed: {test.error}")
+            raise ServerUnusableError(f"the test request to {url} failed: {test.error}")
         gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
         async def one(request: SampleRequest) -> RequestResult:

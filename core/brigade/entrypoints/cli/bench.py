@@ -202,11 +202,17 @@ def _one_line_config_errors(run, parser: argparse.ArgumentParser):
     def guarded(args: argparse.Namespace) -> int:
         from brigade.config import ConfigError
 
+        from brigade.benchmarks.launcher import ServerStartError
+        from brigade.benchmarks.serve import ServerUnusableError
+
         try:
             return run(args)
         except ConfigError as exc:
             print(f"{parser.prog}: error: {exc}", file=sys.stderr)
             return 2
+        except (ServerStartError, ServerUnusableError) as exc:  # the server, not a flag: status 1
+            print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+            return 1
 
     return guarded
 
