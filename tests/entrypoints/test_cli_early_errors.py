@@ -164,3 +164,18 @@ def test_tokenizer_folder_check(smollm2_path, tmp_path):
 
 def test_served_model_name_is_kept(smollm2_path):
     assert config_from_args(_serve_args(str(smollm2_path), "--served-model-name", "smol")).model_config.name == "smol"
+
+
+def test_a_chat_template_that_does_not_compile_is_one_line_at_start(smollm2_path, tmp_path):
+    # It used to start, then answer every chat request with a 400 blaming the client's messages.
+    assert_one_line(run_cli("serve", str(smollm2_path), "--chat-template", "{% if %}"), "brigade serve",
+                    "--chat-template does not compile: Expected an expression")
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{{ messages[0]['content'] }}\n{% for m in messages %}\n")
+    assert_one_line(run_cli("generate", "hi", "--model", str(smollm2_path), "--chat-template", str(broken)),
+                    "brigade generate", f"--chat-template {broken} does not compile:")
+    good = tmp_path / "good.jinja"
+    good.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    from brigade.entrypoints.cli.engine_args import check_chat_template
+
+    check_chat_template(str(good))  # compiles: no error

@@ -209,6 +209,32 @@ def _check_paths(args: argparse.Namespace) -> None:
     if template is not None and not os.path.isfile(template) and not any(m in template for m in ("{{", "{%", "{#")):
         raise ConfigError(f"--chat-template {template!r} is not a file and has no Jinja markup; give the path of "
                           "a .jinja file or the template text")
+    if template is not None:
+        check_chat_template(template)
+
+
+def check_chat_template(template: str) -> None:
+    """Compile a ``--chat-template`` (a file's path or the text) as transformers will, so a syntax error is
+    one line at start-up instead of a 400 blamed on every chat request's messages.
+
+    Raises:
+        ConfigError: the file cannot be read, or the template does not compile (with Jinja's message and line).
+    """
+    import jinja2
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    where = "--chat-template"
+    if os.path.isfile(template):
+        where = f"--chat-template {template}"
+        try:
+            with open(template, encoding="utf-8") as f:
+                template = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{where}: cannot read it: {exc}") from exc
+    try:
+        _compile_jinja_template(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"{where} does not compile: {exc.message} (line {exc.lineno} of the template)") from exc
 
 
 def runnable_config_from_args(args: argparse.Namespace) -> BrigadeConfig:

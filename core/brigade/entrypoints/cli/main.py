@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except ConfigError as exc:
-        print(f"brigade {args.command}: {exc}", file=sys.stderr)
+        print(f"brigade {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except PluginLoadError as exc:  # a plugin failed once the command ran (platform detection, a factory)
         print(f"brigade {args.command}: error: {exc}", file=sys.stderr)
