@@ -20,8 +20,9 @@ def get_tokenizer(model_config: ModelConfig):
     path = model_config.tokenizer or model_config.model
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot load a tokenizer from {path!r}: {exc}") from exc
+    except Exception as exc:  # transformers raises OSError, ValueError, or KeyError/TypeError on a broken file
+        detail = str(exc) if isinstance(exc, (OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
+        raise ConfigError(f"cannot load a tokenizer from {path!r}: {detail}") from exc
     # The engine checks lengths against --max-model-len itself (a 400 naming the limit); without this,
     # transformers logs "Token indices sequence length is longer than ... will result in indexing errors"
     # for every too-long prompt it encodes, an alarm about a request that is refused cleanly anyway.

@@ -179,3 +179,11 @@ def test_a_chat_template_that_does_not_compile_is_one_line_at_start(smollm2_path
     from brigade.entrypoints.cli.engine_args import check_chat_template
 
     check_chat_template(str(good))  # compiles: no error
+
+
+def test_a_broken_tokenizer_file_is_one_error_line_not_a_traceback(smollm2_path, tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")  # transformers raises KeyError('added_tokens') on it
+    proc = run_cli("generate", "hi", "--model", str(smollm2_path), "--tokenizer", str(tmp_path))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"brigade generate: error: cannot load a tokenizer from {str(tmp_path)!r}: KeyError: 'added_tokens'")
