@@ -217,3 +217,20 @@ def test_bad_words_token_ids_keep_first_seen_order_without_repeats(smollm2_path)
         if seq not in want:
             want.append(seq)
     assert ids == want
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt_only(client):
+    # lm-eval's loglikelihood requests (as vLLM serves them): the prompt and its logprobs, nothing generated.
+    out = client.completions.create(model=MODEL, prompt="Hello world, how are", max_tokens=0, echo=True, logprobs=1)
+    choice = out.choices[0]
+    assert choice.text == "Hello world, how are"
+    assert "".join(choice.logprobs.tokens) == "Hello world, how are"
+    assert choice.logprobs.token_logprobs[0] is None and all(lp <= 0 for lp in choice.logprobs.token_logprobs[1:])
+    assert choice.logprobs.text_offset[0] == 0 and choice.finish_reason == "length"
+    chunks = list(client.completions.create(model=MODEL, prompt="Hello world, how are", max_tokens=0, echo=True,
+                                            logprobs=1, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == "Hello world, how are"
+    assert chunks[-1].choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as info:  # without echo, 0 tokens is still refused
+        client.completions.create(model=MODEL, prompt="Hello", max_tokens=0)
+    assert_openai_400(info, "max_tokens")

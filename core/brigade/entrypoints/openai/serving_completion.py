@@ -33,6 +33,11 @@ class PromptInput:
     token_ids: list[int]
 
 
+def echo_only(request: CompletionRequest) -> bool:
+    """``echo`` with ``max_tokens: 0``: the response holds the prompt (and its logprobs) and nothing generated."""
+    return bool(request.echo) and request.max_tokens == 0
+
+
 class OpenAIServingCompletion(OpenAIServing):
     """The /v1/completions handler."""
 
@@ -55,8 +60,11 @@ class OpenAIServingCompletion(OpenAIServing):
             prompt_logprobs = max(prompt_logprobs or 0, request.logprobs)
         prompts = await self._prompt_inputs(request)
         params = []
+        # echo with max_tokens 0 scores the prompt only (lm-eval's loglikelihood): the engine runs one token
+        # that the response leaves out, as vLLM does.
+        wanted = 1 if echo_only(request) else request.max_tokens
         for prompt in prompts:
-            max_tokens = self.check_length(len(prompt.token_ids), request.max_tokens, prompt_param="prompt",
+            max_tokens = self.check_length(len(prompt.token_ids), wanted, prompt_param="prompt",
                                            max_tokens_param="max_tokens",
                                            max_tokens_defaulted="max_tokens" not in request.model_fields_set)
             params.append(self.sampling_params(request, max_tokens=max_tokens, logprobs=request.logprobs,
@@ -173,12 +181,15 @@ class OpenAIServingCompletion(OpenAIServing):
                     raise OpenAIError(f"the engine returned no output for choice {j} of prompt {i}",
                                       status_code=500, type="server_error")
                 prefix = self._prompt_text(prompt) if request.echo else ""
+                text, token_ids, token_logprobs = state.text, state.token_ids, state.logprobs
+                if echo_only(request):
+                    text, token_ids, token_logprobs = "", [], []
                 logprobs = None
                 if request.logprobs is not None:
-                    logprobs = self._logprobs(state.token_ids, state.logprobs, request.logprobs, len(prefix))
+                    logprobs = self._logprobs(token_ids, token_logprobs, request.logprobs, len(prefix))
                     if request.echo:
                         logprobs = self._echo_logprobs(prompt, result, request.logprobs, logprobs)
-                choices.append(CompletionChoice(index=i * request.n + j, text=prefix + state.text, logprobs=logprobs,
+                choices.append(CompletionChoice(index=i * request.n + j, text=prefix + text, logprobs=logprobs,
                                                 prompt_logprobs=self._prompt_logprobs(request, result),
                                                 finish_reason=state.finish_reason, stop_reason=state.stop_reason))
         usage = UsageInfo.from_counts(sum(len(p.token_ids) for p in prompts),
@@ -203,13 +214,16 @@ class OpenAIServingCompletion(OpenAIServing):
                         continue  # e.g. a prefill chunk that only brought prompt logprobs
                     index = i * request.n + delta.index
                     text, logprobs, prefix, prompt_logprobs = delta.text, None, "", None
+                    token_ids, token_logprobs = delta.token_ids, delta.logprobs or []
+                    if echo_only(request):
+                        text, token_ids, token_logprobs = "", [], []
                     if index not in echoed:  # the choice's first chunk: the prompt is fully scored by now
                         echoed.add(index)
                         prefix = self._prompt_text(prompts[i]) if request.echo else ""
                         prompt_logprobs = self._prompt_logprobs(request, results[i])
                     offset = offsets.get(index, 0) + len(prefix)
                     if request.logprobs is not None:
-                        logprobs = self._logprobs(delta.token_ids, delta.logprobs or [], request.logprobs, offset)
+                        logprobs = self._logprobs(token_ids, token_logprobs, request.logprobs, offset)
                         if prefix:
                             logprobs = self._echo_logprobs(prompts[i], results[i], request.logprobs, logprobs)
                     offsets[index] = offset + len(text)
