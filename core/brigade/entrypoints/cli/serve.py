@@ -95,6 +95,9 @@ def settings_from_args(args: argparse.Namespace):
                           f"{', '.join(UVICORN_LOG_LEVELS)}")
     if args.shutdown_timeout < 0:
         raise ConfigError(f"--shutdown-timeout must be non-negative seconds, got {args.shutdown_timeout}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ConfigError("--api-key is empty, which would serve without any key; give a key, or leave the flag "
+                          "out to serve without one on purpose")
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     return ServerSettings(host=args.host, port=args.port, api_key=api_key, uvicorn_log_level=args.uvicorn_log_level,
                           log_requests=not args.disable_log_requests, shutdown_timeout_s=args.shutdown_timeout,
