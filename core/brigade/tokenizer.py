@@ -28,12 +28,20 @@ def get_tokenizer(model_config: ModelConfig):
     # for every too-long prompt it encodes, an alarm about a request that is refused cleanly anyway.
     tokenizer.model_max_length = int(1e30)
     if model_config.chat_template is not None:
-        template = model_config.chat_template
-        if os.path.isfile(template):
-            with open(template, encoding="utf-8") as f:
-                template = f.read()
-        tokenizer.chat_template = template
+        tokenizer.chat_template = chat_template_text(model_config.chat_template)
     return tokenizer
+
+
+def chat_template_text(template: str) -> str:
+    """A ``--chat-template`` value as template text: the file's contents when it names a file, else itself.
+
+    Raises:
+        OSError, UnicodeDecodeError: the file cannot be read as UTF-8.
+    """
+    if os.path.isfile(template):
+        with open(template, encoding="utf-8") as f:
+            return f.read()
+    return template
 
 
 def apply_chat_template(tokenizer, messages: list[dict], *, add_generation_prompt: bool = True,

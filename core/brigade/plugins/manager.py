@@ -21,10 +21,10 @@ from brigade.plugins import hookspecs
 from brigade.plugins.errors import HookspecVersionError, PluginLoadError
 from brigade.plugins.groups import (ALL_GROUPS, BUILTIN_PLUGIN, CORE_DISTRIBUTION, GENERAL, SCOPES, PluginGroup,
                                     discover, distribution_of)
-from brigade.plugins.platform_choice import PlatformChoice, choose_platform
+from brigade.plugins.platform_choice import PlatformChoice, choose_platform, unknown_platform_error
 from brigade.plugins.records import PluginRecord, PluginStatus
 from brigade.plugins.registry import PluginSource, Registration, Registries
-from brigade.plugins.settings import ENDPOINT_PLUGINS_ENV, PLATFORM_ENV, PLUGINS_ENV, STRICT_ENV, PluginSettings
+from brigade.plugins.settings import ENDPOINT_PLUGINS_ENV, PLUGINS_ENV, STRICT_ENV, PluginSettings
 
 if TYPE_CHECKING:
     from brigade.platforms.interface import Platform
@@ -92,8 +92,7 @@ class PluginManager:
         self.load("engine")
         names = self.registries.platforms.names()
         if forced is not None and forced not in names:
-            raise PluginLoadError(f"{PLATFORM_ENV}={forced} but no installed plugin registers platform {forced!r}; "
-                                  f"registered platforms: {', '.join(names) or 'none'}")
+            raise unknown_platform_error(forced, names)
 
     def platform_choice(self) -> PlatformChoice:
         """The platform, its plugin and why it was chosen. Raises PluginLoadError when none can be."""

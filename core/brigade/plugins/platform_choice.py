@@ -102,12 +102,17 @@ def choose_platform(registries: Registries, settings: PluginSettings, *, core_so
     return PlatformChoice(entry.name, cls, entry.source, reason, detected_names)
 
 
+def unknown_platform_error(name: str, registered: list[str]) -> PluginLoadError:
+    """The error for a BRIGADE_PLATFORM that no installed plugin registers, listing those that are."""
+    return PluginLoadError(f"{PLATFORM_ENV}={name} but no installed plugin registers platform {name!r}; "
+                           f"registered platforms: {', '.join(registered) or 'none'}")
+
+
 def _forced(name: str, entries: list[Registration], registries: Registries, report_failure: FailureReporter,
             mark: StateMarker) -> PlatformChoice:
     chosen = [e for e in entries if e.name == name]
     if not chosen:
-        raise PluginLoadError(f"{PLATFORM_ENV}={name} but no installed plugin registers platform {name!r}; "
-                              f"registered platforms: {', '.join(e.name for e in entries) or 'none'}")
+        raise unknown_platform_error(name, [e.name for e in entries])
     entry = chosen[0]
     for other in entries:
         if other is not entry:

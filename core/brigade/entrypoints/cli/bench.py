@@ -207,12 +207,9 @@ def _one_line_config_errors(run, parser: argparse.ArgumentParser):
 
         try:
             return run(args)
-        except ConfigError as exc:
+        except (ConfigError, ServerStartError, ServerUnusableError) as exc:
             print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-            return 2
-        except (ServerStartError, ServerUnusableError) as exc:  # the server, not a flag: status 1
-            print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-            return 1
+            return 2 if isinstance(exc, ConfigError) else 1  # a flag, or the server (status 1)
 
     return guarded
 

@@ -223,16 +223,15 @@ def check_chat_template(template: str) -> None:
     import jinja2
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    where = "--chat-template"
-    if os.path.isfile(template):
-        where = f"--chat-template {template}"
-        try:
-            with open(template, encoding="utf-8") as f:
-                template = f.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{where}: cannot read it: {exc}") from exc
+    from brigade.tokenizer import chat_template_text
+
+    where = f"--chat-template {template}" if os.path.isfile(template) else "--chat-template"
     try:
-        _compile_jinja_template(template)
+        text = chat_template_text(template)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: cannot read it: {exc}") from exc
+    try:
+        _compile_jinja_template(text)
     except jinja2.TemplateSyntaxError as exc:
         raise ConfigError(f"{where} does not compile: {exc.message} (line {exc.lineno} of the template)") from exc
 

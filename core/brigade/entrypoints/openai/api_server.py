@@ -30,7 +30,7 @@ from brigade.entrypoints.openai.openapi import install_request_schemas, json_bod
 from brigade.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                                  TokenizeRequest)
 from brigade.entrypoints.openai.responses import ModelCard, ModelList
-from brigade.entrypoints.openai.serving_base import load_generation_defaults, parse_request
+from brigade.entrypoints.openai.serving_base import load_generation_defaults, max_token_chars, parse_request
 from brigade.entrypoints.openai.serving_chat import OpenAIServingChat
 from brigade.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from brigade.entrypoints.openai.serving_tokenize import OpenAIServingTokenization
@@ -138,7 +138,7 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     common = dict(served_model_name=served_name, tokenizer_executor=tokenizer_executor,
                   generation_defaults=load_generation_defaults(config.model_config),
                   log_requests=settings.log_requests, drain=drain,
-                  scheduling_policy=config.scheduler_config.policy)
+                  scheduling_policy=config.scheduler_config.policy, max_token_chars=max_token_chars(engine.tokenizer))
     completion = OpenAIServingCompletion(engine, **common)
     chat = OpenAIServingChat(engine, **common)
     tokenization = OpenAIServingTokenization(chat)

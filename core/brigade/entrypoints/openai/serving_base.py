@@ -9,7 +9,6 @@ import logging
 import math
 import os
 import uuid
-import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,7 +54,6 @@ def load_generation_defaults(model_config: ModelConfig) -> dict[str, Any]:
     return defaults
 
 
-_MAX_TOKEN_CHARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 MAX_LOGGED_PARAMS_CHARS = 2000  # a request's params in the request log (vLLM's --max-log-len does the same)
 MAX_BAD_WORDS = 4096  # per request: each word is tokenized twice on the server's one tokenizer thread
 
@@ -66,7 +64,7 @@ def brief(text: str, limit: int = MAX_LOGGED_PARAMS_CHARS) -> str:
 
 
 def max_token_chars(tokenizer: Any) -> int | None:
-    """The most characters of prompt text one token can cover, computed once per tokenizer (cached).
+    """The most characters of prompt text one token can cover (the server computes it once, at start-up).
 
     A prompt of C characters is then at least ceil(C / L) tokens, known without tokenizing it. L is the
     longest token string of the vocabulary and of the added/special tokens' contents. A vocabulary string
@@ -77,10 +75,8 @@ def max_token_chars(tokenizer: Any) -> int | None:
     Returns:
         L, or None when the tokenizer cannot say (no pre-check is made then).
     """
-    try:
-        return _MAX_TOKEN_CHARS[tokenizer]
-    except (KeyError, TypeError):
-        pass
+    if tokenizer is None:
+        return None
     try:
         longest = max((len(piece) for piece in tokenizer.get_vocab()), default=0)
         added = getattr(tokenizer, "added_tokens_decoder", None) or {}
@@ -89,12 +85,7 @@ def max_token_chars(tokenizer: Any) -> int | None:
         logger.warning("cannot bound characters per token for %s; long prompts are tokenized before the "
                        "length check", type(tokenizer).__name__, exc_info=True)
         return None
-    result = longest if longest > 0 else None
-    try:
-        _MAX_TOKEN_CHARS[tokenizer] = result
-    except TypeError:  # not weak-referenceable: computed again for the next handler
-        pass
-    return result
+    return longest if longest > 0 else None
 
 
 async def parse_request(raw_request: Request, model_cls: type[BaseModel]) -> Any:
@@ -199,11 +190,13 @@ class OpenAIServing:
         drain: the server's shutdown Drain; engine iterators are cut through it at the shutdown timeout.
         scheduling_policy: the engine's ``--scheduling-policy`` ("fcfs" or "priority"); a nonzero
             ``priority`` is refused under fcfs, as vLLM does.
+        max_token_chars: ``max_token_chars(tokenizer)``, computed once by the server for all its handlers;
+            None makes no check before tokenizing.
     """
 
     def __init__(self, engine: Any, *, served_model_name: str, tokenizer_executor: ThreadPoolExecutor,
                  generation_defaults: dict[str, Any], log_requests: bool = True, drain: Drain | None = None,
-                 scheduling_policy: str = "fcfs"):
+                 scheduling_policy: str = "fcfs", max_token_chars: int | None = None):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.max_model_len: int = engine.max_model_len
@@ -214,7 +207,7 @@ class OpenAIServing:
         self.drain = drain
         self.scheduling_policy = scheduling_policy
         # Characters one token covers at most, for refusing huge prompts without tokenizing them.
-        self.max_token_chars = max_token_chars(self.tokenizer) if self.tokenizer is not None else None
+        self.max_token_chars = max_token_chars
         # Without a tokenizer (--skip-tokenizer-init) prompts are token ids checked against the model's vocab.
         self.vocab_size = len(self.tokenizer) if self.tokenizer is not None else engine.hf_config.vocab_size
 
@@ -254,6 +247,11 @@ class OpenAIServing:
         if getattr(request, "cache_salt", None) == "":
             raise OpenAIError.bad_param("cache_salt must be a non-empty string if given", "cache_salt")
 
+    def min_tokens(self, num_chars: int) -> int | None:
+        """The fewest tokens a text of ``num_chars`` characters can be, ceil(num_chars / max_token_chars),
+        known without tokenizing it; None when the tokenizer gave no bound."""
+        return math.ceil(num_chars / self.max_token_chars) if self.max_token_chars else None
+
     def check_text_length(self, num_chars: int, param: str) -> None:
         """Refuse, without tokenizing, a prompt text that is certainly too long: ``num_chars`` characters
         are at least ceil(num_chars / max_token_chars) tokens (max_token_chars()).
@@ -262,10 +260,8 @@ class OpenAIServing:
             OpenAIError: 400 naming ``param`` when that many tokens leave no room in max_model_len (the
                 same refusal check_length makes once the prompt is tokenized, saying "at least").
         """
-        if not self.max_token_chars:
-            return
-        at_least = math.ceil(num_chars / self.max_token_chars)
-        if at_least >= self.max_model_len:
+        at_least = self.min_tokens(num_chars)
+        if at_least is not None and at_least >= self.max_model_len:
             raise OpenAIError.bad_param(
                 f"This model's maximum context length is {self.max_model_len} tokens; the prompt has at least "
                 f"{at_least} tokens ({num_chars} characters), which leaves no room for output. Shorten the "
@@ -384,7 +380,8 @@ class OpenAIServing:
             raise OpenAIError.bad_param(f"bad_words holds {len(words)} words; at most {MAX_BAD_WORDS} are accepted",
                                         "bad_words")
         longest = max(len(w) for w in words)
-        if self.max_token_chars and math.ceil(longest / self.max_token_chars) > self.max_model_len:
+        at_least = self.min_tokens(longest)
+        if at_least is not None and at_least > self.max_model_len:
             raise OpenAIError.bad_param(f"bad_words holds a word of {longest} characters, more than the "
                                         f"{self.max_model_len} tokens of context could ever generate", "bad_words")
         return words
