@@ -3,7 +3,9 @@
 For every weight shape it times ``F.linear`` (cuBLAS) and each (block_n, block_k, num_warps, num_stages)
 tile of ``brigade_cuda.ops.gemm`` at one row, keeps the fastest tile whose output matches an fp32 product
 (relative error < 1e-2), and reports achieved bandwidth = weight bytes / time against the copy bandwidth
-measured in the same run. ``--write-tiles`` saves the winners where the kernel reads them.
+measured in the same run. ``--write-tiles`` saves the winners where the kernel reads them. (The tensor-core
+tiles in the table now come from ``tune_skinny_graph.py``, which times them inside a captured decode-like step;
+this script's isolated timings are noisy for kernels of 20 us.)
 
 Usage (on a CUDA machine, from the repository root)::
 

@@ -5,8 +5,9 @@ At a handful of tokens cuBLAS picks split-K kernels for some shapes (two launche
 partial sums back) and reaches about 73% of the copy bandwidth on the attention projections of an 8B model
 (``docs/benchmarks.md``). This kernel gives each program ``BLOCK_N`` whole output columns over the full ``K``:
 one launch, no workspace, the weight streamed through a software pipeline (``num_stages``) into a tensor-core
-product with the ``x`` rows padded to 16. The tile is chosen per shape from the table below, measured on an
-H200 with ``benchmarks/kernels/bench_gemm.py``.
+product with the ``x`` rows padded to 16. The tile is chosen per shape from the table below, tuned on an H200
+inside a captured step of all the projections with PDL, where it runs (``benchmarks/kernels/tune_skinny_graph.py``;
+timed alone, a 20 us kernel's ramp and launch hide the differences that matter in the graph).
 
 A single row (batch-1 decode) takes a second kernel, ``gemv``: no tensor cores and no padding to 16 rows;
 each program keeps a ``[BLOCK_N, BLOCK_K]`` fp32 partial product in registers over the whole ``K`` and
@@ -120,9 +121,10 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_wn, eps,
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=offs_n < N)
 
 
-# (block_n, block_k, num_warps, num_stages) by weight shape "NxK", measured at one row on an H200 by
-# benchmarks/kernels/bench_gemm.py --write-tiles: "tiles" for the tensor-core kernel, "gemv_tiles" for the
-# one-row kernel; shapes not listed take the defaults. BRIGADE_CUDA_GEMM_TILES names another file.
+# (block_n, block_k, num_warps, num_stages) by weight shape "NxK", measured on an H200: "tiles" for the
+# tensor-core kernel (tune_skinny_graph.py --write-tiles, in a captured step at 8 rows), "gemv_tiles" for the
+# one-row kernel (bench_gemm.py --gemv-only); shapes not listed take the defaults. BRIGADE_CUDA_GEMM_TILES
+# names another file.
 DEFAULT_TILE = (32, 256, 4, 4)
 DEFAULT_GEMV_TILE = (8, 512, 4, 3)
 TILES_FILE = Path(os.environ.get("BRIGADE_CUDA_GEMM_TILES") or Path(__file__).with_name("gemm_tiles.json"))
