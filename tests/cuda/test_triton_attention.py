@@ -95,6 +95,37 @@ def test_decode_split_counts(num_splits, paged_batch_factory, rel_err):
     _check(batch, backend, torch.bfloat16, rel_err)
 
 
+def test_split_counts_share_one_compiled_variant(paged_batch_factory, caplog):
+    """The split count changes from step to step outside the graphs (eager steps); neither it nor the strides
+    of the split buffers that follow it (``stride_mid_h`` is the split count) may make Triton compile a new
+    variant once serving: the compile watch stays silent for 2, 3, 16 and 32 splits after a 5-split step."""
+    import logging
+
+    from triton import knobs
+
+    from brigade_cuda import compile_watch
+
+    gen = torch.Generator().manual_seed(3)
+    batch = paged_batch_factory([1] * 3, [40, 700, 3000], num_heads=32, num_kv_heads=8, head_size=128,
+                                block_size=16, dtype=torch.bfloat16, device="cuda", generator=gen)
+    args = (batch.query, batch.key, batch.value, batch.kv_cache, batch.metadata)
+    before = knobs.runtime.jit_cache_hook
+    try:
+        compile_watch.watch()
+        TritonAttentionBackend(32, 128, 8, 128 ** -0.5, decode_num_splits=5).forward(*args)
+        torch.cuda.synchronize()
+        compile_watch.mark_serving()
+        with caplog.at_level(logging.WARNING, logger="brigade_cuda.compile_watch"):
+            for splits in (2, 3, 16, 32):
+                backend = TritonAttentionBackend(32, 128, 8, 128 ** -0.5, decode_num_splits=splits)
+                backend.forward(*args)
+            torch.cuda.synchronize()
+        assert [r.getMessage()[:120] for r in caplog.records] == []
+    finally:
+        knobs.runtime.jit_cache_hook = before
+        compile_watch._watch = None
+
+
 def test_kv_write_skips_padding_slots(paged_batch_factory):
     gen = torch.Generator().manual_seed(7)
     batch = paged_batch_factory([5, 9], [3, 0], num_heads=8, num_kv_heads=2, head_size=128, block_size=16,
