@@ -167,3 +167,14 @@ def load_adapter(name: str, path: str, hf_config: Any, *, max_rank: int) -> LoRA
             raise fail(f"layer {layer} {module} has no {missing} weight")
         weights[layer, module] = (pair["A"], pair["B"])
     return LoRAAdapter(name=name, path=path, rank=rank, scaling=float(scaling), weights=weights)
+
+
+def check_adapters(lora_config: Any, hf_config: Any) -> None:
+    """Load every ``--lora-modules`` adapter of ``lora_config`` (a LoRAConfig) once, to refuse a bad one at
+    start-up in one line (the workers load them again).
+
+    Raises:
+        LoRAError: the first adapter that cannot be served.
+    """
+    for name, path in lora_config.lora_modules.items():
+        load_adapter(name, path, hf_config, max_rank=lora_config.max_lora_rank)

@@ -63,7 +63,7 @@ class LoRALinear:
             slot: in [0, max_loras).
             shards: per output shard, ``(A [r, in], B [out_shard, r])`` in any float dtype, or None (that shard
                 is not adapted). ``r <= max_rank``.
-            scaling: multiplies B (in float32, before the cast to the model dtype).
+            scaling: multiplies B (in float32 at least, before the cast to the model dtype).
         """
         self.clear_slot(slot)
         base, out_at = slot * self.slot_rank, 0
@@ -73,7 +73,8 @@ class LoRALinear:
                 r = a.shape[0]
                 lo = base + j * self.max_rank
                 self.lora_a[lo:lo + r].copy_(a)
-                self.lora_b[out_at:out_at + size, lo:lo + r].copy_(b.to(torch.float32) * scaling)
+                self.lora_b[out_at:out_at + size, lo:lo + r].copy_(
+                    b.to(torch.promote_types(b.dtype, torch.float32)) * scaling)
             out_at += size
 
     def clear_slot(self, slot: int) -> None:
