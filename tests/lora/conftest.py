@@ -9,11 +9,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "entrypoints"))  # remote_server, for the server tests
 
-from lora_utils import hf_greedy, merged_hf_model, write_adapter  # noqa: E402
+from lora_utils import hf_greedy, merged_lora, write_adapter  # noqa: E402
 
 ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MAX_NEW_TOKENS = 12
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village by the sea,"]
+PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea,"]
 
 
 @pytest.fixture(scope="session")
@@ -45,12 +45,14 @@ def prompt_ids(smollm2_path) -> list[list[int]]:
 @pytest.fixture(scope="session")
 def hf_lora_tokens(smollm2_path, lora_adapters, prompt_ids) -> dict[str, list[list[int]]]:
     """Greedy tokens of HF transformers in fp32, per adapter name (and None: the base model), per prompt."""
-    from transformers import LlamaForCausalLM
-    import torch
+    import contextlib
 
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).eval()
     out = {}
     for name in [None, *lora_adapters]:
-        model = LlamaForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).eval() if name is None \
-            else merged_hf_model(smollm2_path, lora_adapters[name])
-        out[name] = [hf_greedy(model, ids, MAX_NEW_TOKENS) for ids in prompt_ids]
+        with contextlib.nullcontext() if name is None else merged_lora(model, lora_adapters[name]):
+            out[name] = [hf_greedy(model, ids, MAX_NEW_TOKENS) for ids in prompt_ids]
     return out

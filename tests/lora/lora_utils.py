@@ -3,6 +3,7 @@ HF transformers on the same base model with the LoRA delta merged into the weigh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -47,25 +48,32 @@ def write_adapter(folder: Path, config, *, seed: int, rank: int = 8, alpha: floa
     return folder
 
 
-def merged_hf_model(model_path: Path, adapter: Path):
-    """transformers' LlamaForCausalLM in fp32 with ``W += scale * B @ A`` for every adapted projection."""
+@contextlib.contextmanager
+def merged_lora(model, adapter: Path):
+    """Within the block, transformers' ``model`` (fp32) has ``W += scale * B @ A`` for every projection the
+    PEFT ``adapter`` folder adapts; the original weights come back afterwards."""
     from safetensors.torch import load_file
-    from transformers import LlamaForCausalLM
 
     cfg = json.loads((adapter / "adapter_config.json").read_text())
     r = cfg["r"]
     scale = cfg["lora_alpha"] / (math.sqrt(r) if cfg.get("use_rslora") else r)
-    model = LlamaForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
     tensors = load_file(str(adapter / "adapter_model.safetensors"))
     params = dict(model.named_parameters())
+    saved = {}
     with torch.no_grad():
         for key, a in tensors.items():
             if not key.endswith("lora_A.weight"):
                 continue
             b = tensors[key.replace("lora_A", "lora_B")]
             name = key.removeprefix("base_model.model.").replace(".lora_A.weight", ".weight")
+            saved[name] = params[name].detach().clone()
             params[name].add_(scale * (b.float() @ a.float()))
-    return model
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for name, weight in saved.items():
+                params[name].copy_(weight)
 
 
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
