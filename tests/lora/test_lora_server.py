@@ -128,3 +128,24 @@ def test_bad_lora_flags_are_one_line_from_the_cli(smollm2_path, lora_adapters, a
     proc = run_cli("serve", str(smollm2_path), *[a.format(**fill) for a in argv])
     assert_one_line(proc, "brigade serve", needle.format(**fill))
     assert "tensors from" not in proc.stderr
+
+
+def test_lora_requests_info_metric(server):
+    """vLLM's ``lora_requests_info`` under the brigade: prefix: the latest running/waiting adapters as labels."""
+    from brigade.engine.messages import SchedulerStats
+    from brigade.metrics.prometheus import PrometheusStatLogger
+    from brigade.metrics.stats import IterationStats
+
+    logger = PrometheusStatLogger("m", max_loras=2)
+    logger.record(SchedulerStats(running_lora_adapters={"sql": 2, "poet": 1}, waiting_lora_adapters={"x": 1}),
+                  IterationStats())
+    logger.record(SchedulerStats(running_lora_adapters={"sql": 1}), IterationStats())
+    text = logger.render()[0].decode()
+    lines = [line for line in text.splitlines() if line.startswith("brigade:lora_requests_info{")]
+    assert len(lines) == 1 and 'max_lora="2"' in lines[0] and 'running_lora_adapters="sql"' in lines[0] \
+        and 'waiting_lora_adapters=""' in lines[0]
+    assert "brigade:lora_requests_info" not in PrometheusStatLogger("m").render()[0].decode()
+    import httpx
+
+    body = httpx.get(server.url("/metrics"), timeout=30).text
+    assert 'brigade:lora_requests_info{max_lora="2"' in body

@@ -23,6 +23,14 @@ from brigade.engine.messages import (EngineCoreOutput, EngineCoreOutputs, Finish
                                      SchedulerStats)
 
 
+def _count_loras(requests) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for request in requests:
+        if request.lora_name is not None:
+            counts[request.lora_name] = counts.get(request.lora_name, 0) + 1
+    return counts
+
+
 class Scheduler:
     """Owns every unfinished request and the KV cache manager.
 
@@ -318,5 +326,8 @@ class Scheduler:
             num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens if scheduler_output else 0,
             num_free_blocks=self.kv_cache_manager.get_num_free_blocks(),
             num_total_blocks=self.kv_cache_manager.num_usable_blocks)
+        if self.max_loras is not None:
+            stats.running_lora_adapters = _count_loras(self.running)
+            stats.waiting_lora_adapters = _count_loras(self.waiting)
         self.num_preemptions = 0
         return stats

@@ -89,6 +89,9 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     num_scheduled_tokens: int = 0
     num_free_blocks: int = 0
     num_total_blocks: int = 0
+    # With LoRA: adapter name -> its requests running / waiting (vLLM's lora_requests_info labels).
+    running_lora_adapters: dict[str, int] = {}
+    waiting_lora_adapters: dict[str, int] = {}
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

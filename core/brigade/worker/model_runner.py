@@ -206,7 +206,7 @@ class ModelRunner:
         # inputs go straight into the graph's buffers.
         use_graph = (not want_prompt_logprobs and self.cuda_graphs is not None
                      and self.cuda_graphs.can_run(len(order), max(num_scheduled.values())))
-        if self.lora_manager is not None:  # before the inputs: the graphs' transfer does not wait for the mask
+        if self.lora_manager is not None:  # slots and token mask for this step (persistent buffers: graph-safe)
             self.lora_manager.set_batch([s.lora_name for s in states], [num_scheduled[rid] for rid in order])
         inputs = build_step_inputs(states, [num_scheduled[rid] for rid in order], block_size=self.block_size,
                                    device=self.device,
