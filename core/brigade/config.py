@@ -158,6 +158,34 @@ class CompilationConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """Multi-LoRA serving (--enable-lora; book ch. 12, Hu et al. 2021 arXiv:2106.09685). Present on a
+    BrigadeConfig only when LoRA is enabled."""
+
+    max_loras: int = 1
+    """Most distinct adapters in one batch (one weight slot each on the device); vLLM's default 1."""
+    max_lora_rank: int = 16
+    """Largest adapter rank accepted; the slots are sized for it (vLLM's default 16)."""
+    lora_modules: dict[str, str] = field(default_factory=dict)
+    """Adapters loaded at start-up: name (what clients send as ``model``) -> PEFT adapter folder."""
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 1:
+            raise ConfigError(f"--max-loras must be at least 1, got {self.max_loras}")
+        if self.max_lora_rank < 1:
+            raise ConfigError(f"--max-lora-rank must be at least 1, got {self.max_lora_rank}")
+        for name, path in self.lora_modules.items():
+            if not name or not name.strip():
+                raise ConfigError(f"--lora-modules: an adapter name is empty (path {path!r}); give NAME=PATH")
+
+    def check_names(self, served_model_name: str) -> None:
+        """Raises ConfigError when an adapter is named like the served model (requests could not pick it)."""
+        if served_model_name in self.lora_modules:
+            raise ConfigError(f"--lora-modules: adapter name {served_model_name!r} is the served model's name; "
+                              "give the adapter another name")
+
+
+@dataclass
 class KVTransferConfig:
     """--kv-transfer-config: which KV connector plugin moves KV blocks between instances (book ch. 9)."""
 
@@ -180,6 +208,8 @@ class BrigadeConfig:
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
     kv_transfer_config: KVTransferConfig | None = None
+    lora_config: LoRAConfig | None = None
+    """Set (even empty of adapters) when LoRA is enabled; None otherwise."""
     attention_backend: str | None = None
     """Name of a registered attention backend; None lets the platform choose."""
     device: str = "auto"
@@ -239,11 +269,15 @@ _SUB_CONFIGS = {"model_config": ModelConfig, "cache_config": CacheConfig, "sched
                 "parallel_config": ParallelConfig, "compilation_config": CompilationConfig}
 
 
+_LORA_KWARGS = ("enable_lora", "max_loras", "max_lora_rank", "lora_modules")
+
+
 def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
     """Build a BrigadeConfig from flat keyword arguments named like the sub-configs' fields.
 
     ``LLM(model, dtype="float32", block_size=16, max_num_seqs=8)`` routes each name to its sub-config;
-    ``attention_backend`` and ``kv_transfer_config`` (a dict) go to BrigadeConfig itself.
+    ``attention_backend`` and ``kv_transfer_config`` (a dict) go to BrigadeConfig itself; ``enable_lora=True``
+    (with ``max_loras``, ``max_lora_rank``, ``lora_modules`` as a ``{name: path}`` dict) builds a LoRAConfig.
 
     Raises:
         TypeError: for a name no sub-config has.
@@ -252,6 +286,13 @@ def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
     parts: dict[str, dict[str, Any]] = {name: {} for name in _SUB_CONFIGS}
     parts["model_config"]["model"] = model
     top: dict[str, Any] = {}
+    lora = {k: kwargs.pop(k) for k in _LORA_KWARGS if k in kwargs}
+    if lora.pop("enable_lora", False):
+        modules = lora.get("lora_modules") or {}
+        lora["lora_modules"] = dict(modules)
+        top["lora_config"] = LoRAConfig(**lora)
+    elif lora.get("lora_modules"):
+        raise ConfigError("lora_modules needs enable_lora=True")
     for key, value in kwargs.items():
         if key in ("attention_backend",):
             top[key] = value
@@ -264,6 +305,10 @@ def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
                 parts[part][key] = value
                 break
         else:
-            known = sorted(f.name for cls in _SUB_CONFIGS.values() for f in dataclasses.fields(cls))
+            known = sorted([f.name for cls in _SUB_CONFIGS.values() for f in dataclasses.fields(cls)]
+                           + list(_LORA_KWARGS))
             raise TypeError(f"unknown engine argument {key!r}; known: {', '.join(known)}")
-    return BrigadeConfig(**{part: cls(**parts[part]) for part, cls in _SUB_CONFIGS.items()}, **top)
+    config = BrigadeConfig(**{part: cls(**parts[part]) for part, cls in _SUB_CONFIGS.items()}, **top)
+    if config.lora_config is not None:
+        config.lora_config.check_names(config.model_config.name)
+    return config

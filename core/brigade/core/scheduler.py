@@ -4,14 +4,16 @@ Each step it gives every running request, then waiting ones, a number of new tok
 budget (``max_num_batched_tokens``) and ``max_num_seqs``. Prefill chunks and decodes mix freely: a request
 needing one token is decoding, one needing more is (still) prefilling. When KV blocks run out, the last
 running request is preempted: its blocks are freed and it is recomputed later. The scheduler decides
-*what* runs; it never touches tensors.
+*what* runs; it never touches tensors. With LoRA it only knows each request's adapter name: a waiting
+request whose adapter would make more than ``max_loras`` distinct adapters among the running requests waits
+(the others behind it may go), as in vLLM.
 """
 
 from __future__ import annotations
 
 import time
 
-from brigade.config import CacheConfig, SchedulerConfig
+from brigade.config import CacheConfig, LoRAConfig, SchedulerConfig
 from brigade.core.kv_cache_manager import KVCacheManager
 from brigade.core.request import Request, RequestStatus
 from brigade.core.request_queue import make_request_queue
@@ -19,6 +21,14 @@ from brigade.core.scheduler_output import (CachedRequestData, ModelRunnerOutput,
                                            SchedulerOutput)
 from brigade.engine.messages import (EngineCoreOutput, EngineCoreOutputs, FinishReason, LogprobsLists,
                                      SchedulerStats)
+
+
+def _count_loras(requests) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for request in requests:
+        if request.lora_name is not None:
+            counts[request.lora_name] = counts.get(request.lora_name, 0) + 1
+    return counts
 
 
 class Scheduler:
@@ -29,7 +39,7 @@ class Scheduler:
     """
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, *, max_model_len: int,
-                 num_blocks: int, structured_output_manager=None):
+                 num_blocks: int, structured_output_manager=None, lora_config: LoRAConfig | None = None):
         self.config = scheduler_config
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens or 8192
@@ -48,6 +58,7 @@ class Scheduler:
         self.grammar_failures: list[EngineCoreOutput] = []  # reported by the next update_from_output
         self.num_prompt_logprobs_sent: dict[str, int] = {}  # prompt_logprobs rows delivered, per request
         self.num_overlap_unsafe = 0  # unfinished requests that need the previous token before scheduling
+        self.max_loras = lora_config.max_loras if lora_config is not None else None
 
     # ---- requests in and out --------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -116,11 +127,12 @@ class Scheduler:
             index += 1
 
         # Admit waiting requests only when nothing was preempted: memory is short otherwise.
-        grammar_blocked: list[Request] = []  # still compiling: set aside, the others keep their order
+        grammar_blocked: list[Request] = []  # still compiling (or a LoRA without a slot): set aside, in order
+        active_loras = {r.lora_name for r in self.running if r.lora_name is not None}
         while not preempted and len(self.waiting) and budget > 0 \
                 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting.peek()
-            if self._grammar_blocks(request):
+            if self._grammar_blocks(request) or self._lora_blocks(request, active_loras):
                 grammar_blocked.append(self.waiting.pop())
                 continue
             if request.num_output_placeholders:
@@ -137,6 +149,8 @@ class Scheduler:
                 break
             self.waiting.pop()
             self.running.append(request)
+            if request.lora_name is not None:
+                active_loras.add(request.lora_name)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit
             if request.num_cached_tokens < 0:
@@ -148,7 +162,7 @@ class Scheduler:
                 num_prompt_tokens=request.num_prompt_tokens, sampling_params=request.sampling_params,
                 eos_token_id=request.eos_token_id,
                 block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
-                num_computed_tokens=num_hit))
+                num_computed_tokens=num_hit, lora_name=request.lora_name))
 
         for request in reversed(grammar_blocked):
             if not request.is_finished():
@@ -166,6 +180,13 @@ class Scheduler:
             output.grammar_bitmask = self.structured_output_manager.grammar_bitmask(structured_ids)
         self.finished_req_ids = set()
         return output
+
+    def _lora_blocks(self, request: Request, active_loras: set[str]) -> bool:
+        """True when admitting ``request`` would put more than ``max_loras`` distinct adapters in the running
+        batch (``active_loras``: the adapters of the running requests)."""
+        name = request.lora_name
+        return (name is not None and self.max_loras is not None and name not in active_loras
+                and len(active_loras) >= self.max_loras)
 
     def _cap_chunk(self, num_new: int, budget: int) -> int:
         threshold = self.config.long_prefill_token_threshold
@@ -305,5 +326,8 @@ class Scheduler:
             num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens if scheduler_output else 0,
             num_free_blocks=self.kv_cache_manager.get_num_free_blocks(),
             num_total_blocks=self.kv_cache_manager.num_usable_blocks)
+        if self.max_loras is not None:
+            stats.running_lora_adapters = _count_loras(self.running)
+            stats.waiting_lora_adapters = _count_loras(self.waiting)
         self.num_preemptions = 0
         return stats

@@ -18,9 +18,10 @@ from brigade.engine.core_client import AsyncMPClient, EngineDeadError
 from brigade.engine.input_processor import InputProcessor, eos_token_id
 from brigade.engine.messages import UtilityMethod
 from brigade.engine.output_processor import OutputProcessor
+from brigade.lora.request import LoRARequest
 from brigade.metrics.stats import StatLoggerBase
 from brigade.outputs import RequestOutput
-from brigade.sampling_params import SamplingParams
+from brigade.sampling_params import InvalidParamError, SamplingParams
 from brigade.tokenizer import get_tokenizer
 
 logger = logging.getLogger("brigade.engine")
@@ -40,6 +41,8 @@ class AsyncLLM:
         self.input_processor = InputProcessor(self.tokenizer, self.max_model_len, self.hf_config.vocab_size,
                                               eos_token_id(self.hf_config))
         self.output_processor = OutputProcessor(self.tokenizer)
+        lora = config.lora_config
+        self.lora_modules: dict[str, str] = dict(lora.lora_modules) if lora is not None else {}  # name -> path
         self.stat_loggers: list[StatLoggerBase] = []
         self.client = AsyncMPClient(config)
         self._queues: dict[str, asyncio.Queue] = {}
@@ -64,20 +67,29 @@ class AsyncLLM:
             raise EngineDeadError(self.dead_error or "the engine process is not running")
 
     async def generate(self, prompt: str | list[int], sampling_params: SamplingParams, request_id: str, *,
-                       priority: int = 0, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Submit a request and yield its outputs until it finishes.
+                       priority: int = 0, cache_salt: str | None = None,
+                       lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
+        """Submit a request and yield its outputs until it finishes (on ``lora_request``'s adapter, one of
+        ``--lora-modules``; None: the base model).
 
         Raises:
-            InvalidParamError: bad input (before anything is queued).
+            InvalidParamError: bad input (before anything is queued), or an adapter the engine does not serve.
             EngineDeadError: the engine died before or while serving the request.
             ValueError: a request with this id is already in flight.
         """
         await self.check_health()
         if request_id in self._queues:
             raise ValueError(f"request id {request_id!r} is already in flight")
+        lora_name = None
+        if lora_request is not None:
+            lora_name = lora_request.lora_name
+            if lora_name not in self.lora_modules:
+                raise InvalidParamError(f"LoRA adapter {lora_name!r} is not served here; served: "
+                                        f"{sorted(self.lora_modules) or 'none'}", param="model")
         self._ensure_output_task()
         text, token_ids, children = self.input_processor.process(prompt, sampling_params, request_id,
-                                                                 priority=priority, cache_salt=cache_salt)
+                                                                 priority=priority, cache_salt=cache_salt,
+                                                                 lora_name=lora_name)
         q: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = q
         self.output_processor.add_request(request_id, text, token_ids, sampling_params,

@@ -68,7 +68,8 @@ class EngineCore:
                     num_blocks * block_size / max_model_len, max_model_len)
         self.structured_output_manager = StructuredOutputManager.from_config(config, hf_config)
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, max_model_len=max_model_len,
-                                   num_blocks=num_blocks, structured_output_manager=self.structured_output_manager)
+                                   num_blocks=num_blocks, structured_output_manager=self.structured_output_manager,
+                                   lora_config=config.lora_config)
         self.num_blocks = num_blocks
         overlap = config.scheduler_config.async_scheduling
         self.overlap = config.device == "cuda" if overlap is None else overlap
@@ -76,6 +77,14 @@ class EngineCore:
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request.from_engine_core_request(request, self.config.model_config.max_model_len))
+
+    def add_lora(self, lora_request) -> bool:
+        """Register a LoRA adapter (``brigade.lora.LoRARequest``) with the workers; False when its name is taken.
+
+        Raises:
+            LoRAError: the adapter cannot be served, or LoRA is not enabled.
+        """
+        return self.executor.add_lora(lora_request)
 
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
         """Abort requests; returns an ABORT output for each that was still unfinished."""

@@ -36,6 +36,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
         arrival_time: time.time() in seconds when the front end received it.
         priority: lower runs first under the priority policy.
         cache_salt: mixed into the first block's hash, so prefix-cache hits stay inside a tenant.
+        lora_name: the LoRA adapter to run with (registered with the engine beforehand), or None.
     """
 
     request_id: str
@@ -88,6 +89,9 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     num_scheduled_tokens: int = 0
     num_free_blocks: int = 0
     num_total_blocks: int = 0
+    # With LoRA: adapter name -> its requests running / waiting (vLLM's lora_requests_info labels).
+    running_lora_adapters: dict[str, int] = {}
+    waiting_lora_adapters: dict[str, int] = {}
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

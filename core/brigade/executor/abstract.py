@@ -55,5 +55,13 @@ class Executor(ABC):
         device is done (the call itself returns as soon as the work is queued).
         """
 
+    def add_lora(self, lora_request) -> bool:
+        """Register a LoRA adapter (``brigade.lora.LoRARequest``) on every worker; False when its name is taken.
+
+        Raises:
+            LoRAError: the adapter cannot be served (or LoRA is off).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot add LoRA adapters")
+
     def shutdown(self) -> None:
         """Stop the workers."""

@@ -33,6 +33,7 @@ class WorkerCommand(enum.IntEnum):
     EXECUTE_MODEL = 2  # (SchedulerOutput) -> ModelRunnerOutput
     DESCRIBE = 3  # -> WorkerInfo
     SHUTDOWN = 4
+    ADD_LORA = 5  # (LoRARequest) -> bool, or the LoRAError it raised
 
 
 @dataclass(slots=True)
@@ -82,6 +83,7 @@ def _worker_main(config: BrigadeConfig, hf_config, rank: int, start_method: str,
         WorkerCommand.INITIALIZE_KV_CACHE: worker.initialize_kv_cache,
         WorkerCommand.EXECUTE_MODEL: worker.execute_model,
         WorkerCommand.DESCRIBE: lambda _: info,
+        WorkerCommand.ADD_LORA: lambda request: _add_lora(worker, request),
     }
     while True:
         try:
@@ -94,6 +96,16 @@ def _worker_main(config: BrigadeConfig, hf_config, rank: int, start_method: str,
             conn.send(WorkerReply(value=handlers[command](arg)))
         except BaseException as exc:
             conn.send(WorkerReply(error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def _add_lora(worker, lora_request):
+    """The worker's answer to ADD_LORA: a bad adapter is a reply (the LoRAError), not a dead worker."""
+    from brigade.lora.adapter import LoRAError
+
+    try:
+        return worker.add_lora(lora_request)
+    except LoRAError as exc:
+        return exc
 
 
 class PendingReplies:
@@ -161,6 +173,14 @@ class MultiprocExecutor(Executor):
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self._broadcast(WorkerCommand.INITIALIZE_KV_CACHE, num_blocks)
         self._collect()
+
+    def add_lora(self, lora_request) -> bool:
+        self._broadcast(WorkerCommand.ADD_LORA, lora_request)
+        replies = self._collect()
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies[0]
 
     def execute_model(self, scheduler_output: SchedulerOutput, *, overlap: bool = False):
         self._broadcast(WorkerCommand.EXECUTE_MODEL, scheduler_output)

@@ -24,5 +24,8 @@ class UniProcExecutor(Executor):
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.worker.initialize_kv_cache(num_blocks)
 
+    def add_lora(self, lora_request) -> bool:
+        return self.worker.add_lora(lora_request)
+
     def execute_model(self, scheduler_output: SchedulerOutput, *, overlap: bool = False):
         return self.worker.execute_model(scheduler_output, overlap=overlap)

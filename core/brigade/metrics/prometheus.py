@@ -30,9 +30,12 @@ class PrometheusStatLogger(StatLoggerBase):
     Args:
         model_name: the served model name (the ``model_name`` label).
         registry: where the metrics live; a fresh CollectorRegistry when None.
+        max_loras: ``--max-loras`` when LoRA is enabled: adds vLLM's info gauge ``brigade:lora_requests_info``
+            (labels ``max_lora``, ``running_lora_adapters``, ``waiting_lora_adapters``: comma-separated adapter
+            names; value: when it was last set, in Unix seconds). Only the latest label set is kept.
     """
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None):
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, max_loras: int | None = None):
         self.registry = registry if registry is not None else CollectorRegistry()
         labels = ["model_name"]
         reg = self.registry
@@ -66,6 +69,11 @@ class PrometheusStatLogger(StatLoggerBase):
         self.inter_token_latency = histogram("inter_token_latency_seconds", "Time between output tokens.",
                                              ITL_BUCKETS)
         self.e2e_request_latency = histogram("e2e_request_latency_seconds", "Arrival to last token.", E2E_BUCKETS)
+        self.max_loras = max_loras
+        self.lora_info = None if max_loras is None else Gauge(
+            "brigade:lora_requests_info", "Running and waiting LoRA adapters (labels); value: last update time.",
+            ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=reg)
+        self._lora_labels: tuple[str, str, str] | None = None
         self.time_per_output_token = histogram("request_time_per_output_token_seconds",
                                                "Mean time per output token after the first, per request.",
                                                ITL_BUCKETS)
@@ -82,6 +90,8 @@ class PrometheusStatLogger(StatLoggerBase):
                 self.set_kv_cache_blocks(scheduler_stats.num_free_blocks, scheduler_stats.num_total_blocks)
             else:
                 self.kv_cache_usage_perc.set(scheduler_stats.kv_cache_usage)
+            if self.lora_info is not None:
+                self._set_lora_info(scheduler_stats)
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)
         self.generation_tokens.inc(iteration_stats.num_generation_tokens)
         for ttft in iteration_stats.time_to_first_tokens_s:
@@ -93,6 +103,14 @@ class PrometheusStatLogger(StatLoggerBase):
             self.e2e_request_latency.observe(finished.e2e_latency_s)
             if finished.tpot_s is not None:
                 self.time_per_output_token.observe(finished.tpot_s)
+
+    def _set_lora_info(self, stats: SchedulerStats) -> None:
+        labels = (str(self.max_loras), ",".join(sorted(stats.running_lora_adapters)),
+                  ",".join(sorted(stats.waiting_lora_adapters)))
+        if labels != self._lora_labels:
+            self.lora_info.clear()
+            self._lora_labels = labels
+        self.lora_info.labels(*labels).set_to_current_time()
 
     def set_kv_cache_blocks(self, num_free_blocks: int, num_total_blocks: int) -> None:
         """Refresh the KV gauges from a block count (a step's stats, or a direct query when idle)."""

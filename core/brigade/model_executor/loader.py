@@ -83,13 +83,14 @@ def get_quant_config(model_config: ModelConfig, hf_config: Any) -> Any | None:
 
 
 def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype, device: torch.device,
-               attn_backend: type[AttentionBackend]) -> nn.Module:
+               attn_backend: type[AttentionBackend], fold_norms: bool = True) -> nn.Module:
     """Build the model on ``device`` in ``dtype`` and load its weights; returns it in eval mode.
 
     ``load_format``: "auto"/"safetensors" stream ``*.safetensors`` from ``model_config.model``;
     "dummy" draws random weights seeded by ``model_config.seed``. Quantization methods get their
     ``process_weights_after_loading`` call after either. Where the platform registered an ``rms_norm_gemm``
-    (``linear_method.register_dense_gemm``), the model's ``fold_norm_weights`` then runs, when it has one.
+    (``linear_method.register_dense_gemm``), the model's ``fold_norm_weights`` then runs, when it has one,
+    unless ``fold_norms`` is False (LoRA: the adapters' deltas read the normalized input, norm weight included).
 
     Raises:
         ConfigError: unsupported architecture or load format.
@@ -115,7 +116,7 @@ def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype,
         raise ConfigError(f"--load-format {fmt} is not supported by the model loader yet; convert the "
                           "checkpoint to an HF safetensors directory (scripts/fetch_model.py does for GGUF)")
     process_weights_after_loading(model)
-    if fold_norms_wanted(device.type) and hasattr(model, "fold_norm_weights"):
+    if fold_norms and fold_norms_wanted(device.type) and hasattr(model, "fold_norm_weights"):
         with torch.no_grad():
             folded = model.fold_norm_weights()
         logger.info("folded %d RMSNorm weights into the projections that follow them", folded)

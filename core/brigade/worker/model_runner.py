@@ -46,14 +46,45 @@ class ModelRunner:
         self.cuda_graphs = None  # DecodeGraphs once captured
         self.prev_sampled: torch.Tensor | None = None  # [num_sampled] int64 on the device, last step's samples
         self.prev_rows: dict[str, int] = {}  # request id -> row of prev_sampled
+        self.lora_manager = None  # brigade.lora.manager.LoRAManager with --enable-lora
 
     # ---- set-up ---------------------------------------------------------------------------------
     def load_model(self) -> None:
         from brigade.model_executor.loader import load_model
 
+        lora_config = self.config.lora_config
         self.model = load_model(self.config.model_config, self.hf_config, dtype=self.dtype, device=self.device,
-                                attn_backend=self.attn_backend)
+                                attn_backend=self.attn_backend, fold_norms=lora_config is None)
         self.vocab_size = self.hf_config.vocab_size
+        if lora_config is not None:
+            self._init_lora(lora_config)
+
+    def _init_lora(self, lora_config) -> None:
+        """Give the model's projections LoRA slots and load the --lora-modules adapters (book ch. 12)."""
+        from brigade.lora.manager import LoRAManager
+        from brigade.lora.request import LoRARequest
+        from brigade.worker.cuda_graph import default_capture_sizes
+
+        sched, comp = self.config.scheduler_config, self.config.compilation_config
+        graph_rows = max(comp.cudagraph_capture_sizes or default_capture_sizes(sched.max_num_seqs, 3))
+        max_tokens = max(sched.max_num_batched_tokens or 8192, sched.max_num_seqs, graph_rows, 512)
+        self.lora_manager = LoRAManager(self.model, self.hf_config, lora_config, max_num_tokens=max_tokens,
+                                        device=self.device, dtype=self.dtype)
+        for i, (name, path) in enumerate(lora_config.lora_modules.items(), start=1):
+            self.lora_manager.add_adapter(LoRARequest(name, i, path))
+
+    def add_lora(self, lora_request) -> bool:
+        """Register an adapter (a ``LoRARequest``); False when its name is taken.
+
+        Raises:
+            LoRAError: the adapter cannot be served, or LoRA is not enabled.
+        """
+        from brigade.lora.adapter import LoRAError
+
+        if self.lora_manager is None:
+            raise LoRAError(f"LoRA adapter {lora_request.lora_name!r}: LoRA is not enabled; start the engine "
+                            "with enable_lora=True (--enable-lora)")
+        return self.lora_manager.add_adapter(lora_request)
 
     def kv_cache_bytes_per_block(self, cache_dtype: torch.dtype | None = None) -> int:
         """Bytes one block takes across all layers (K and V)."""
@@ -144,7 +175,8 @@ class ModelRunner:
                                             generator=generator, eos_token_id=new.eos_token_id)
             self.requests[new.req_id] = CachedRequestState(
                 req_id=new.req_id, token_ids=token_ids, num_prompt_tokens=new.num_prompt_tokens,
-                block_ids=list(new.block_ids), num_computed_tokens=new.num_computed_tokens, sampling=sampling)
+                block_ids=list(new.block_ids), num_computed_tokens=new.num_computed_tokens, sampling=sampling,
+                lora_name=new.lora_name)
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(cached.req_ids, cached.new_block_ids,
                                                     cached.num_computed_tokens):
@@ -174,6 +206,8 @@ class ModelRunner:
         # inputs go straight into the graph's buffers.
         use_graph = (not want_prompt_logprobs and self.cuda_graphs is not None
                      and self.cuda_graphs.can_run(len(order), max(num_scheduled.values())))
+        if self.lora_manager is not None:  # slots and token mask for this step (persistent buffers: graph-safe)
+            self.lora_manager.set_batch([s.lora_name for s in states], [num_scheduled[rid] for rid in order])
         inputs = build_step_inputs(states, [num_scheduled[rid] for rid in order], block_size=self.block_size,
                                    device=self.device,
                                    transfer=self.cuda_graphs.transfer if use_graph else self.transfer)
@@ -301,6 +335,8 @@ class ModelRunner:
                 num_computed_tokens=computed, sampling=None))
             first += num_blocks
         inputs = build_step_inputs(states, num_scheduled, block_size=self.block_size, device=self.device)
+        if self.lora_manager is not None:
+            self.lora_manager.clear_batch()
         head_size, num_kv_heads, num_layers = self._kv_shape()
         shape = self.attn_backend.kv_cache_shape(first, self.block_size, num_kv_heads, head_size)
         kv = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]

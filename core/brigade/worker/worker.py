@@ -92,5 +92,9 @@ class Worker:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.model_runner.initialize_kv_cache(num_blocks)
 
+    def add_lora(self, lora_request) -> bool:
+        """Register a LoRA adapter (``brigade.lora.LoRARequest``) with the runner; False when the name is taken."""
+        return self.model_runner.add_lora(lora_request)
+
     def execute_model(self, scheduler_output: SchedulerOutput, *, overlap: bool = False):
         return self.model_runner.execute_model(scheduler_output, overlap=overlap)

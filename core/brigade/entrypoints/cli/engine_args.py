@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from brigade.config import (BrigadeConfig, CacheConfig, CompilationConfig, ConfigError, KVTransferConfig,
-                            ModelConfig, ParallelConfig, SchedulerConfig)
+                            LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig)
 
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 KV_CACHE_DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -93,6 +93,14 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
                    help="fcfs (default): arrival order; priority: lowest request priority value first, then arrival")
     s.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule step N+1 while step N runs on the device (default: on for GPUs)")
+    lo = parser.add_argument_group("LoRA adapters")
+    lo.add_argument("--enable-lora", action="store_true", default=None,
+                    help="serve LoRA adapters on top of the model (requests pick one by its name as \"model\")")
+    lo.add_argument("--lora-modules", nargs="+", action="extend", metavar="NAME=PATH",
+                    help="adapters to serve: NAME=PATH of a PEFT folder, or JSON {\"name\": ..., \"path\": ...}; "
+                         "several values, or the flag repeated")
+    lo.add_argument("--max-loras", type=int, help="most distinct adapters in one batch (default 1)")
+    lo.add_argument("--max-lora-rank", type=int, help="largest adapter rank served (default 16)")
     p = parser.add_argument_group("parallelism")
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, help="GPUs per layer (only 1 runs yet)")
     p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1,
@@ -167,6 +175,55 @@ def parse_kv_transfer_config(raw: str | None, connectors: Sequence[str]) -> KVTr
     if not isinstance(extra, dict):
         raise ConfigError("--kv-transfer-config kv_connector_extra_config must be a JSON object")
     return KVTransferConfig(kv_connector=connector, kv_role=role, kv_connector_extra_config=extra)
+
+
+def parse_lora_modules(values: Sequence[str] | None) -> dict[str, str]:
+    """``--lora-modules`` values (``NAME=PATH``, or vLLM's JSON ``{"name": NAME, "path": PATH}``) to a
+    name -> path dict.
+
+    Raises:
+        ConfigError: a malformed value, an empty name or path, a name given twice, or a path that is not a folder.
+    """
+    modules: dict[str, str] = {}
+    for value in values or []:
+        name = path = None
+        if value.lstrip().startswith("{"):
+            try:
+                data = json.loads(value)
+            except json.JSONDecodeError:
+                data = None
+            if isinstance(data, dict) and isinstance(data.get("name"), str) and isinstance(data.get("path"), str):
+                name, path = data["name"], data["path"]
+        elif "=" in value:
+            name, path = value.split("=", 1)
+        if not name or not name.strip() or not path:
+            raise ConfigError(f"--lora-modules {value!r} is not NAME=PATH (or JSON {{\"name\": ..., \"path\": ...}}); "
+                              "e.g. --lora-modules sql=/adapters/sql-lora")
+        if name in modules:
+            raise ConfigError(f"--lora-modules: adapter name {name!r} is given twice ({modules[name]} and {path})")
+        if not os.path.isdir(path):
+            raise ConfigError(f"--lora-modules {name}={path}: {path!r} is not a folder; give a PEFT adapter folder "
+                              "(adapter_config.json, adapter_model.safetensors)")
+        modules[name] = path
+    return modules
+
+
+def lora_config_from_args(args: argparse.Namespace, served_name: str) -> LoRAConfig | None:
+    """The LoRAConfig of ``--enable-lora`` and its flags, or None without it.
+
+    Raises:
+        ConfigError: ``--lora-modules`` without ``--enable-lora``, a bad ``--lora-modules`` value, an adapter
+            named like the served model, or a bad count.
+    """
+    values = getattr(args, "lora_modules", None)
+    if not getattr(args, "enable_lora", None):
+        if values:
+            raise ConfigError("--lora-modules needs --enable-lora")
+        return None
+    config = LoRAConfig(**_set(dict(lora_modules=parse_lora_modules(values), max_loras=args.max_loras,
+                                    max_lora_rank=args.max_lora_rank)))
+    config.check_names(served_name)
+    return config
 
 
 def _set(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -297,4 +354,4 @@ def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
         model_config=model_config, cache_config=cache_config, scheduler_config=scheduler_config,
         parallel_config=parallel_config, compilation_config=compilation_config,
         kv_transfer_config=parse_kv_transfer_config(args.kv_transfer_config, choices.get("kv_connector", ())),
-        attention_backend=args.attention_backend)
+        lora_config=lora_config_from_args(args, model_config.name), attention_backend=args.attention_backend)

@@ -35,7 +35,7 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
 def check(args: argparse.Namespace) -> None:
     """Every check that needs no engine: the flags, then the platform's and the model's limits on them
     (``prepare_config`` on a copy: ``--kv-cache-memory`` against the RAM on the CPU, ``--max-model-len``
-    against config.json, the architecture). ``brigade``'s main runs it before the start-up log begins, and
+    against config.json, the architecture, the ``--lora-modules`` adapters). ``brigade``'s main runs it before the start-up log begins, and
     ``run`` before the port is bound, so a bad flag prints one line and a busy port never hides it.
 
     Raises:
@@ -50,6 +50,10 @@ def check(args: argparse.Namespace) -> None:
     settings_from_args(args)
     hf_config = prepare_config(copy.deepcopy(config))
     get_model_class(hf_config)
+    if config.lora_config is not None:  # each adapter read and checked against the model, one line if bad
+        from brigade.lora.adapter import check_adapters
+
+        check_adapters(config.lora_config, hf_config)
     args.serve_checked = True
 
 

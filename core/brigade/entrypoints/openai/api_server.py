@@ -129,7 +129,8 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
 
     load_plugins("api")
     served_name = config.model_config.name
-    stat_logger = PrometheusStatLogger(served_name)
+    stat_logger = PrometheusStatLogger(
+        served_name, max_loras=config.lora_config.max_loras if config.lora_config is not None else None)
     stat_loggers: list[StatLoggerBase] = [stat_logger, *_plugin_stat_loggers(config)]
     for sl in stat_loggers:
         engine.add_stat_logger(sl)
@@ -138,7 +139,8 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     common = dict(served_model_name=served_name, tokenizer_executor=tokenizer_executor,
                   generation_defaults=load_generation_defaults(config.model_config),
                   log_requests=settings.log_requests, drain=drain,
-                  scheduling_policy=config.scheduler_config.policy, max_token_chars=max_token_chars(engine.tokenizer))
+                  scheduling_policy=config.scheduler_config.policy, max_token_chars=max_token_chars(engine.tokenizer),
+                  lora_modules=dict(config.lora_config.lora_modules) if config.lora_config is not None else None)
     completion = OpenAIServingCompletion(engine, **common)
     chat = OpenAIServingChat(engine, **common)
     tokenization = OpenAIServingTokenization(chat)
@@ -192,19 +194,27 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
         body, content_type = stat_logger.render()
         return Response(content=body, media_type=content_type)
 
-    def model_card() -> ModelCard:
-        return ModelCard(id=served_name, root=config.model_config.model, max_model_len=engine.max_model_len)
+    adapters = dict(config.lora_config.lora_modules) if config.lora_config is not None else {}
+
+    def model_cards() -> dict[str, ModelCard]:
+        """The served model, then each LoRA adapter as vLLM lists it: ``root`` its path, ``parent`` the model."""
+        cards = {served_name: ModelCard(id=served_name, root=config.model_config.model,
+                                        max_model_len=engine.max_model_len)}
+        for name, path in adapters.items():
+            cards[name] = ModelCard(id=name, root=path, parent=served_name, max_model_len=engine.max_model_len)
+        return cards
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        return ModelList(data=[model_card()])
+        return ModelList(data=list(model_cards().values()))
 
     @app.get("/v1/models/{model_id:path}")
     async def retrieve_model(model_id: str) -> ModelCard:
-        """One model by id (the openai client's ``models.retrieve``); 404 ``model_not_found`` otherwise."""
-        if model_id != served_name:
-            raise OpenAIError.model_not_found(model_id, served_name)
-        return model_card()
+        """One model or adapter by id (the openai client's ``models.retrieve``); 404 ``model_not_found`` otherwise."""
+        card = model_cards().get(model_id)
+        if card is None:
+            raise OpenAIError.model_not_found(model_id, served_name, list(adapters))
+        return card
 
     @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(raw_request: Request) -> Response:

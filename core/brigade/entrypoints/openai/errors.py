@@ -8,7 +8,7 @@ model or route, 503 while the engine is dead, 500 only for a bug.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
@@ -51,8 +51,10 @@ class OpenAIError(Exception):
                    code="not_supported")
 
     @classmethod
-    def model_not_found(cls, model: str, served: str) -> "OpenAIError":
-        return cls(f"The model {model!r} does not exist; this server serves {served!r}", status_code=404,
+    def model_not_found(cls, model: str, served: str, adapters: Sequence[str] = ()) -> "OpenAIError":
+        """404 ``model_not_found``, naming the served model and its LoRA adapters."""
+        also = f" and the LoRA adapters {', '.join(repr(a) for a in adapters)}" if adapters else ""
+        return cls(f"The model {model!r} does not exist; this server serves {served!r}{also}", status_code=404,
                    param="model", code="model_not_found")
 
     @classmethod

@@ -24,6 +24,7 @@ from brigade.engine.input_processor import bad_words_token_ids, validate_plugin_
 from brigade.entrypoints.openai.errors import OpenAIError, from_invalid_param, from_validation_error
 from brigade.entrypoints.openai.protocol import SamplingFields, parse_json_body
 from brigade.entrypoints.openai.shutdown import Drain
+from brigade.lora.request import LoRARequest
 from brigade.outputs import CompletionOutput, Logprob, RequestOutput
 from brigade.sampling_params import InvalidParamError, RequestOutputKind, SamplingParams, StructuredOutputsParams
 from brigade.structured_output import validate_structured_outputs
@@ -192,11 +193,14 @@ class OpenAIServing:
             ``priority`` is refused under fcfs, as vLLM does.
         max_token_chars: ``max_token_chars(tokenizer)``, computed once by the server for all its handlers;
             None makes no check before tokenizing.
+        lora_modules: the ``--lora-modules`` adapters (name -> path); a request whose ``model`` is one of these
+            names runs on that adapter, and its responses name it as their ``model`` (as vLLM's do).
     """
 
     def __init__(self, engine: Any, *, served_model_name: str, tokenizer_executor: ThreadPoolExecutor,
                  generation_defaults: dict[str, Any], log_requests: bool = True, drain: Drain | None = None,
-                 scheduling_policy: str = "fcfs", max_token_chars: int | None = None):
+                 scheduling_policy: str = "fcfs", max_token_chars: int | None = None,
+                 lora_modules: dict[str, str] | None = None):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.max_model_len: int = engine.max_model_len
@@ -208,6 +212,9 @@ class OpenAIServing:
         self.scheduling_policy = scheduling_policy
         # Characters one token covers at most, for refusing huge prompts without tokenizing them.
         self.max_token_chars = max_token_chars
+        # Adapter name -> LoRARequest; ids 1, 2, ... in --lora-modules order.
+        self.lora_requests = {name: LoRARequest(name, i, path)
+                              for i, (name, path) in enumerate((lora_modules or {}).items(), start=1)}
         # Without a tokenizer (--skip-tokenizer-init) prompts are token ids checked against the model's vocab.
         self.vocab_size = len(self.tokenizer) if self.tokenizer is not None else engine.hf_config.vocab_size
 
@@ -221,8 +228,8 @@ class OpenAIServing:
             OpenAIError: 404, 503 or 400.
         """
         model = getattr(request, "model", None)
-        if model is not None and model != self.served_model_name:
-            raise OpenAIError.model_not_found(model, self.served_model_name)
+        if model is not None and model != self.served_model_name and model not in self.lora_requests:
+            raise OpenAIError.model_not_found(model, self.served_model_name, list(self.lora_requests))
         try:
             await self.engine.check_health()
         except EngineDeadError as exc:
@@ -403,6 +410,11 @@ class OpenAIServing:
         """400 when a token-id prompt holds an id outside the vocabulary."""
         self._checked_token_ids(list(token_ids), param)
 
+    def model_name(self, request: BaseModel) -> str:
+        """The ``model`` a response names: the request's LoRA adapter, else the served model."""
+        model = getattr(request, "model", None)
+        return model if model in self.lora_requests else self.served_model_name
+
     # ---- engine --------------------------------------------------------------------------------------
     def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
                  request: SamplingFields):
@@ -410,8 +422,10 @@ class OpenAIServing:
         if self.log_requests:
             logger.info("request %s: %d prompt tokens, params=%s", request_id, len(prompt_token_ids),
                         brief(repr(msgspec.structs.replace(params, bad_words_token_ids=None))))
+        lora_request = self.lora_requests.get(getattr(request, "model", None))
+        kwargs = {"lora_request": lora_request} if lora_request is not None else {}  # test engines may lack it
         outputs = self.engine.generate(prompt_token_ids, params, request_id, priority=request.priority,
-                                       cache_salt=request.cache_salt)
+                                       cache_salt=request.cache_salt, **kwargs)
         return outputs if self.drain is None else self.drain.guard(outputs)
 
     async def abort(self, request_ids: Sequence[str]) -> None:

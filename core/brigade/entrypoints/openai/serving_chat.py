@@ -168,7 +168,7 @@ class OpenAIServingChat(OpenAIServing):
             choices.append(ChatChoice(index=j, message=message, logprobs=logprobs, finish_reason=finish_reason,
                                       stop_reason=state.stop_reason))
         usage = UsageInfo.from_counts(len(prompt_ids), result.num_generated_tokens(), result.num_cached_tokens)
-        return ChatCompletionResponse(id=request_id, model=self.served_model_name, choices=choices, usage=usage)
+        return ChatCompletionResponse(id=request_id, model=self.model_name(request), choices=choices, usage=usage)
 
     @staticmethod
     def _message(text: str, finish_reason: str | None, plan: ToolPlan) -> tuple[ChatResponseMessage, str | None]:
@@ -188,7 +188,7 @@ class OpenAIServingChat(OpenAIServing):
         exclude = None if request.include_usage() else {"usage"}
 
         def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
-            body = ChatCompletionStreamResponse(id=request_id, created=created, model=self.served_model_name,
+            body = ChatCompletionStreamResponse(id=request_id, created=created, model=self.model_name(request),
                                                 choices=choices, usage=usage)
             return sse_event(body, exclude=None if usage is not None else exclude)
 

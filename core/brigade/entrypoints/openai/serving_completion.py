@@ -195,7 +195,7 @@ class OpenAIServingCompletion(OpenAIServing):
         usage = UsageInfo.from_counts(sum(len(p.token_ids) for p in prompts),
                                       sum(r.num_generated_tokens() for r in results),
                                       sum(r.num_cached_tokens for r in results))
-        return CompletionResponse(id=base_id, model=self.served_model_name, choices=choices, usage=usage)
+        return CompletionResponse(id=base_id, model=self.model_name(request), choices=choices, usage=usage)
 
     async def _stream(self, request: CompletionRequest, prompts: list[PromptInput], params: list[SamplingParams],
                       base_id: str, request_ids: list[str]) -> AsyncIterator[str]:
@@ -234,7 +234,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                                     results[i].num_cached_tokens)
                               if request.continuous_usage() else None)  # this prompt's usage so far
                     yield sse_event(CompletionStreamResponse(id=base_id, created=created,
-                                                             model=self.served_model_name, choices=[choice],
+                                                             model=self.model_name(request), choices=[choice],
                                                              usage=so_far),
                                     exclude=exclude)
                 if output.finished:
@@ -243,7 +243,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 usage = UsageInfo.from_counts(sum(len(p.token_ids) for p in prompts),
                                               sum(r.num_generated_tokens() for r in results),
                                               sum(r.num_cached_tokens for r in results))
-                yield sse_event(CompletionStreamResponse(id=base_id, created=created, model=self.served_model_name,
+                yield sse_event(CompletionStreamResponse(id=base_id, created=created, model=self.model_name(request),
                                                          choices=[], usage=usage))
         except Exception as exc:  # reported to the client as the stream's one error event
             yield sse_error_event(self.as_openai_error(exc))

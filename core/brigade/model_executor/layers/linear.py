@@ -31,6 +31,9 @@ class LinearBase(nn.Module):
         self.output_size = sum(output_sizes)
         self.shard_ids = shard_ids
         self.quant_method = quant_method or UnquantizedLinearMethod()
+        # LoRA slots (brigade.lora.layers.LoRALinear), set by the LoRAManager when --enable-lora; with them,
+        # every product adds the delta and the fused variants below step aside for the plain path.
+        self.lora = None
         self.quant_method.create_weights(self, input_size=input_size, output_sizes=self.output_sizes,
                                          dtype=dtype)
         if bias:
@@ -53,8 +56,10 @@ class LinearBase(nn.Module):
         default_weight_loader(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Args: x [num_tokens, input_size]. Returns [num_tokens, output_size] in x's dtype."""
-        return self.quant_method.apply(self, x, self.bias)
+        """Args: x [num_tokens, input_size]. Returns [num_tokens, output_size] in x's dtype (plus each token's
+        LoRA delta when the layer has LoRA slots)."""
+        out = self.quant_method.apply(self, x, self.bias)
+        return out if self.lora is None else self.lora.apply(x, out)
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor | None
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -69,6 +74,8 @@ class LinearBase(nn.Module):
         """
         if residual is None:
             return self.forward(x), None
+        if self.lora is not None:  # the epilogue kernel knows nothing of the delta: leave the add pending
+            return self.forward(x), residual
         out = self.quant_method.apply_residual(self, x, self.bias, residual)
         return (out, None) if out is not None else (self.forward(x), residual)
 
@@ -79,8 +86,11 @@ class LinearBase(nn.Module):
         ``forward_add``).
 
         Args: x [num_tokens, 2 * input_size], gate then up (a ``MergedColumnLinear`` gate_up output);
-        residual as in ``forward_add``.
+        residual as in ``forward_add``. Always None for a layer with LoRA slots (the delta needs the activation's
+        output, which the fused kernel never writes).
         """
+        if self.lora is not None:
+            return None
         out = self.quant_method.apply_silu_mul(self, x, self.bias, residual=residual)
         if out is None and residual is not None:  # the kernel may take the activation but not the add
             out = self.quant_method.apply_silu_mul(self, x, self.bias)
@@ -100,7 +110,7 @@ class LinearBase(nn.Module):
         if rest is not None:
             normed, stream = norm(x, rest)
             return self.forward(normed), stream
-        if getattr(norm, "weight_folded", False):
+        if getattr(norm, "weight_folded", False) and self.lora is None:
             out = self.quant_method.apply_rms_norm(self, x, self.bias, norm.variance_epsilon)
             if out is not None:
                 return out, x
@@ -110,9 +120,10 @@ class LinearBase(nn.Module):
         """Fold ``norm.weight`` (an ``RMSNorm`` applied to this layer's input) into the weight, leaving the
         norm's weight all ones and ``norm.weight_folded`` set; False when the method cannot (nothing changes).
 
-        ``W @ (w * n)`` equals ``(W diag(w)) @ n``: the same function, rounded once more in the weight.
+        ``W @ (w * n)`` equals ``(W diag(w)) @ n``: the same function, rounded once more in the weight. A layer
+        with LoRA slots refuses: its delta reads the normalized input with the norm's weight applied.
         """
-        if not self.quant_method.fold_input_scale(self, norm.weight.data):
+        if self.lora is not None or not self.quant_method.fold_input_scale(self, norm.weight.data):
             return False
         norm.mark_weight_folded()
         return True
