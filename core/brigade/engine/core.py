@@ -15,6 +15,7 @@ from brigade.core.scheduler import Scheduler
 from brigade.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, UtilityMethod
 from brigade.executor.abstract import Executor
 from brigade.structured_output import StructuredOutputManager
+from brigade.utils import freeze_gc_heap
 
 logger = logging.getLogger("brigade.engine")
 
@@ -74,6 +75,7 @@ class EngineCore:
         overlap = config.scheduler_config.async_scheduling
         self.overlap = config.device == "cuda" if overlap is None else overlap
         self._in_flight = None  # (SchedulerOutput, SampledTokens) of the step launched last, when overlapping
+        logger.debug("froze %d start-up objects out of the garbage collector's reach", freeze_gc_heap())
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request.from_engine_core_request(request, self.config.model_config.max_model_len))

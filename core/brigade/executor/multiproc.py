@@ -19,6 +19,7 @@ from typing import Any
 from brigade.config import BrigadeConfig
 from brigade.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from brigade.executor.abstract import Executor
+from brigade.utils import freeze_gc_heap
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def _worker_main(config: BrigadeConfig, hf_config, rank: int, start_method: str,
         return
     handlers = {
         WorkerCommand.DETERMINE_NUM_KV_BLOCKS: lambda _: worker.determine_num_kv_blocks(),
-        WorkerCommand.INITIALIZE_KV_CACHE: worker.initialize_kv_cache,
+        WorkerCommand.INITIALIZE_KV_CACHE: lambda num_blocks: _initialize_kv_cache(worker, num_blocks),
         WorkerCommand.EXECUTE_MODEL: worker.execute_model,
         WorkerCommand.DESCRIBE: lambda _: info,
         WorkerCommand.ADD_LORA: lambda request: _add_lora(worker, request),
@@ -96,6 +97,12 @@ def _worker_main(config: BrigadeConfig, hf_config, rank: int, start_method: str,
             conn.send(WorkerReply(value=handlers[command](arg)))
         except BaseException as exc:
             conn.send(WorkerReply(error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def _initialize_kv_cache(worker, num_blocks: int) -> None:
+    """The worker's last start-up command: allocate the cache (and capture graphs), then freeze the heap."""
+    worker.initialize_kv_cache(num_blocks)
+    freeze_gc_heap()
 
 
 def _add_lora(worker, lora_request):

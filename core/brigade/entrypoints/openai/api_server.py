@@ -39,6 +39,7 @@ from brigade.entrypoints.openai.shutdown import (FLUSH_GRACE_S, Drain, DrainingS
 from brigade.entrypoints.openai.streaming import json_response
 from brigade.metrics.prometheus import PrometheusStatLogger
 from brigade.metrics.stats import StatLoggerBase
+from brigade.utils import freeze_gc_heap
 from brigade.version import __version__
 
 logger = logging.getLogger("brigade.server")
@@ -147,6 +148,7 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        freeze_gc_heap()  # the server's start-up heap, out of the collector's reach (see freeze_gc_heap)
         task = asyncio.create_task(_log_periodically(stat_loggers))
         try:
             yield
