@@ -157,6 +157,9 @@ class CompilationConfig:
     """None follows the level."""
 
 
+POSSIBLE_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's; an adapter of a lower rank fits too
+
+
 @dataclass
 class LoRAConfig:
     """Multi-LoRA serving (--enable-lora; book ch. 12, Hu et al. 2021 arXiv:2106.09685). Present on a
@@ -172,8 +175,9 @@ class LoRAConfig:
     def __post_init__(self) -> None:
         if self.max_loras < 1:
             raise ConfigError(f"--max-loras must be at least 1, got {self.max_loras}")
-        if self.max_lora_rank < 1:
-            raise ConfigError(f"--max-lora-rank must be at least 1, got {self.max_lora_rank}")
+        if self.max_lora_rank not in POSSIBLE_MAX_LORA_RANKS:
+            raise ConfigError(f"--max-lora-rank must be one of {', '.join(map(str, POSSIBLE_MAX_LORA_RANKS))} "
+                              f"(as in vLLM), got {self.max_lora_rank}")
         for name, path in self.lora_modules.items():
             if not name or not name.strip():
                 raise ConfigError(f"--lora-modules: an adapter name is empty (path {path!r}); give NAME=PATH")

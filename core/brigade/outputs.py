@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -51,3 +52,4 @@ class RequestOutput:
     num_cached_tokens: int = 0
     prompt_logprobs: SampleLogprobs | None = None
     metrics: dict = field(default_factory=dict)
+    lora_request: Any = None  # the brigade.lora.LoRARequest it ran on (offline ``LLM``), as in vLLM

@@ -48,6 +48,16 @@ def _edit_tensors(path, fn):
 KEY = "base_model.model.model.layers.0.self_attn.q_proj"
 
 
+def test_peft_string_target_modules(tmp_path, smollm2_config):
+    """PEFT also writes target_modules as a string: "all-linear", or a regex the module's full name matches."""
+    for targets in ("all-linear", ".*\\.(q_proj|v_proj)", "model\\.layers\\.0\\.self_attn\\.(q|v)_proj"):
+        path = write_adapter(tmp_path / f"s{len(targets)}", smollm2_config, seed=0, rank=8,
+                             targets=("q_proj", "v_proj"), layers=[0])
+        _edit_config(path, target_modules=targets)
+        adapter = load_adapter("s", str(path), smollm2_config, max_rank=16)
+        assert adapter.target_modules == {"q_proj", "v_proj"}
+
+
 @pytest.mark.parametrize("breakage,needle", [
     (lambda p: (p / "adapter_config.json").unlink(), "no adapter_config.json in the folder"),
     (lambda p: (p / "adapter_model.safetensors").rename(p / "adapter_model.bin"),
@@ -68,6 +78,15 @@ KEY = "base_model.model.model.layers.0.self_attn.q_proj"
      "is for layer 99, but the model has 30 layers"),
     (lambda p: _edit_tensors(p, lambda t: t.update({"base_model.model.lm_head.lora_A.weight": torch.zeros(8, 576)})),
      "tensor 'base_model.model.lm_head.lora_A.weight' is not a lora_A/lora_B weight of a projection"),
+    (lambda p: _edit_tensors(p, lambda t: t[f"{KEY}.lora_A.weight"].__setitem__((0, 0), float("nan"))),
+     f"tensor '{KEY}.lora_A.weight' holds NaN or infinite values"),
+    (lambda p: _edit_tensors(p, lambda t: t[f"{KEY}.lora_B.weight"].__setitem__((3, 1), float("inf"))),
+     f"tensor '{KEY}.lora_B.weight' holds NaN or infinite values"),
+    (lambda p: _edit_config(p, lora_alpha=float("nan")), "'lora_alpha' must be a finite number, got nan"),
+    (lambda p: _edit_config(p, lora_alpha=float("inf")), "'lora_alpha' must be a finite number, got inf"),
+    (lambda p: _edit_config(p, target_modules=".*\\.(q_proj"), "is not a valid regular expression"),
+    (lambda p: _edit_config(p, target_modules=".*\\.k_proj"),
+     f"tensor '{KEY}.lora_A.weight' adapts a module that target_modules '.*\\\\.k_proj' does not match"),
 ])
 def test_bad_adapters_fail_in_one_line(tmp_path, smollm2_config, breakage, needle):
     path = write_adapter(tmp_path / "bad", smollm2_config, seed=0, rank=8, targets=("q_proj", "v_proj"), layers=[0])

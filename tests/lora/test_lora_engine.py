@@ -47,9 +47,10 @@ def test_a_batch_mixing_base_and_two_adapters(llm, requests, prompt_ids, hf_lora
     names = [None, "sql", "poet"]
     prompts = [ids for ids in prompt_ids for _ in names]
     loras = [requests.get(name) for _ in prompt_ids for name in names]
-    got = tokens(llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=loras))
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=loras)
     expected = [hf_lora_tokens[name][i] for i in range(len(prompt_ids)) for name in names]
-    assert got == expected
+    assert tokens(outputs) == expected
+    assert [o.lora_request for o in outputs] == loras  # each output says which adapter made it, as in vLLM
     stats = llm.get_kv_cache_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
@@ -90,3 +91,10 @@ def test_lora_request_without_enable_lora(smollm2_path, requests, prompt_ids):
     llm = LLM(str(smollm2_path), dtype="float32", max_model_len=128, kv_cache_memory_gib=0.05)
     with pytest.raises(LoRAError, match="LoRA is not enabled; build the LLM with enable_lora=True"):
         llm.generate(prompt_ids[0], GREEDY, use_tqdm=False, lora_request=requests["sql"])
+
+
+def test_slots_too_large_for_memory_are_one_error_naming_the_flags(smollm2_path):
+    """The slots are allocated up front; a size the device cannot hold says which flags to lower."""
+    with pytest.raises(LoRAError, match=r"--max-loras 10000000 x --max-lora-rank 8: the LoRA slots need "
+                                        r"[\d.]+ GiB on cpu, which could not be allocated .*; lower --max-loras"):
+        make_llm(smollm2_path, max_loras=10_000_000, max_lora_rank=8)

@@ -102,15 +102,24 @@ def _check(*argv: str) -> None:
     (["--enable-lora", "--served-model-name", "smol", "--lora-modules", "smol={sql}"],
      "--lora-modules: adapter name 'smol' is the served model's name"),
     (["--enable-lora", "--lora-modules", "a=/nowhere"], "--lora-modules a=/nowhere: '/nowhere' is not a folder"),
-    (["--enable-lora", "--max-lora-rank", "4", "--lora-modules", "a={sql}"],
-     "LoRA adapter 'a' ({sql}): rank 8 is above --max-lora-rank 4"),
+    (["--enable-lora", "--max-lora-rank", "1", "--lora-modules", "a={sql}"],
+     "LoRA adapter 'a' ({sql}): rank 8 is above --max-lora-rank 1"),
     (["--enable-lora", "--max-loras", "0"], "--max-loras must be at least 1, got 0"),
+    (["--enable-lora", "--max-lora-rank", "100000"],
+     "--max-lora-rank must be one of 1, 8, 16, 32, 64, 128, 256, 320, 512 (as in vLLM), got 100000"),
 ])
 def test_bad_lora_flags_are_refused_before_start(smollm2_path, lora_adapters, argv, needle):
     fill = {name: str(path) for name, path in lora_adapters.items()}
     with pytest.raises(ConfigError) as info:
         _check(str(smollm2_path), *[a.format(**fill) for a in argv])
     assert needle.format(**fill) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_model_after_lora_modules_is_named_in_the_error(smollm2_path, lora_adapters):
+    """--lora-modules takes several values, so a MODEL after it is read as one more adapter (argparse)."""
+    with pytest.raises(ConfigError) as info:
+        _check("--enable-lora", "--lora-modules", f"sql={lora_adapters['sql']}", str(smollm2_path))
+    assert f"--lora-modules also took {str(smollm2_path)!r}; put MODEL before --lora-modules" in str(info.value)
 
 
 def test_good_lora_flags_pass_the_checks(smollm2_path, lora_adapters):
@@ -120,8 +129,8 @@ def test_good_lora_flags_pass_the_checks(smollm2_path, lora_adapters):
 
 @pytest.mark.parametrize("argv,needle", [
     (["--lora-modules", "a={sql}"], "--lora-modules needs --enable-lora"),
-    (["--enable-lora", "--max-lora-rank", "4", "--lora-modules", "a={sql}"],
-     "LoRA adapter 'a' ({sql}): rank 8 is above --max-lora-rank 4"),
+    (["--enable-lora", "--max-lora-rank", "1", "--lora-modules", "a={sql}"],
+     "LoRA adapter 'a' ({sql}): rank 8 is above --max-lora-rank 1"),
 ])
 def test_bad_lora_flags_are_one_line_from_the_cli(smollm2_path, lora_adapters, argv, needle):
     fill = {name: str(path) for name, path in lora_adapters.items()}

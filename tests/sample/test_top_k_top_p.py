@@ -89,3 +89,17 @@ def test_seeded_rows_use_their_own_generator(draw):
     assert a[1] == b[1]
     c = draw(probs[[1]].clone(), {0: torch.Generator().manual_seed(5)})  # alone in its batch: same draw
     assert c[0] == a[1]
+
+
+def test_a_row_of_nan_logits_stays_in_the_vocabulary_and_leaves_other_rows_alone():
+    """Non-finite logits (a diverged LoRA adapter, say) make a row of NaN probabilities; its draw must still be
+    a vocabulary id (an id past the end killed the engine at the next embedding lookup) and the other rows'
+    seeded draws must not change."""
+    vocab = 50
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(1))
+    want = inverse_cdf_sample(logits[[0, 2]].softmax(-1), {0: torch.Generator().manual_seed(5),
+                                                           1: torch.Generator().manual_seed(6)})
+    logits[1] = float("nan")
+    got = random_sample(logits.clone(), {0: torch.Generator().manual_seed(5), 2: torch.Generator().manual_seed(6)})
+    assert 0 <= int(got[1]) < vocab
+    assert got[[0, 2]].tolist() == want.tolist()

@@ -89,7 +89,10 @@ class LLM:
             for request_id in ids:
                 self.engine.abort_request(request_id)
             raise
-        return self._run(ids, use_tqdm)
+        outputs = self._run(ids, use_tqdm)
+        for output, lora in zip(outputs, loras):
+            output.lora_request = lora
+        return outputs
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None, *,
              use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,

@@ -1,7 +1,8 @@
 """Loading and checking PEFT LoRA adapters (book ch. 12; Hu et al. 2021, arXiv:2106.09685).
 
-An adapter folder holds ``adapter_config.json`` (``r``, ``lora_alpha``, ``target_modules``, optional
-``use_rslora``) and ``adapter_model.safetensors`` with tensors named
+An adapter folder holds ``adapter_config.json`` (``r``, ``lora_alpha``, ``target_modules`` as a list of
+projection names, or as PEFT's string: "all-linear" or a regex matched against ``model.layers.{i}.{block}.
+{proj}``; optional ``use_rslora``) and ``adapter_model.safetensors`` with tensors named
 ``base_model.model.model.layers.{i}.{self_attn|mlp}.{proj}.lora_A.weight`` ([r, in]) and ``...lora_B.weight``
 ([out, r]). The adapted projection computes ``W x + scaling * B (A x)`` with ``scaling = lora_alpha / r``
 (``lora_alpha / sqrt(r)`` with rsLoRA). Everything this module cannot serve is refused with one
@@ -105,7 +106,8 @@ def load_adapter(name: str, path: str, hf_config: Any, *, max_rank: int) -> LoRA
     Raises:
         LoRAError: missing files, unreadable config or tensors, unsupported options (``bias`` other than
             "none", ``modules_to_save``, DoRA, per-module rank or alpha patterns), rank above ``max_rank``,
-            a target module the model lacks, a tensor of the wrong shape, an A without its B.
+            a target module the model lacks, a tensor of the wrong shape, an A without its B, a NaN or
+            infinite value in a tensor or in ``lora_alpha`` (one bad adapter would otherwise make NaN logits).
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -117,8 +119,8 @@ def load_adapter(name: str, path: str, hf_config: Any, *, max_rank: int) -> LoRA
     rank, alpha = cfg.get("r"), cfg.get("lora_alpha", cfg.get("r"))
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise fail(f"adapter_config.json 'r' must be a positive integer, got {rank!r}")
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
-        raise fail(f"adapter_config.json 'lora_alpha' must be a number, got {alpha!r}")
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
+        raise fail(f"adapter_config.json 'lora_alpha' must be a finite number, got {alpha!r}")
     if rank > max_rank:
         raise fail(f"rank {rank} is above --max-lora-rank {max_rank}; raise --max-lora-rank to at least {rank}")
     bias = cfg.get("bias", "none")
@@ -129,8 +131,16 @@ def load_adapter(name: str, path: str, hf_config: Any, *, max_rank: int) -> LoRA
             raise fail(f"{option} is not supported (got {cfg[option]!r})")
     shapes = target_shapes(hf_config)
     targets = cfg.get("target_modules")
+    pattern = None  # PEFT: a string is "all-linear" or a regex the module's full name must match
     if isinstance(targets, str):
-        targets = [targets]
+        if targets not in shapes:
+            try:
+                pattern = None if targets == "all-linear" else re.compile(targets)
+            except re.error as exc:
+                raise fail(f"target_modules {targets!r} is not a valid regular expression: {exc}") from None
+            targets = None
+        else:
+            targets = [targets]
     for module in targets or []:
         if module not in shapes:
             raise fail(f"target module {module!r} is not a projection of this model that LoRA can adapt "
@@ -152,6 +162,10 @@ def load_adapter(name: str, path: str, hf_config: Any, *, max_rank: int) -> LoRA
             raise fail(f"tensor {key!r} is for layer {layer}, but the model has {num_layers} layers")
         if targets is not None and module not in targets:
             raise fail(f"tensor {key!r} adapts {module}, which is not in target_modules {targets}")
+        if pattern is not None and not pattern.fullmatch(f"model.layers.{layer}.{match.group(2)}.{module}"):
+            raise fail(f"tensor {key!r} adapts a module that target_modules {pattern.pattern!r} does not match")
+        if not torch.isfinite(tensor).all():
+            raise fail(f"tensor {key!r} holds NaN or infinite values")
         in_f, out_f = shapes[module]
         expected = (rank, in_f) if half == "A" else (out_f, rank)
         if tuple(tensor.shape) != expected:

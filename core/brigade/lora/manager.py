@@ -46,10 +46,8 @@ class LoRAManager:
 
         self.hf_config = hf_config
         self.config = lora_config
-        self.batch = LoRABatch(max_num_tokens, lora_config.max_loras, dtype=dtype, device=device)
         packed = getattr(type(model), "packed_modules_mapping", {})
-        # (layer index, HF names of the module's output shards, its slots)
-        self.layers: list[tuple[int, list[str], LoRALinear]] = []
+        targets = []  # (layer index, HF names of the module's output shards, the module)
         for name, module in model.named_modules():
             match = _LAYER_MODULE.search(name)
             if match is None or not isinstance(module, LinearBase):
@@ -57,11 +55,26 @@ class LoRAManager:
             shards = packed.get(match.group(2), [match.group(2)])
             if not all(s in SUPPORTED_MODULES for s in shards) or len(shards) != len(module.output_sizes):
                 continue
-            module.lora = LoRALinear(module.input_size, module.output_sizes, self.batch,
-                                     max_rank=lora_config.max_lora_rank, dtype=dtype, device=device)
-            self.layers.append((int(match.group(1)), shards, module.lora))
-        if not self.layers:
+            targets.append((int(match.group(1)), shards, module))
+        if not targets:
             raise LoRAError(f"--enable-lora: {type(model).__name__} has no projections LoRA can adapt")
+        n, r = lora_config.max_loras, lora_config.max_lora_rank
+        slot_bytes = sum(n * len(shards) * r * (m.input_size + m.output_size) for _, shards, m in targets) \
+            * torch.empty((), dtype=dtype).element_size() + max_num_tokens * n * 4
+        logger.info("LoRA: %d slots of rank %d on %d projections take %.2f GiB on %s", n, r, len(targets),
+                    slot_bytes / 2**30, device)
+        # (layer index, HF names of the module's output shards, its slots)
+        self.layers: list[tuple[int, list[str], LoRALinear]] = []
+        try:
+            self.batch = LoRABatch(max_num_tokens, n, dtype=dtype, device=device)
+            for layer, shards, module in targets:
+                module.lora = LoRALinear(module.input_size, module.output_sizes, self.batch, max_rank=r,
+                                         dtype=dtype, device=device)
+                self.layers.append((layer, shards, module.lora))
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            raise LoRAError(f"--max-loras {n} x --max-lora-rank {r}: the LoRA slots need {slot_bytes / 2**30:.1f} "
+                            f"GiB on {device}, which could not be allocated ({type(exc).__name__}); lower "
+                            "--max-loras or --max-lora-rank") from None
         self.adapters: dict[str, LoRAAdapter] = {}
         self.slots: list[str | None] = [None] * lora_config.max_loras  # slot -> adapter name
         self._last_used = [0] * lora_config.max_loras  # step count when each slot last ran

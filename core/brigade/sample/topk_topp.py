@@ -103,4 +103,6 @@ def inverse_cdf_sample(probs: torch.Tensor, generators: dict[int, torch.Generato
     # probability (a flat step of the cdf) is never chosen; U < 1 keeps the target under the total.
     total = cdf[:, -1:]
     target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).squeeze(1)
+    # A row of NaN probabilities (non-finite logits) searches past the end; the clamp keeps its id in the
+    # vocabulary, so such a row gives a meaningless token instead of an index error that kills the engine.
+    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)

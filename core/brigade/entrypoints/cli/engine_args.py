@@ -126,6 +126,10 @@ def model_path(args: argparse.Namespace) -> str:
         command = f"bench {args.bench_command}"
     usage = "brigade generate PROMPT MODEL" if command == "generate" else f"brigade {command} MODEL"
     if not model:
+        swallowed = [v for v in (getattr(args, "lora_modules", None) or []) if "=" not in v and not v.startswith("{")]
+        if swallowed:  # --lora-modules takes several values: a model after it reads as one more adapter
+            raise ConfigError(f"no model given: --lora-modules also took {swallowed[-1]!r}; put MODEL before "
+                              f"--lora-modules ({usage} --lora-modules NAME=PATH ...)")
         raise ConfigError(f"no model given; pass an HF-format model directory: {usage} (or --model MODEL)")
     if not os.path.exists(model):
         prompt = getattr(args, "prompt", None)
