@@ -165,3 +165,17 @@ def test_seeded_random_sampling_is_reproducible(spec_llm, prompts):
     assert counts["num_accepted_tokens"] > 0, "drafts must be accepted on the random path too"
     for a, b in zip(first, second):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
+
+
+def test_stop_string_inside_a_step_cuts_like_without_speculation(spec_llm, base_llm, prompts):
+    """Stop strings are the front end's: with several tokens in one step, the tokens after the one completing
+    the stop string are dropped, so text, token ids and logprobs equal decoding without speculation."""
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, stop=["6,", "9,"], logprobs=1)
+    before = spec_counts(spec_llm)
+    out = spec_llm.generate([prompts[1]], params, use_tqdm=False)[0].outputs[0]
+    assert spec_counts(spec_llm)["num_accepted_tokens"] > before["num_accepted_tokens"]
+    ref = base_llm.generate([prompts[1]], params, use_tqdm=False)[0].outputs[0]
+    assert (out.text, out.token_ids, out.finish_reason, out.stop_reason) == \
+        (ref.text, ref.token_ids, "stop", "6,")
+    assert len(out.logprobs) == len(ref.logprobs) == len(ref.token_ids)
+    assert out.cumulative_logprob == pytest.approx(ref.cumulative_logprob, abs=1e-3)
