@@ -121,6 +121,16 @@ def test_rejected_tokens_never_reach_the_prefix_cache():
     assert set(sched.kv_cache_manager.pool.cached) <= set(expected)
 
 
+def test_drafts_are_dropped_before_anyone_is_preempted():
+    sched = make_scheduler(num_blocks=4, block_size=4)  # 3 usable blocks of 4 = 12 slots
+    sched.add_request(make_request("a", max_tokens=8))  # 8 prompt tokens: 2 blocks
+    step(sched, lambda rid, d: [7])
+    assert sched.requests["a"].spec_token_ids == [8, 9, 5, 6]  # would need 13 slots: 4 blocks
+    out, _ = step(sched, lambda rid, d: [8])
+    assert out.scheduled_spec_decode_tokens == {} and out.num_scheduled_tokens == {"a": 1}
+    assert not out.preempted_req_ids
+
+
 def test_preemption_drops_drafts():
     sched = make_scheduler(num_blocks=6, block_size=4)  # 5 usable blocks of 4 = 20 slots
     sched.add_request(make_request("a", max_tokens=10))

@@ -134,8 +134,14 @@ class Scheduler:
                 index += 1
                 continue
             drafts = self._schedulable_drafts(request, budget) if num_new == 1 else []
+            new_blocks = None
+            if drafts:  # drafts are optional work: short of blocks, run the plain decode before preempting anyone
+                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new + len(drafts))
+                if new_blocks is None:
+                    drafts = []
             num_new += len(drafts)
-            new_blocks = self._allocate_or_preempt(request, num_new, preempted)
+            if new_blocks is None:
+                new_blocks = self._allocate_or_preempt(request, num_new, preempted)
             if new_blocks is None:
                 break  # the request itself was preempted
             if drafts:
