@@ -202,6 +202,78 @@ class KVTransferConfig:
             raise ConfigError(f"kv_role {self.kv_role!r} is not known; use kv_producer, kv_consumer or kv_both")
 
 
+SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+
+
+@dataclass
+class SpeculativeConfig:
+    """--speculative-config: speculative decoding with an n-gram (prompt-lookup) proposer, in vLLM's form
+    ``{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N, "prompt_lookup_min": M}``
+    (book ch. 12; Leviathan et al. 2023, arXiv:2211.17192). Present on a BrigadeConfig only when enabled.
+
+    As in vLLM, when neither lookup bound is given both are 5, and when one is given the other equals it.
+
+    Raises:
+        ConfigError: another method (eagle, medusa, a draft model...), a count below 1, or
+            ``prompt_lookup_min > prompt_lookup_max``; one line each.
+    """
+
+    method: str = "ngram"
+    """Only ngram (prompt lookup: drafts copied from earlier in the prompt and output) is supported."""
+    num_speculative_tokens: int = 0
+    """Drafts proposed per request per step (k); required, at least 1."""
+    prompt_lookup_max: int | None = None
+    """Longest suffix n-gram looked up."""
+    prompt_lookup_min: int | None = None
+    """Shortest suffix n-gram looked up."""
+
+    def __post_init__(self) -> None:
+        flag = "--speculative-config"
+        if self.method != "ngram":
+            raise ConfigError(f"{flag} method {self.method!r} is not supported; supported: "
+                              f"{', '.join(SPECULATIVE_METHODS)} (eagle, medusa, mtp and draft models are not)")
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"{flag} {name} must be a whole number, got {value!r}")
+        if self.num_speculative_tokens < 1:
+            raise ConfigError(f"{flag} num_speculative_tokens must be at least 1, got {self.num_speculative_tokens}")
+        if self.prompt_lookup_max is None and self.prompt_lookup_min is None:
+            self.prompt_lookup_max = self.prompt_lookup_min = 5  # vLLM's defaults
+        elif self.prompt_lookup_min is None:
+            self.prompt_lookup_min = self.prompt_lookup_max
+        elif self.prompt_lookup_max is None:
+            self.prompt_lookup_max = self.prompt_lookup_min
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{flag} {name} must be at least 1, got {getattr(self, name)}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError(f"{flag} prompt_lookup_min {self.prompt_lookup_min} is above prompt_lookup_max "
+                              f"{self.prompt_lookup_max}; use prompt_lookup_min <= prompt_lookup_max")
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SpeculativeConfig:
+        """Build from vLLM's dict form (``LLM(..., speculative_config={...})``, the CLI's JSON).
+
+        Raises:
+            ConfigError: not an object, unknown keys, or a bad value (one line).
+        """
+        if isinstance(data, SpeculativeConfig):
+            return data
+        if not isinstance(data, dict):
+            raise ConfigError('--speculative-config must be a JSON object such as {"method": "ngram", '
+                              '"num_speculative_tokens": 4, "prompt_lookup_max": 4}')
+        unknown = sorted(set(data) - set(SPECULATIVE_KEYS))
+        if unknown:
+            raise ConfigError(f"--speculative-config has unknown keys {unknown}; allowed: {', '.join(SPECULATIVE_KEYS)}")
+        if "method" not in data:
+            raise ConfigError(f"--speculative-config needs \"method\"; supported: {', '.join(SPECULATIVE_METHODS)}")
+        if "num_speculative_tokens" not in data and data["method"] == "ngram":
+            raise ConfigError("--speculative-config needs \"num_speculative_tokens\" (drafts per step, at least 1)")
+        return cls(**data)
+
+
 @dataclass
 class BrigadeConfig:
     """Everything one engine needs. Each component receives only its own sub-config."""
@@ -214,6 +286,8 @@ class BrigadeConfig:
     kv_transfer_config: KVTransferConfig | None = None
     lora_config: LoRAConfig | None = None
     """Set (even empty of adapters) when LoRA is enabled; None otherwise."""
+    speculative_config: SpeculativeConfig | None = None
+    """Set when speculative decoding is enabled (--speculative-config); None otherwise."""
     attention_backend: str | None = None
     """Name of a registered attention backend; None lets the platform choose."""
     device: str = "auto"
@@ -280,7 +354,7 @@ def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
     """Build a BrigadeConfig from flat keyword arguments named like the sub-configs' fields.
 
     ``LLM(model, dtype="float32", block_size=16, max_num_seqs=8)`` routes each name to its sub-config;
-    ``attention_backend`` and ``kv_transfer_config`` (a dict) go to BrigadeConfig itself; ``enable_lora=True``
+    ``attention_backend``, ``kv_transfer_config`` and ``speculative_config`` (dicts) go to BrigadeConfig itself; ``enable_lora=True``
     (with ``max_loras``, ``max_lora_rank``, ``lora_modules`` as a ``{name: path}`` dict) builds a LoRAConfig.
 
     Raises:
@@ -301,6 +375,9 @@ def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
         if key in ("attention_backend",):
             top[key] = value
             continue
+        if key == "speculative_config":
+            top[key] = None if value is None else SpeculativeConfig.from_dict(value)
+            continue
         if key == "kv_transfer_config":
             top[key] = value if value is None or isinstance(value, KVTransferConfig) else KVTransferConfig(**value)
             continue
@@ -310,7 +387,7 @@ def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
                 break
         else:
             known = sorted([f.name for cls in _SUB_CONFIGS.values() for f in dataclasses.fields(cls)]
-                           + list(_LORA_KWARGS))
+                           + list(_LORA_KWARGS) + ["attention_backend", "kv_transfer_config", "speculative_config"])
             raise TypeError(f"unknown engine argument {key!r}; known: {', '.join(known)}")
     config = BrigadeConfig(**{part: cls(**parts[part]) for part, cls in _SUB_CONFIGS.items()}, **top)
     if config.lora_config is not None:

@@ -43,7 +43,8 @@ class Request:
     __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
                  "priority", "cache_salt", "lora_name", "status", "output_token_ids", "all_token_ids",
                  "num_computed_tokens", "num_cached_tokens", "num_preemptions", "stop_reason",
-                 "stop_token_ids", "max_tokens", "block_hashes", "num_output_placeholders", "overlap_safe")
+                 "stop_token_ids", "max_tokens", "block_hashes", "num_output_placeholders", "overlap_safe",
+                 "spec_token_ids")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: int | None, arrival_time: float, priority: int = 0,
@@ -68,6 +69,8 @@ class Request:
         self.block_hashes: list[bytes | int] = []  # hashes of full blocks, filled by the KV cache manager
         # Tokens sampled by a step still in flight (overlapped scheduling): counted, values not yet known.
         self.num_output_placeholders = 0
+        # Draft tokens proposed for the next step (speculative decoding); not part of all_token_ids.
+        self.spec_token_ids: list[int] = []
         # Whether this request may be scheduled before its previous token is known: its sampling must not
         # read earlier output tokens on the host (penalties, bad words, min_tokens, grammars do).
         p = sampling_params

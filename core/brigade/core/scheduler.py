@@ -7,20 +7,30 @@ running request is preempted: its blocks are freed and it is recomputed later. T
 *what* runs; it never touches tensors. With LoRA it only knows each request's adapter name: a waiting
 request whose adapter would make more than ``max_loras`` distinct adapters among the running requests waits
 (the others behind it may go), as in vLLM.
+
+Speculative decoding (``--speculative-config``, book ch. 12): after a step, ``update_from_output`` asks the
+n-gram proposer (``brigade.spec_decode``) for draft tokens of each running request; the next ``schedule``
+gives a decoding request with drafts 1 + k tokens (drafts capped by the token budget, max_tokens and
+max_model_len) and KV slots for all of them, and sends the drafts down in
+``SchedulerOutput.scheduled_spec_decode_tokens``. The runner returns the accepted drafts plus one token;
+``num_computed_tokens`` rolls back over the rejected ones, whose KV slots are simply overwritten later. Block
+hashes are only published for tokens in ``all_token_ids`` (never drafts), so the prefix cache never holds a
+rejected token.
 """
 
 from __future__ import annotations
 
 import time
 
-from brigade.config import CacheConfig, LoRAConfig, SchedulerConfig
+from brigade.config import CacheConfig, LoRAConfig, SchedulerConfig, SpeculativeConfig
 from brigade.core.kv_cache_manager import KVCacheManager
 from brigade.core.request import Request, RequestStatus
 from brigade.core.request_queue import make_request_queue
 from brigade.core.scheduler_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                            SchedulerOutput)
 from brigade.engine.messages import (EngineCoreOutput, EngineCoreOutputs, FinishReason, LogprobsLists,
-                                     SchedulerStats)
+                                     SchedulerStats, SpecDecodingStats)
+from brigade.spec_decode import NgramProposer
 
 
 def _count_loras(requests) -> dict[str, int]:
@@ -39,7 +49,8 @@ class Scheduler:
     """
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, *, max_model_len: int,
-                 num_blocks: int, structured_output_manager=None, lora_config: LoRAConfig | None = None):
+                 num_blocks: int, structured_output_manager=None, lora_config: LoRAConfig | None = None,
+                 speculative_config: SpeculativeConfig | None = None):
         self.config = scheduler_config
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens or 8192
@@ -59,6 +70,11 @@ class Scheduler:
         self.num_prompt_logprobs_sent: dict[str, int] = {}  # prompt_logprobs rows delivered, per request
         self.num_overlap_unsafe = 0  # unfinished requests that need the previous token before scheduling
         self.max_loras = lora_config.max_loras if lora_config is not None else None
+        self.proposer = NgramProposer.from_config(speculative_config) if speculative_config is not None else None
+        self.num_spec_tokens = speculative_config.num_speculative_tokens if speculative_config is not None else 0
+        self._reset_spec_stats()
+        # Since start (tests, bench): drafts (steps of a request with drafts), draft tokens, accepted tokens.
+        self.spec_totals = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
 
     # ---- requests in and out --------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -108,6 +124,7 @@ class Scheduler:
         cached = CachedRequestData.make_empty()
         new_reqs: list[NewRequestData] = []
         preempted: set[str] = set()
+        spec_tokens: dict[str, list[int]] = {}
 
         index = 0
         while index < len(self.running) and budget > 0:
@@ -116,9 +133,20 @@ class Scheduler:
             if num_new == 0:
                 index += 1
                 continue
-            new_blocks = self._allocate_or_preempt(request, num_new, preempted)
+            drafts = self._schedulable_drafts(request, budget) if num_new == 1 else []
+            new_blocks = None
+            if drafts:  # drafts are optional work: short of blocks, run the plain decode before preempting anyone
+                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new + len(drafts))
+                if new_blocks is None:
+                    drafts = []
+            num_new += len(drafts)
+            if new_blocks is None:
+                new_blocks = self._allocate_or_preempt(request, num_new, preempted)
             if new_blocks is None:
                 break  # the request itself was preempted
+            if drafts:
+                spec_tokens[request.request_id] = drafts
+            request.spec_token_ids = []  # consumed; update_from_output proposes the next ones
             num_scheduled[request.request_id] = num_new
             budget -= num_new
             cached.req_ids.append(request.request_id)
@@ -171,10 +199,11 @@ class Scheduler:
         for req_id, num_new in num_scheduled.items():
             request = self.requests[req_id]
             request.num_computed_tokens += num_new
-            if request.num_computed_tokens == request.num_tokens_with_placeholders:
+            num_drafts = len(spec_tokens.get(req_id, ()))
+            if request.num_computed_tokens - num_drafts == request.num_tokens_with_placeholders:
                 request.num_output_placeholders += 1  # this step samples its next token
         output = SchedulerOutput(new_reqs, cached, num_scheduled, sum(num_scheduled.values()),
-                                 self.finished_req_ids, preempted)
+                                 self.finished_req_ids, preempted, scheduled_spec_decode_tokens=spec_tokens)
         if structured_ids:
             output.structured_output_req_ids = structured_ids
             output.grammar_bitmask = self.structured_output_manager.grammar_bitmask(structured_ids)
@@ -199,6 +228,16 @@ class Scheduler:
             return 0  # its last token is still in flight
         return self._cap_chunk(request.num_tokens_with_placeholders - request.num_computed_tokens, budget)
 
+    def _schedulable_drafts(self, request: Request, budget: int) -> list[int]:
+        """The request's drafts that may run this step: only for a decode with its last token known, capped so
+        that the step's tokens fit the budget (and the long-prefill threshold) and the up to k + 1 tokens it
+        yields overrun neither max_tokens nor max_model_len."""
+        drafts = request.spec_token_ids
+        if not drafts or request.num_output_placeholders or request.num_tokens - request.num_computed_tokens != 1:
+            return []
+        room = min(request.max_tokens - request.num_output_tokens, self.max_model_len - request.num_tokens) - 1
+        return drafts[:max(0, min(room, self._cap_chunk(1 + len(drafts), budget) - 1))]
+
     def _allocate_or_preempt(self, request: Request, num_new: int, preempted: set[str]):
         """Allocate slots, preempting from the tail of ``running`` until it fits or ``request`` goes."""
         while True:
@@ -219,6 +258,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.num_preemptions_total += 1
@@ -237,13 +277,24 @@ class Scheduler:
                     outputs.append(EngineCoreOutput(request_id=req_id, new_token_ids=[],
                                                     prompt_logprobs=prompt_logprobs))
                 continue  # aborted meanwhile, or mid-prefill
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
+            if drafts:  # roll back over the rejected drafts: their KV slots are rewritten by later steps
+                num_accepted = len(token_ids) - 1
+                request.num_computed_tokens -= len(drafts) - num_accepted
+                self._record_spec(len(drafts), num_accepted)
             request.num_output_placeholders = max(0, request.num_output_placeholders - len(token_ids))
             was_running = request.status == RequestStatus.RUNNING
-            request.append_output_token_ids(token_ids)
-            self._check_stop(request)
+            token_ids = self._append_until_stop(request, token_ids)
             self._maybe_advance_grammar(request, token_ids)
+            new_logprobs = runner_output.logprobs.get(req_id)
+            if new_logprobs is not None and len(new_logprobs.ranks) > len(token_ids):  # cut at a stop
+                n = len(token_ids)
+                new_logprobs = LogprobsLists(new_logprobs.token_ids[:n], new_logprobs.logprobs[:n],
+                                             new_logprobs.ranks[:n])
+            if self.proposer is not None and was_running and not request.is_finished():
+                self._propose(request)
             outputs.append(EngineCoreOutput(
-                request_id=req_id, new_token_ids=token_ids, new_logprobs=runner_output.logprobs.get(req_id),
+                request_id=req_id, new_token_ids=token_ids, new_logprobs=new_logprobs,
                 prompt_logprobs=prompt_logprobs,
                 finish_reason=request.get_finish_reason(), stop_reason=request.stop_reason,
                 num_cached_tokens=max(request.num_cached_tokens, 0)))
@@ -253,6 +304,45 @@ class Scheduler:
                 self._free_request(request)
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(scheduler_output),
                                  timestamp=time.time())
+
+    def _append_until_stop(self, request: Request, token_ids: list[int]) -> list[int]:
+        """Append the step's tokens one by one, applying the stop conditions after each, as if they had come
+        one step at a time; returns the tokens kept (those after a stop are dropped)."""
+        if len(token_ids) == 1:
+            request.append_output_token_ids(token_ids)
+            self._check_stop(request)
+            return token_ids
+        for i, token in enumerate(token_ids):
+            request.append_output_token_ids([token])
+            self._check_stop(request)
+            if request.is_finished():
+                return token_ids[:i + 1]
+        return token_ids
+
+    # ---- speculative decoding -------------------------------------------------------------------
+    def _propose(self, request: Request) -> None:
+        """Draft tokens for the request's next step (n-gram lookup over prompt + output). Requests with a
+        grammar get none: their next tokens' masks depend on each accepted token (vLLM checks drafts against
+        the grammar; Brigade keeps it simple and does not speculate for them)."""
+        if request.sampling_params.structured_outputs is not None:
+            return
+        room = min(request.max_tokens - request.num_output_tokens, self.max_model_len - request.num_tokens) - 1
+        request.spec_token_ids = self.proposer.propose(request.all_token_ids, room) if room > 0 else []
+
+    def _reset_spec_stats(self) -> None:
+        self.spec_num_drafts = self.spec_num_draft_tokens = self.spec_num_accepted_tokens = 0
+        self.spec_accepted_per_pos = [0] * self.num_spec_tokens
+
+    def _record_spec(self, num_drafts: int, num_accepted: int) -> None:
+        self.spec_num_drafts += 1
+        self.spec_num_draft_tokens += num_drafts
+        self.spec_num_accepted_tokens += num_accepted
+        for pos in range(num_accepted):
+            self.spec_accepted_per_pos[pos] += 1
+        totals = self.spec_totals
+        totals["num_drafts"] += 1
+        totals["num_draft_tokens"] += num_drafts
+        totals["num_accepted_tokens"] += num_accepted
 
     def _check_stop(self, request: Request) -> None:
         last = request.output_token_ids[-1]
@@ -329,5 +419,11 @@ class Scheduler:
         if self.max_loras is not None:
             stats.running_lora_adapters = _count_loras(self.running)
             stats.waiting_lora_adapters = _count_loras(self.waiting)
+        if self.proposer is not None:
+            stats.spec_decoding = SpecDecodingStats(
+                num_spec_tokens=self.num_spec_tokens, num_drafts=self.spec_num_drafts,
+                num_draft_tokens=self.spec_num_draft_tokens, num_accepted_tokens=self.spec_num_accepted_tokens,
+                num_accepted_tokens_per_pos=self.spec_accepted_per_pos)
+            self._reset_spec_stats()
         self.num_preemptions = 0
         return stats

@@ -56,6 +56,10 @@ class SchedulerOutput:
     # constrains the token sampled this step for request structured_output_req_ids[i].
     structured_output_req_ids: list[str] = field(default_factory=list)
     grammar_bitmask: np.ndarray | None = None
+    # Speculative decoding: draft tokens d1..dk of each decoding request that has some. Such a request is
+    # scheduled for 1 + k tokens ([last sampled token, d1..dk]); the runner verifies the drafts and returns
+    # the accepted ones plus one token (book ch. 12).
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @classmethod
     def make_empty(cls) -> SchedulerOutput:
@@ -64,7 +68,11 @@ class SchedulerOutput:
 
 @dataclass(slots=True)
 class ModelRunnerOutput:
-    """What the runner computed: for each scheduled request, its sampled tokens (empty mid-prefill)."""
+    """What the runner computed: for each scheduled request, its sampled tokens (empty mid-prefill).
+
+    A request with draft tokens gets its accepted drafts then one more token (the target's correction at
+    the first rejected draft, or the bonus token after all of them): 1 to k + 1 tokens.
+    """
 
     req_ids: list[str]
     sampled_token_ids: list[list[int]]  # aligned with req_ids

@@ -70,10 +70,16 @@ class EngineCore:
         self.structured_output_manager = StructuredOutputManager.from_config(config, hf_config)
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, max_model_len=max_model_len,
                                    num_blocks=num_blocks, structured_output_manager=self.structured_output_manager,
-                                   lora_config=config.lora_config)
+                                   lora_config=config.lora_config,
+                                   speculative_config=config.speculative_config)
         self.num_blocks = num_blocks
         overlap = config.scheduler_config.async_scheduling
         self.overlap = config.device == "cuda" if overlap is None else overlap
+        if self.overlap and config.speculative_config is not None:
+            # The next step's drafts come from this step's accepted tokens, so it cannot be planned before
+            # they are known (vLLM v1 also ran speculation without async scheduling at first).
+            logger.info("speculative decoding: overlapped (async) scheduling is off; steps run one at a time")
+            self.overlap = False
         self._in_flight = None  # (SchedulerOutput, SampledTokens) of the step launched last, when overlapping
         logger.debug("froze %d start-up objects out of the garbage collector's reach", freeze_gc_heap())
 

@@ -35,6 +35,9 @@ class IncrementalDetokenizer:
         self.stop = params.stop
         self.min_tokens = params.min_tokens
         self.num_output_tokens = 0
+        # Tokens of the last update that came after the stop string (several tokens in one step, as with
+        # speculative decoding); the caller drops them, so the output ends where one token per step would.
+        self.num_tokens_after_stop = 0
         self._sent_offset = 0
         self.stop_buffer_length = 0
         if self.stop and not params.include_stop_str_in_output:
@@ -53,6 +56,13 @@ class IncrementalDetokenizer:
         num_new_chars = 0
         if not self._enabled:
             self.num_output_tokens += len(new_token_ids)
+            return None
+        if self.stop and len(new_token_ids) > 1:  # check after each token, as if they had come one per step
+            for i, token_id in enumerate(new_token_ids):
+                stop = self.update([token_id], skip_last=skip_last and i == len(new_token_ids) - 1)
+                if stop is not None:
+                    self.num_tokens_after_stop = len(new_token_ids) - 1 - i
+                    return stop
             return None
         for i, token_id in enumerate(new_token_ids):
             self.num_output_tokens += 1

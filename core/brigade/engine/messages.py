@@ -77,6 +77,19 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
         return self.finish_reason is not None
 
 
+class SpecDecodingStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Speculative decoding counters of one step (vLLM's ``SpecDecodingStats``; book ch. 12).
+
+    A "draft" is one request's drafts verified in one step; per_pos[i] counts drafts whose token i was accepted.
+    """
+
+    num_spec_tokens: int = 0  # k, the most drafts per request per step
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = []  # [k]
+
+
 class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """Engine-side gauges and counters for one step, for /metrics and stat loggers."""
 
@@ -92,6 +105,7 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     # With LoRA: adapter name -> its requests running / waiting (vLLM's lora_requests_info labels).
     running_lora_adapters: dict[str, int] = {}
     waiting_lora_adapters: dict[str, int] = {}
+    spec_decoding: SpecDecodingStats | None = None  # with --speculative-config
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

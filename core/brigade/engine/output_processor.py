@@ -188,8 +188,21 @@ class OutputProcessor:
         stop_str = seq.detokenizer.update(out.new_token_ids, skip_last=stopped_by_token)
         if stop_str is not None:
             seq.finish_reason, seq.stop_reason = "stop", stop_str
+            self._drop_tokens_after_stop(seq, out)
         elif out.finish_reason is not None:
             seq.finish_reason, seq.stop_reason = str(out.finish_reason), out.stop_reason
+
+    @staticmethod
+    def _drop_tokens_after_stop(seq: SequenceState, out: EngineCoreOutput) -> None:
+        """Several tokens came in one step (speculative decoding) and a stop string ended before the last: drop
+        the tokens after it, so token ids and logprobs end where they would with one token per step."""
+        extra = seq.detokenizer.num_tokens_after_stop
+        if not extra:
+            return
+        del seq.token_ids[-extra:], seq.new_token_ids[-extra:]
+        if out.new_logprobs is not None and seq.logprobs is not None:
+            del seq.logprobs[-extra:], seq.new_logprobs[-extra:]
+            seq.cumulative_logprob -= sum(row[0] for row in out.new_logprobs.logprobs[-extra:])
 
     def _decode(self, token_id: int) -> str | None:
         return None if self.tokenizer is None else self.tokenizer.decode([token_id])

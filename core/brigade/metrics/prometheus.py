@@ -33,9 +33,13 @@ class PrometheusStatLogger(StatLoggerBase):
         max_loras: ``--max-loras`` when LoRA is enabled: adds vLLM's info gauge ``brigade:lora_requests_info``
             (labels ``max_lora``, ``running_lora_adapters``, ``waiting_lora_adapters``: comma-separated adapter
             names; value: when it was last set, in Unix seconds). Only the latest label set is kept.
+        num_speculative_tokens: k of ``--speculative-config``: adds vLLM's speculative decoding counters
+            ``brigade:spec_decode_num_drafts``, ``..._num_draft_tokens``, ``..._num_accepted_tokens`` and
+            ``..._num_accepted_tokens_per_pos`` (label ``position``, 0 to k - 1).
     """
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, max_loras: int | None = None):
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, max_loras: int | None = None,
+                 num_speculative_tokens: int | None = None):
         self.registry = registry if registry is not None else CollectorRegistry()
         labels = ["model_name"]
         reg = self.registry
@@ -74,6 +78,17 @@ class PrometheusStatLogger(StatLoggerBase):
             "brigade:lora_requests_info", "Running and waiting LoRA adapters (labels); value: last update time.",
             ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=reg)
         self._lora_labels: tuple[str, str, str] | None = None
+        self.spec_decode = None
+        if num_speculative_tokens is not None:
+            per_pos = Counter("brigade:spec_decode_num_accepted_tokens_per_pos",
+                              "Accepted draft tokens, by position in the drafts (0 = first).",
+                              labels + ["position"], registry=reg)
+            self.spec_decode = {
+                "num_drafts": counter("spec_decode_num_drafts", "Requests' drafts verified (one per request "
+                                      "per step with drafts)."),
+                "num_draft_tokens": counter("spec_decode_num_draft_tokens", "Draft tokens verified."),
+                "num_accepted_tokens": counter("spec_decode_num_accepted_tokens", "Draft tokens accepted."),
+                "per_pos": [per_pos.labels(model_name, str(i)) for i in range(num_speculative_tokens)]}
         self.time_per_output_token = histogram("request_time_per_output_token_seconds",
                                                "Mean time per output token after the first, per request.",
                                                ITL_BUCKETS)
@@ -92,6 +107,13 @@ class PrometheusStatLogger(StatLoggerBase):
                 self.kv_cache_usage_perc.set(scheduler_stats.kv_cache_usage)
             if self.lora_info is not None:
                 self._set_lora_info(scheduler_stats)
+            spec = scheduler_stats.spec_decoding
+            if self.spec_decode is not None and spec is not None:
+                self.spec_decode["num_drafts"].inc(spec.num_drafts)
+                self.spec_decode["num_draft_tokens"].inc(spec.num_draft_tokens)
+                self.spec_decode["num_accepted_tokens"].inc(spec.num_accepted_tokens)
+                for child, count in zip(self.spec_decode["per_pos"], spec.num_accepted_tokens_per_pos):
+                    child.inc(count)
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)
         self.generation_tokens.inc(iteration_stats.num_generation_tokens)
         for ttft in iteration_stats.time_to_first_tokens_s:

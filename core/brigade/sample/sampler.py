@@ -27,7 +27,7 @@ from brigade.sample.penalties import apply_penalties
 from brigade.sample.structured import apply_grammar_bitmask
 from brigade.sample.topk_topp import apply_top_k_top_p, random_sample
 
-__all__ = ["Sampler", "SamplerOutput", "argmax_rows"]
+__all__ = ["Sampler", "SamplerOutput", "TargetLogits", "argmax_rows"]
 
 @dataclass(slots=True)
 class SamplerOutput:
@@ -41,6 +41,23 @@ class SamplerOutput:
 
     sampled_token_ids: torch.Tensor
     logprobs: LogprobsTensors | None
+
+
+@dataclass(slots=True)
+class TargetLogits:
+    """The distribution the Sampler would draw from, before the draw (speculative decoding verifies drafts
+    against it: ``brigade.sample.rejection_sampler``).
+
+    Attributes:
+        greedy: [B] int64 argmax after masks, processors and penalties (step 6), or None when no row is greedy.
+        warped: [B, V] f32 logits after temperature, min_p and top-k/top-p (steps 7-9; -inf = never drawn),
+            or None when every row is greedy. Rows of greedy rows are unspecified.
+        raw_logprobs: [B, V] f32 log_softmax of the raw logits (step 1), or None when no row asked.
+    """
+
+    greedy: torch.Tensor | None
+    warped: torch.Tensor | None
+    raw_logprobs: torch.Tensor | None
 
 
 class Sampler(nn.Module):
@@ -78,6 +95,29 @@ class Sampler(nn.Module):
             return SamplerOutput(fused(logits, temperature, greedy=metadata.all_greedy), None)
         # (1) Logprobs must describe the model's distribution, so they are taken before any change.
         raw_logprobs = compute_logprobs(logits) if metadata.max_num_logprobs is not None else None
+        logits = self._process(logits, metadata)  # (2)-(5)
+        sampled = self._sample(logits, metadata)  # (6)-(10)
+        logprobs = None
+        if raw_logprobs is not None:
+            logprobs = gather_logprobs(raw_logprobs, metadata.max_num_logprobs, sampled)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+    def target_logits(self, logits: torch.Tensor, metadata: SamplingMetadata) -> TargetLogits:
+        """Steps 1-9 without the draw: the target distribution of each row, as ``forward`` would sample it.
+
+        Args:
+            logits: [B, V] in the model dtype; not modified.
+            metadata: B rows.
+        Returns: TargetLogits (greedy argmax, warped logits, raw logprobs) with B rows.
+        """
+        raw_logprobs = compute_logprobs(logits) if metadata.max_num_logprobs is not None else None
+        logits = self._process(logits, metadata)
+        greedy = None if metadata.all_random else argmax_rows(logits)
+        warped = None if metadata.all_greedy else self._warp(logits, metadata)
+        return TargetLogits(greedy=greedy, warped=warped, raw_logprobs=raw_logprobs)
+
+    def _process(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """Steps 2-5: fp32 copy, masks, processors that can change the argmax, penalties."""
         # (2) fp32 from here on; copy=True so the caller's tensor is never written.
         logits = logits.to(torch.float32, copy=True)
         # (3) Masks.
@@ -89,21 +129,21 @@ class Sampler(nn.Module):
         # (5) Penalties, before the greedy pick and before temperature (book ch. 7, Q1).
         if metadata.penalties is not None:
             logits = apply_penalties(logits, metadata.penalties)
-        sampled = self._sample(logits, metadata)  # (6)-(10)
-        logprobs = None
-        if raw_logprobs is not None:
-            logprobs = gather_logprobs(raw_logprobs, metadata.max_num_logprobs, sampled)
-        return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+        return logits
+
+    def _warp(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """Steps 7-9 in place: temperature, argmax-invariant processors (min_p), top-k/top-p."""
+        if metadata.temperature is not None:  # None: every row at temperature 1.0
+            logits.div_(metadata.temperature.unsqueeze(1))
+        logits = self._apply_processors(logits, metadata, self.argmax_invariant_processors)
+        return apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
 
     def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         """Steps 6-10: greedy argmax, temperature, argmax-invariant processors, top-k/top-p, draw."""
         if metadata.all_greedy:
             return argmax_rows(logits)
         greedy = None if metadata.all_random else argmax_rows(logits)
-        if metadata.temperature is not None:  # None: every row at temperature 1.0
-            logits.div_(metadata.temperature.unsqueeze(1))
-        logits = self._apply_processors(logits, metadata, self.argmax_invariant_processors)
-        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
+        logits = self._warp(logits, metadata)
         sampled = random_sample(logits, metadata.generators)
         if greedy is None:
             return sampled

@@ -41,7 +41,9 @@ class StepInputs:
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64
     metadata: AttentionMetadata
-    logits_indices: torch.Tensor  # [num_sampled] int64: last token row of each request that samples
+    # [num_logits] int64: the last token row of each request that samples, and with draft tokens the rows of
+    # its last sampled token and drafts too (1 + k rows, in order).
+    logits_indices: torch.Tensor
     req_ids: list[str]  # batch order
     sampling_req_ids: list[str]  # requests that finish their prompt (or decode) this step, batch order
     # Input rows whose token is the previous step's sample, still on the device (overlapped scheduling).
@@ -59,7 +61,8 @@ class Transfer(Protocol):
 
 
 def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int], *, block_size: int,
-                      device: torch.device, transfer: Transfer | None = None) -> StepInputs:
+                      device: torch.device, transfer: Transfer | None = None,
+                      spec_token_ids: list[list[int]] | None = None) -> StepInputs:
     """Flatten the scheduled requests into one batch.
 
     Args:
@@ -67,6 +70,10 @@ def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int]
         num_scheduled: new tokens of each request this step (same order).
         block_size: tokens per KV block.
         transfer: the host-to-device mover (a throwaway ``HostToDevice`` when None).
+        spec_token_ids: per request (same order), draft tokens d1..dk (speculative decoding), or None for
+            none. A request with k drafts is scheduled for 1 + k tokens: its last sampled token then the
+            drafts, at positions num_tokens - 1 .. num_tokens - 1 + k; its attention is that of a prefill chunk
+            with cached context, and it gets 1 + k logits rows.
     Returns:
         StepInputs with slot_mapping[t] = block_ids[pos // block_size] * block_size + pos % block_size.
     """
@@ -95,14 +102,20 @@ def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int]
     pending_req_ids: list[str] = []
     for r, s in enumerate(states):
         start = int(query_start[r])
-        known = s.token_ids[int(computed[r]):int(seq_lens[r])]
+        drafts = spec_token_ids[r] if spec_token_ids is not None else ()
+        known = s.token_ids[int(computed[r]):int(seq_lens[r]) - len(drafts)]
         input_ids[start:start + len(known)] = known
-        if len(known) < int(query_lens[r]):  # the last input is the sample of the step in flight
+        if drafts:
+            input_ids[start + len(known):start + len(known) + len(drafts)] = drafts
+        if len(known) + len(drafts) < int(query_lens[r]):  # the last input is the sample of the step in flight
             pending_rows.append(start + len(known))
             pending_req_ids.append(s.req_id)
 
     sampling = [r for r, s in enumerate(states) if int(seq_lens[r]) >= s.num_tokens]
     logits_indices = query_start[1:][sampling] - 1
+    if spec_token_ids is not None and any(spec_token_ids[r] for r in sampling):
+        logits_indices = np.concatenate([np.arange(end - len(spec_token_ids[r]), end + 1)
+                                         for r, end in zip(sampling, logits_indices.tolist())])
     is_prefill = query_lens != 1
     num_decodes = int(np.argmax(is_prefill)) if is_prefill.any() else num_reqs
 

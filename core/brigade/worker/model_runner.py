@@ -17,6 +17,7 @@ from brigade.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from brigade.engine.messages import LogprobsLists
 from brigade.plugins import registries
 from brigade.sample.metadata import SamplingRequestState, build_sampling_metadata
+from brigade.sample.rejection_sampler import RejectionSampler
 from brigade.sample.sampler import Sampler
 from brigade.worker.input_batch import CachedRequestState, HostToDevice, build_step_inputs
 
@@ -41,6 +42,7 @@ class ModelRunner:
         # Logits processors from plugins (register_logits_processors); the Sampler skips built-ins it runs anyway.
         processors = registries.logits_processors
         self.sampler = Sampler(extra_logits_processors=[processors.get(n) for n in processors.names()])
+        self.rejection_sampler = RejectionSampler(self.sampler)  # verifies draft tokens (speculative decoding)
         self.requests: dict[str, CachedRequestState] = {}
         self.transfer = HostToDevice(device)
         self.cuda_graphs = None  # DecodeGraphs once captured
@@ -202,15 +204,21 @@ class ModelRunner:
         states = [self.requests[rid] for rid in order]
         want_prompt_logprobs = any(s.sampling.params.prompt_logprobs is not None
                                    and s.num_computed_tokens < s.num_prompt_tokens - 1 for s in states)
+        # Draft tokens (speculative decoding) per request in batch order; such a request runs 1 + k tokens, so
+        # its step never replays a decode graph (those take one token per request: can_run checks the
+        # largest query).
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        drafts = [spec.get(rid, []) for rid in order] if spec else None
         # A pure-decode step that fits a captured size replays a graph (which returns no hidden states); its
         # inputs go straight into the graph's buffers.
-        use_graph = (not want_prompt_logprobs and self.cuda_graphs is not None
+        use_graph = (not want_prompt_logprobs and not spec and self.cuda_graphs is not None
                      and self.cuda_graphs.can_run(len(order), max(num_scheduled.values())))
         if self.lora_manager is not None:  # slots and token mask for this step (persistent buffers: graph-safe)
             self.lora_manager.set_batch([s.lora_name for s in states], [num_scheduled[rid] for rid in order])
         inputs = build_step_inputs(states, [num_scheduled[rid] for rid in order], block_size=self.block_size,
                                    device=self.device,
-                                   transfer=self.cuda_graphs.transfer if use_graph else self.transfer)
+                                   transfer=self.cuda_graphs.transfer if use_graph else self.transfer,
+                                   spec_token_ids=drafts)
         self._fill_pending_inputs(inputs)
         logits, hidden = self._forward(inputs, use_graph=use_graph, keep_hidden=want_prompt_logprobs)
         prompt_logprobs = self._prompt_logprobs(order, inputs, hidden) if want_prompt_logprobs else {}
@@ -219,6 +227,10 @@ class ModelRunner:
         if not inputs.sampling_req_ids:
             return ModelRunnerOutput(req_ids=order, sampled_token_ids=[[] for _ in order],
                                      prompt_logprobs=prompt_logprobs)
+        if spec:
+            output = self._verify_drafts(scheduler_output, order, inputs.sampling_req_ids, logits)
+            output.prompt_logprobs = prompt_logprobs
+            return output
         rows = [self.requests[rid].sampling for rid in inputs.sampling_req_ids]
         metadata = build_sampling_metadata(rows, vocab_size=logits.shape[-1], device=self.device)
         metadata.grammar_bitmask = self._grammar_bitmask(scheduler_output, inputs.sampling_req_ids)
@@ -233,6 +245,53 @@ class ModelRunner:
         output = result.get()
         output.prompt_logprobs = prompt_logprobs
         return output
+
+    def _verify_drafts(self, scheduler_output: SchedulerOutput, order: list[str], sampling_req_ids: list[str],
+                       logits: torch.Tensor) -> ModelRunnerOutput:
+        """Speculative decoding: verify the drafts with the rejection sampler and emit each sampling request's
+        accepted drafts plus one token (book ch. 12). ``logits`` holds 1 + k rows per request with k drafts
+        (``build_step_inputs``), one per other sampling request. The runner's copies get the emitted tokens
+        and roll ``num_computed_tokens`` back over the rejected drafts, as the scheduler does.
+
+        Never overlapped: the scheduler needs the accepted tokens to propose the next drafts."""
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        rows: list[SamplingRequestState] = []
+        row_req_ids: list[str] = []
+        drafts_per_req: list[list[int]] = []
+        for rid in sampling_req_ids:
+            sampling = self.requests[rid].sampling
+            drafts = spec.get(rid, [])
+            drafts_per_req.append(drafts)
+            rows.append(sampling)
+            for j in range(1, len(drafts) + 1):  # row j sees the first j drafts as output (penalties, min_tokens)
+                rows.append(SamplingRequestState(
+                    params=sampling.params, prompt_token_ids=sampling.prompt_token_ids,
+                    output_token_ids=sampling.output_token_ids + drafts[:j], generator=sampling.generator,
+                    eos_token_id=sampling.eos_token_id))
+            row_req_ids += [rid] * (len(drafts) + 1)
+        metadata = build_sampling_metadata(rows, vocab_size=logits.shape[-1], device=self.device)
+        # Requests with a grammar get no drafts (Scheduler._propose): their single row takes their mask.
+        metadata.grammar_bitmask = self._grammar_bitmask(scheduler_output, row_req_ids)
+        out = self.rejection_sampler(logits, metadata, drafts_per_req)
+        logprobs: dict[str, LogprobsLists] = {}
+        if out.logprobs is not None:
+            ids, lps, ranks = (t.tolist() for t in (out.logprobs.token_ids, out.logprobs.logprobs, out.logprobs.ranks))
+        emitted, first = {}, 0
+        for rid, drafts, tokens in zip(sampling_req_ids, drafts_per_req, out.token_ids):
+            state = self.requests[rid]
+            state.token_ids.extend(tokens)
+            state.sampling.output_token_ids.extend(tokens)
+            state.num_computed_tokens -= len(drafts) - (len(tokens) - 1)
+            emitted[rid] = tokens
+            k = state.sampling.params.logprobs
+            if out.logprobs is not None and k is not None:
+                span = range(first, first + len(tokens))
+                logprobs[rid] = LogprobsLists(token_ids=[ids[i][:k + 1] for i in span],
+                                              logprobs=[lps[i][:k + 1] for i in span], ranks=[ranks[i] for i in span])
+            first += len(tokens)
+        self.prev_sampled, self.prev_rows = None, {}
+        return ModelRunnerOutput(req_ids=order, sampled_token_ids=[emitted.get(r, []) for r in order],
+                                 logprobs=logprobs)
 
     def _fill_pending_inputs(self, inputs) -> None:
         """Put the previous step's samples, still on the device, into this step's input ids."""

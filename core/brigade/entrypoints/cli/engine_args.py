@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from brigade.config import (BrigadeConfig, CacheConfig, CompilationConfig, ConfigError, KVTransferConfig,
-                            LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig)
+                            LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig)
 
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 KV_CACHE_DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -93,6 +93,10 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
                    help="fcfs (default): arrival order; priority: lowest request priority value first, then arrival")
     s.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule step N+1 while step N runs on the device (default: on for GPUs)")
+    sp = parser.add_argument_group("speculative decoding")
+    sp.add_argument("--speculative-config", metavar="JSON",
+                    help='{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N, '
+                         '"prompt_lookup_min": M}: n-gram (prompt-lookup) drafts verified by the model')
     lo = parser.add_argument_group("LoRA adapters")
     lo.add_argument("--enable-lora", action="store_true", default=None,
                     help="serve LoRA adapters on top of the model (requests pick one by its name as \"model\")")
@@ -179,6 +183,22 @@ def parse_kv_transfer_config(raw: str | None, connectors: Sequence[str]) -> KVTr
     if not isinstance(extra, dict):
         raise ConfigError("--kv-transfer-config kv_connector_extra_config must be a JSON object")
     return KVTransferConfig(kv_connector=connector, kv_role=role, kv_connector_extra_config=extra)
+
+
+def parse_speculative_config(raw: str | None) -> SpeculativeConfig | None:
+    """``--speculative-config`` JSON to a SpeculativeConfig (vLLM's form).
+
+    Raises:
+        ConfigError: bad JSON, not an object, unknown keys, an unsupported method or a bad value (one line each).
+    """
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--speculative-config is not valid JSON ({exc.msg} at column {exc.colno}); expected "
+                          '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}') from None
+    return SpeculativeConfig.from_dict(data)
 
 
 def parse_lora_modules(values: Sequence[str] | None) -> dict[str, str]:
@@ -358,4 +378,5 @@ def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
         model_config=model_config, cache_config=cache_config, scheduler_config=scheduler_config,
         parallel_config=parallel_config, compilation_config=compilation_config,
         kv_transfer_config=parse_kv_transfer_config(args.kv_transfer_config, choices.get("kv_connector", ())),
-        lora_config=lora_config_from_args(args, model_config.name), attention_backend=args.attention_backend)
+        lora_config=lora_config_from_args(args, model_config.name), attention_backend=args.attention_backend,
+        speculative_config=parse_speculative_config(getattr(args, "speculative_config", None)))

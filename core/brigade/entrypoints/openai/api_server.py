@@ -131,7 +131,9 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     load_plugins("api")
     served_name = config.model_config.name
     stat_logger = PrometheusStatLogger(
-        served_name, max_loras=config.lora_config.max_loras if config.lora_config is not None else None)
+        served_name, max_loras=config.lora_config.max_loras if config.lora_config is not None else None,
+        num_speculative_tokens=(config.speculative_config.num_speculative_tokens
+                                if config.speculative_config is not None else None))
     stat_loggers: list[StatLoggerBase] = [stat_logger, *_plugin_stat_loggers(config)]
     for sl in stat_loggers:
         engine.add_stat_logger(sl)
