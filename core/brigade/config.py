@@ -206,6 +206,9 @@ SPECULATIVE_METHODS = ("ngram",)
 SPECULATIVE_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
 
 
+MAX_SPECULATIVE_TOKENS = 64  # more drafts than this per step only add rejected work (and metric series)
+
+
 @dataclass
 class SpeculativeConfig:
     """--speculative-config: speculative decoding with an n-gram (prompt-lookup) proposer, in vLLM's form
@@ -235,10 +238,12 @@ class SpeculativeConfig:
                               f"{', '.join(SPECULATIVE_METHODS)} (eagle, medusa, mtp and draft models are not)")
         for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            if (value is None and name == "num_speculative_tokens") or (
+                    value is not None and (isinstance(value, bool) or not isinstance(value, int))):
                 raise ConfigError(f"{flag} {name} must be a whole number, got {value!r}")
-        if self.num_speculative_tokens < 1:
-            raise ConfigError(f"{flag} num_speculative_tokens must be at least 1, got {self.num_speculative_tokens}")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(f"{flag} num_speculative_tokens must be from 1 to {MAX_SPECULATIVE_TOKENS}, got "
+                              f"{self.num_speculative_tokens}")
         if self.prompt_lookup_max is None and self.prompt_lookup_min is None:
             self.prompt_lookup_max = self.prompt_lookup_min = 5  # vLLM's defaults
         elif self.prompt_lookup_min is None:

@@ -47,7 +47,7 @@ def tiny_llama(tmp_path_factory):
     {"enforce_eager": True},
     {"async_scheduling": False},
     {"max_num_batched_tokens": 64, "enable_prefix_caching": True},
-    {"num_gpu_blocks_override": 24, "block_size": 16, "max_model_len": 384},  # preemption while steps overlap
+    {"num_gpu_blocks_override": 24, "block_size": 16, "max_model_len": 368},  # preemption while steps overlap
 ], ids=["cudagraphs", "eager", "sync", "chunked", "preemption"])
 def test_engine_greedy_equals_transformers_on_gpu(tiny_llama, kwargs):
     from brigade import LLM, SamplingParams

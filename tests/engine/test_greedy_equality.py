@@ -49,7 +49,7 @@ CONFIGS = {
     "default": {},
     "chunked_prefill": {"max_num_batched_tokens": 16},
     # 24 blocks of 16 tokens: one request of max_model_len fits, a few of them together do not.
-    "preemption": {"num_gpu_blocks_override": 24, "block_size": 16, "max_model_len": 384},
+    "preemption": {"num_gpu_blocks_override": 24, "block_size": 16, "max_model_len": 368},
     "no_prefix_caching": {"enable_prefix_caching": False},
 }
 

@@ -18,9 +18,10 @@ PROMPTS = ["The quick brown fox jumps over the lazy dog. " * 3 + "Then the dog",
 
 @pytest.fixture(scope="module")
 def llm(smollm2_path):
-    # 16-token prefill chunks and 10 blocks of 8 tokens: prompts are scored over several chunks, and the
-    # two requests cannot both keep their blocks as they grow, so one is preempted and recomputed.
-    return LLM(str(smollm2_path), dtype="float32", max_model_len=80, block_size=8, max_num_batched_tokens=16,
+    # 16-token prefill chunks and 10 blocks of 8 tokens (9 usable: block 0 is the null block): prompts are
+    # scored over several chunks, and the two requests cannot both keep their blocks as they grow, so one is
+    # preempted and recomputed.
+    return LLM(str(smollm2_path), dtype="float32", max_model_len=72, block_size=8, max_num_batched_tokens=16,
                num_gpu_blocks_override=10, enable_prefix_caching=True, max_num_seqs=4)
 
 

@@ -218,9 +218,13 @@ def test_kv_cache_smaller_than_one_request_is_refused_at_start(smollm2_path):
     from brigade.config import ConfigError
     from brigade.entrypoints.llm import LLM
 
-    with pytest.raises(ConfigError, match=r"the KV cache holds 64 tokens \(4 blocks of 16\), fewer than one request "
-                                          r"of --max-model-len 512; .* or set --max-model-len 64 or less"):
+    with pytest.raises(ConfigError, match=r"the KV cache holds 48 tokens \(3 usable blocks of 16\), fewer than one "
+                                          r"request of --max-model-len 512; .* or set --max-model-len 48 or less"):
         LLM(str(smollm2_path), max_model_len=512, num_gpu_blocks_override=4, block_size=16)
+    # At the boundary: 12 blocks are 11 usable (block 0 is the null block), 176 tokens. A 192-token request
+    # used to pass this check and then preempt itself at every step, wedging the engine.
+    with pytest.raises(ConfigError, match=r"holds 176 tokens \(11 usable blocks of 16\)"):
+        LLM(str(smollm2_path), max_model_len=192, num_gpu_blocks_override=12, block_size=16)
     proc = subprocess.run([*brigade_command(), "serve", str(smollm2_path), "--max-model-len", "512",
                            "--num-gpu-blocks-override", "4", "--port", "8797"], capture_output=True, text=True,
                           timeout=180)

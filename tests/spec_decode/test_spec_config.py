@@ -17,7 +17,11 @@ def test_kwargs_build_the_config():
 @pytest.mark.parametrize("value,expected", [
     ({"method": "draft_model", "num_speculative_tokens": 2}, "method 'draft_model' is not supported; supported: ngram"),
     ({"method": "ngram"}, 'needs "num_speculative_tokens"'),
-    ({"method": "ngram", "num_speculative_tokens": -1}, "num_speculative_tokens must be at least 1, got -1"),
+    ({"method": "ngram", "num_speculative_tokens": -1}, "num_speculative_tokens must be from 1 to 64, got -1"),
+    ({"method": "ngram", "num_speculative_tokens": 1000}, "num_speculative_tokens must be from 1 to 64, got 1000"),
+    ({"method": "ngram", "num_speculative_tokens": None}, "num_speculative_tokens must be a whole number, got None"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": None, "prompt_lookup_min": 2.5},
+     "prompt_lookup_min must be a whole number, got 2.5"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2},
      "prompt_lookup_min 3 is above prompt_lookup_max 2"),
 ])

@@ -144,8 +144,8 @@ def test_prefix_caching_with_speculation(spec_llm, prompts, expected):
 
 
 def test_preemption_under_a_small_pool(smollm2_path, prompts, expected):
-    # 16 blocks of 16 tokens: one request of max_model_len fits, the whole batch at once does not.
-    llm = LLM(str(smollm2_path), dtype="float32", max_model_len=256, block_size=16, num_gpu_blocks_override=16,
+    # 16 blocks of 16 tokens (15 usable): one request of max_model_len fits, the whole batch at once does not.
+    llm = LLM(str(smollm2_path), dtype="float32", max_model_len=240, block_size=16, num_gpu_blocks_override=16,
               speculative_config=SPEC)
     batch = prompts * 2
     outs = llm.generate(batch, SamplingParams(temperature=0.0, max_tokens=MAX_NEW), use_tqdm=False)

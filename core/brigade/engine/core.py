@@ -39,14 +39,16 @@ def check_kv_capacity(num_blocks: int, block_size: int, max_model_len: int) -> N
     """Refuse a KV cache that cannot hold one request of ``max_model_len`` tokens (as vLLM does at start-up).
 
     Such a request could never be scheduled, even with every other request preempted, and would wait at the
-    head of the queue forever, holding everyone behind it.
+    head of the queue forever, holding everyone behind it (or, once running, preempt itself at every step).
+    Block 0 is the pool's null block (``BlockPool``), so ``num_blocks - 1`` blocks hold tokens.
 
     Raises:
         ConfigError: naming the capacity and both ways out.
     """
-    capacity = num_blocks * block_size
+    usable = num_blocks - 1
+    capacity = usable * block_size
     if capacity < max_model_len:
-        raise ConfigError(f"the KV cache holds {capacity} tokens ({num_blocks} blocks of {block_size}), fewer than "
+        raise ConfigError(f"the KV cache holds {capacity} tokens ({usable} usable blocks of {block_size}), fewer than "
                           f"one request of --max-model-len {max_model_len}; give the cache more memory "
                           f"(--kv-cache-memory, --gpu-memory-utilization, --num-gpu-blocks-override) or set "
                           f"--max-model-len {capacity} or less")
