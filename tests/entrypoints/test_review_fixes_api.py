@@ -181,6 +181,13 @@ def test_accepted_values_still_served(client):
     out = client.completions.create(model=MODEL, prompt="Hello", max_tokens=2,
                                     extra_body={"priority": 0, "cache_salt": "tenant-a", "bad_words": ["zebra"]})
     assert out.choices[0].finish_reason in ("length", "stop")
+    for route in ("completions", "chat"):  # an empty list is no bad words (it was a 500: max() of nothing)
+        if route == "chat":
+            out = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2,
+                                                 extra_body={"bad_words": []})
+        else:
+            out = client.completions.create(model=MODEL, prompt="Hello", max_tokens=2, extra_body={"bad_words": []})
+        assert out.choices[0].finish_reason in ("length", "stop")
 
 
 def test_thousands_of_bad_words_are_tokenized_off_the_event_loop(client, server):

@@ -71,8 +71,8 @@ def parse(*argv: str) -> argparse.Namespace:
 @pytest.mark.parametrize("value,expected", [
     ('{"method": "eagle", "num_speculative_tokens": 2}',
      "--speculative-config method 'eagle' is not supported; supported: ngram"),
-    ('{"method": "ngram", "num_speculative_tokens": 0}', "--speculative-config num_speculative_tokens must be at "
-                                                         "least 1, got 0"),
+    ('{"method": "ngram", "num_speculative_tokens": 0}', "--speculative-config num_speculative_tokens must be "
+                                                         "from 1 to 64, got 0"),
     ('{"method": "ngram"', "--speculative-config is not valid JSON"),
     ('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 4, "prompt_lookup_max": 2}',
      "--speculative-config prompt_lookup_min 4 is above prompt_lookup_max 2"),

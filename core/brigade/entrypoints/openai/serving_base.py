@@ -386,7 +386,7 @@ class OpenAIServing:
         if len(words) > MAX_BAD_WORDS:
             raise OpenAIError.bad_param(f"bad_words holds {len(words)} words; at most {MAX_BAD_WORDS} are accepted",
                                         "bad_words")
-        longest = max(len(w) for w in words)
+        longest = max((len(w) for w in words), default=0)
         at_least = self.min_tokens(longest)
         if at_least is not None and at_least > self.max_model_len:
             raise OpenAIError.bad_param(f"bad_words holds a word of {longest} characters, more than the "
