@@ -25,12 +25,11 @@ import concurrent.futures
 import itertools
 import json
 import multiprocessing
-import statistics
 
 import torch
 import torch.nn.functional as F
 
-from bench_attention import copy_bandwidth
+from bench_attention import copy_bandwidth, graph_time_ms
 from brigade_cuda.ops.gemm import GEMV_TILES, TILES, _tile, gemv, skinny_linear
 
 SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096),
@@ -73,24 +72,9 @@ class Step:
         gemm("lm_head", self.inputs["lm_head"], self.weights["lm_head"][0])
 
     def time_ms(self, gemm, replays: int = 12) -> float:
-        """Median replay time of the captured step, in ms."""
-        self.run(gemm)  # compiles / loads every variant outside the capture, and fails here if a tile cannot run
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.run(gemm)
-        for _ in range(3):
-            graph.replay()
-        times = []
-        for _ in range(replays):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        del graph
-        return statistics.median(times)
+        """Median replay time of the captured step, in ms (run eagerly first: compiles and loads every
+        variant outside the capture, and fails there if a tile cannot run)."""
+        return graph_time_ms([lambda: self.run(gemm)], replays)
 
 
 def skinny_with(tiles: dict):
