@@ -67,7 +67,7 @@ def merged_lora(model, adapter: Path):
             b = tensors[key.replace("lora_A", "lora_B")]
             name = key.removeprefix("base_model.model.").replace(".lora_A.weight", ".weight")
             saved[name] = params[name].detach().clone()
-            params[name].add_(scale * (b.float() @ a.float()))
+            params[name].add_((scale * (b.float() @ a.float())).to(params[name].device))
     try:
         yield model
     finally:
