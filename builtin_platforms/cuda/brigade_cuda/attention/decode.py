@@ -220,7 +220,7 @@ def _decode_merge_kernel(
 
 
 def choose_num_splits(num_decodes: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
-                      block_n: int = 64, max_splits: int = 32, single_split_len: int = 0, min_splits: int = 1) -> int:
+                      block_n: int = 64, max_splits: int = 32, single_split_len: int = 0) -> int:
     """Pick how many context chunks each decode request is split into.
 
     Enough ``(request, kv head, split)`` programs to give every SM about two, but no split shorter than
@@ -228,14 +228,12 @@ def choose_num_splits(num_decodes: int, num_kv_heads: int, max_seq_len: int, num
     benchmarks/kernels/NOTES.md) this lands within 3% of the best split count of a sweep for batch
     1/32/256 at 1k/4k context. Contexts of at most ``single_split_len`` tokens take one split, which
     saves the merge kernel: a short context is read faster by a few programs than the merge costs.
-    ``min_splits`` raises the count at large batches (never past one ``block_n`` tile per split), so that
-    one long context among short ones is not walked by a single program.
     All inputs are host integers, so this never synchronizes with the device.
     """
     if max_seq_len <= single_split_len:
         return 1
     programs = max(1, num_decodes * num_kv_heads)
-    wanted = max(-(-2 * num_sms // programs), min_splits)
+    wanted = -(-2 * num_sms // programs)
     useful = max(1, -(-max_seq_len // block_n))
     return max(1, min(wanted, useful, max_splits))
 

@@ -59,16 +59,6 @@ def single_split_len() -> int:
 
 
 @functools.cache
-def min_decode_splits() -> int:
-    """The least split count of a decode step over contexts longer than ``single_split_len``
-    (``BRIGADE_CUDA_DECODE_MIN_SPLITS``, default 1; see ``choose_num_splits``)."""
-    raw = os.environ.get("BRIGADE_CUDA_DECODE_MIN_SPLITS", "1")
-    if not (raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 32):
-        raise ValueError(f"BRIGADE_CUDA_DECODE_MIN_SPLITS must be an integer from 1 to 32, got {raw!r}")
-    return int(raw)
-
-
-@functools.cache
 def short_graph_lens() -> tuple[int, ...]:
     """Decode graphs of up to ``SHORT_GRAPH_MAX_BATCH`` requests are also captured for contexts up to each of
     these many tokens, with the split count chosen for that length (``BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN``,
@@ -191,7 +181,7 @@ class TritonAttentionBackend(AttentionBackend):
         if num_decodes:
             num_splits = self.decode_num_splits or choose_num_splits(
                 num_decodes, self.num_kv_heads, metadata.max_seq_len, self._multiprocessors(query.device),
-                single_split_len=single_split_len(), min_splits=min_decode_splits())
+                single_split_len=single_split_len())
             decode_attention(query, kv_cache, metadata.block_table, metadata.seq_lens, out,
                              num_decodes=num_decodes, num_splits=num_splits, scale=self.scale, rope=rope)
         num_prefills = metadata.num_reqs - num_decodes
