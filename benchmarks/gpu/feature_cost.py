@@ -76,9 +76,7 @@ def main() -> None:
     allowed = list(range(1000, 1008))
     rows: dict[str, dict] = {}
 
-    def release(llm):
-        llm.engine.core.shutdown()
-        del llm
+    def release() -> None:  # after the caller dropped its engine (and shut it down)
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -89,7 +87,9 @@ def main() -> None:
         rows[f"plain b{b}"] = {"ms_per_token": time_generate(llm, b, args.output_len, vocab)}
         rows[f"plain-allowed b{b}"] = {"ms_per_token": time_generate(llm, b, args.output_len, vocab,
                                                                      allowed=allowed)}
-    release(llm)
+    llm.engine.core.shutdown()
+    del llm
+    release()
 
     spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
     llm = LLM(args.model, speculative_config=spec, **common)
@@ -101,7 +101,9 @@ def main() -> None:
         rows[f"spec b{b}"] = {"ms_per_token": ms, **d,
                               "acceptance": d["num_accepted_tokens"] / max(1, d["num_draft_tokens"]),
                               "tokens_per_verify_step": 1 + d["num_accepted_tokens"] / max(1, d["num_drafts"])}
-    release(llm)
+    llm.engine.core.shutdown()
+    del llm
+    release()
 
     from transformers import AutoConfig
 
@@ -115,7 +117,9 @@ def main() -> None:
         for b in batches:
             rows[f"lora-base b{b}"] = {"ms_per_token": time_generate(llm, b, args.output_len, vocab)}
             rows[f"lora-adapter b{b}"] = {"ms_per_token": time_generate(llm, b, args.output_len, vocab, lora=lora)}
-        release(llm)
+        llm.engine.core.shutdown()
+    del llm
+    release()
 
     for name, row in rows.items():
         base = rows[f"plain b{name.split(' b')[1]}"]["ms_per_token"]
