@@ -126,6 +126,12 @@ def test_ngram_speculation_equals_transformers(tiny, eager):
         assert got == ref, f"prompt {i} differs from transformers under speculation"
     for i, p in enumerate(prompts):  # batch 1 as well
         assert _tokens(llm.generate([p], params, use_tqdm=False))[0] == expected[None][i], i
+    runner = llm.engine.core.executor.worker.model_runner
+    if eager:
+        assert runner.spec_graphs is None
+    else:  # verification steps replayed their CUDA graphs (1 + k tokens a request, padded)
+        assert runner.spec_graphs is not None and runner.spec_graphs.num_replays > 0
+        assert runner.num_padded_spec_steps == runner.spec_graphs.num_replays
     totals = llm.engine.core.scheduler.spec_totals
     assert totals["num_draft_tokens"] > 0, "no drafts were proposed: the test tests nothing"
     assert 0 < totals["num_accepted_tokens"] < totals["num_draft_tokens"], totals  # both accepted and rejected

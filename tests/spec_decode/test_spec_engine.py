@@ -73,6 +73,33 @@ def test_greedy_equals_transformers_and_no_speculation(spec_llm, base_llm, promp
     assert_no_leak(spec_llm)
 
 
+def test_padded_verification_steps_give_the_same_tokens(spec_llm, base_llm, prompts, expected):
+    """The layout the GPU's verification CUDA graphs replay (every request padded to 1 + k query tokens,
+    padding after its real tokens, writing no KV), run eagerly here through the runner's ``pad_spec_steps``:
+    greedy tokens and logprobs equal transformers' and the unpadded path's, in batches and at batch 1."""
+    runner = spec_llm.engine.core.executor.worker.model_runner
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=2)
+    unpadded = spec_llm.generate(prompts, params, use_tqdm=False)
+    runner.pad_spec_steps = True
+    try:
+        before, padded_steps = spec_counts(spec_llm), runner.num_padded_spec_steps
+        outs = spec_llm.generate(prompts, params, use_tqdm=False)
+        single = [spec_llm.generate([p], params, use_tqdm=False)[0] for p in prompts[:2]]
+        counts = delta(spec_counts(spec_llm), before)
+    finally:
+        runner.pad_spec_steps = False
+    for i, (out, ref, plain) in enumerate(zip(outs, expected, unpadded)):
+        assert out.outputs[0].token_ids == ref.token_ids == plain.outputs[0].token_ids, f"prompt {i}"
+        got = [next(iter(pos.values())).logprob for pos in out.outputs[0].logprobs]
+        assert got == pytest.approx(ref.logprobs, abs=1e-4), f"prompt {i}"
+    for i, out in enumerate(single):
+        assert out.outputs[0].token_ids == expected[i].token_ids, f"prompt {i} alone"
+    assert 0 < counts["num_accepted_tokens"] < counts["num_draft_tokens"], counts
+    assert runner.num_padded_spec_steps - padded_steps >= counts["num_drafts"] // len(prompts), \
+        "the padded layout was not used"
+    assert_no_leak(spec_llm)
+
+
 def test_batch_mixes_spec_and_non_spec_requests(spec_llm, base_llm, prompts, expected):
     """A grammar-constrained request (never drafted) and a penalized one (drafted; its penalty must see the
     drafts before each position) run with plain greedy ones and give what they give without speculation."""

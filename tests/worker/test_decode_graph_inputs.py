@@ -86,3 +86,47 @@ def test_context_buckets_per_batch_size():
     graphs = _graphs(seq_len_buckets=lambda size, max_len: (32, max_len) if size <= 2 else (max_len,))
     assert graphs.buckets == {1: [32, 96], 2: [32, 96], 4: [96], 8: [96]}
     assert _graphs().buckets == {1: [96], 2: [96], 4: [96], 8: [96]}
+
+
+def test_uniform_query_len_pads_each_request_after_its_real_tokens():
+    """Speculative verification steps padded to 1 + k tokens a request (``uniform_query_len``): each request's
+    real tokens (last sample, then its drafts) keep their positions and slots at rows r*q.., its padding rows
+    write nothing (slot -1) and get no logits row, seq_lens count the padding (so the real tokens' context is
+    unchanged), and the verification graphs' transfer gives the same values as a plain one."""
+    states = [_state(0, 20, [5, 3]), _state(1, 33, [1, 2, 4]), _state(2, 40, [6, 7, 8])]
+    drafts = [[7, 8], [], [9, 10, 11]]
+    scheduled = [1 + len(d) for d in drafts]
+    q = 4
+    plain = build_step_inputs(states, scheduled, block_size=16, device=torch.device("cpu"), spec_token_ids=drafts)
+    padded = build_step_inputs(states, scheduled, block_size=16, device=torch.device("cpu"), spec_token_ids=drafts,
+                               uniform_query_len=q)
+    md = padded.metadata
+    assert md.num_actual_tokens == 12 and md.max_query_len == q and md.num_decodes == 0
+    assert md.query_start_loc.tolist() == [0, 4, 8, 12]
+    assert md.seq_lens.tolist() == [24, 37, 44]
+    rows = [0, 1, 2, 4, 8, 9, 10, 11]  # where the plain step's 8 token rows went
+    assert padded.input_ids[rows].tolist() == plain.input_ids.tolist()
+    assert padded.positions[rows].tolist() == plain.positions.tolist()
+    assert md.slot_mapping[rows].tolist() == plain.metadata.slot_mapping.tolist()
+    assert md.slot_mapping[[3, 5, 6, 7]].tolist() == [-1] * 4
+    assert padded.positions.tolist()[4:8] == [33, 34, 35, 36]  # padding keeps counting positions
+    assert padded.logits_indices.tolist() == [rows[i] for i in plain.logits_indices.tolist()]
+    assert md.block_table.shape[1] >= 3  # request 1's padding reaches its third block's positions
+    graphs = DecodeGraphs(None, [], [1, 2, 4], max_blocks_per_req=6, max_model_len=96,
+                          device=torch.device("cpu"), query_len=q)
+    via_graph = build_step_inputs(states, scheduled, block_size=16, device=torch.device("cpu"),
+                                  spec_token_ids=drafts, uniform_query_len=q, transfer=graphs.transfer)
+    assert torch.equal(via_graph.input_ids, padded.input_ids)
+    assert torch.equal(via_graph.logits_indices, padded.logits_indices)
+    for name in ("slot_mapping", "seq_lens", "query_start_loc", "positions"):
+        a = getattr(via_graph.metadata, name, None)
+        if a is None:
+            a, b = via_graph.positions, padded.positions
+        else:
+            b = getattr(md, name)
+        assert torch.equal(a, b), name
+    # Three requests replay the 4-request graph: the padding request's tokens write nothing.
+    assert graphs.slot_mapping[12:16].tolist() == [-1] * 4 and graphs.seq_lens[3] == q
+    with pytest.raises(ValueError, match="more than the uniform"):
+        build_step_inputs(states, [1, 1, 6], block_size=16, device=torch.device("cpu"),
+                          spec_token_ids=[[], [], [1, 2, 3, 4, 5]], uniform_query_len=q)

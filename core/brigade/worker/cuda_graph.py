@@ -45,19 +45,25 @@ class DecodeGraphs:
 
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], capture_sizes: list[int], *,
                  max_blocks_per_req: int, max_model_len: int, device: torch.device,
-                 seq_len_buckets: Callable[[int, int], tuple[int, ...]] | None = None):
+                 seq_len_buckets: Callable[[int, int], tuple[int, ...]] | None = None, query_len: int = 1):
+        """``query_len`` > 1: graphs of speculative verification steps, every request with exactly that many
+        query tokens (its last sampled token and its drafts, padded; ``build_step_inputs(uniform_query_len=)``),
+        attended as prefill chunks over the cached context, with a logits row for every token."""
         self.model = model
         self.kv_caches = kv_caches
         self.sizes = sorted(capture_sizes)
         self.max_size = self.sizes[-1]
         self.device = device
         self.max_model_len = max_model_len
-        n, width = self.max_size, max_blocks_per_req
+        self.query_len = query_len
+        self.num_replays = 0
+        n, width = self.max_size * query_len, max_blocks_per_req  # n: token rows
         # All graph inputs live in one device byte buffer (an int64 part, then an int32 part), mirrored by a
         # pinned host buffer, so ``transfer`` fills them with one copy and ``run`` has nothing left to copy.
         # Every array starts at a 64-byte boundary, as in ``HostToDevice`` (Triton specializes on alignment).
         self._row64 = align_up(n, HostToDevice.ALIGN_BYTES // 8)  # int64 elements per input row
-        (_, self._qsl_at, self._table_at), end32 = packed_offsets([n, n + 1, n * width],
+        reqs = self.max_size
+        (_, self._qsl_at, self._table_at), end32 = packed_offsets([reqs, reqs + 1, reqs * width],
                                                                   HostToDevice.ALIGN_BYTES // 4)
         bytes64, bytes32 = 8 * 4 * self._row64, 4 * end32
         pin = device.type == "cuda"
@@ -68,29 +74,35 @@ class DecodeGraphs:
         self._host64, self._host32 = self._host[:bytes64].view(torch.int64), self._host[bytes64:].view(torch.int32)
         self._copied = torch.cuda.Event() if pin else None  # guards the host buffers' reuse
         self.input_ids, self.positions, self.slot_mapping, self.logits_indices = self._dev64.view(4, -1)[:, :n]
-        self.seq_lens = self._dev32[:n]
-        self.query_start_loc = self._dev32[self._qsl_at:self._qsl_at + n + 1]
-        self.block_table = self._dev32[self._table_at:].view(n, width)
+        self.seq_lens = self._dev32[:reqs]
+        self.query_start_loc = self._dev32[self._qsl_at:self._qsl_at + reqs + 1]
+        self.block_table = self._dev32[self._table_at:].view(reqs, width)
         self.slot_mapping.fill_(-1)
-        self.query_start_loc.copy_(torch.arange(n + 1, dtype=torch.int32))
+        self.query_start_loc.copy_(torch.arange(reqs + 1, dtype=torch.int32) * query_len)
+        if query_len > 1:  # padding requests: a context of their own query tokens, in the null block
+            self.seq_lens.fill_(query_len)
         self._host.copy_(self._dev)
-        buckets = seq_len_buckets or (lambda size, max_len: (max_len,))
+        # Verification steps attend through the prefill kernel, which does not depend on max_seq_len.
+        buckets = seq_len_buckets if seq_len_buckets is not None and query_len == 1 else \
+            (lambda size, max_len: (max_len,))
         self.buckets = {size: sorted({min(b, max_model_len) for b in buckets(size, max_model_len)} | {max_model_len})
                         for size in self.sizes}
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch size, seq-len bucket)
         self.logits: dict[tuple[int, int], torch.Tensor] = {}
 
     def _metadata(self, size: int, max_seq_len: int) -> AttentionMetadata:
+        q, tokens = self.query_len, size * self.query_len
         return AttentionMetadata(
-            num_reqs=size, num_actual_tokens=size, max_query_len=1, max_seq_len=max_seq_len,
-            num_decodes=size, query_start_loc=self.query_start_loc[:size + 1], seq_lens=self.seq_lens[:size],
-            block_table=self.block_table[:size], slot_mapping=self.slot_mapping[:size],
-            query_start_loc_cpu=torch.arange(size + 1, dtype=torch.int32),
-            seq_lens_cpu=torch.ones(size, dtype=torch.int32))
+            num_reqs=size, num_actual_tokens=tokens, max_query_len=q, max_seq_len=max_seq_len,
+            num_decodes=size if q == 1 else 0, query_start_loc=self.query_start_loc[:size + 1],
+            seq_lens=self.seq_lens[:size], block_table=self.block_table[:size], slot_mapping=self.slot_mapping[:tokens],
+            query_start_loc_cpu=torch.arange(size + 1, dtype=torch.int32) * q,
+            seq_lens_cpu=torch.full((size,), q, dtype=torch.int32))
 
     def _forward(self, size: int, max_seq_len: int) -> torch.Tensor:
         ctx = AttentionContext(metadata=self._metadata(size, max_seq_len), kv_caches=self.kv_caches)
-        hidden = self.model(self.input_ids[:size], self.positions[:size], ctx)
+        tokens = size * self.query_len
+        hidden = self.model(self.input_ids[:tokens], self.positions[:tokens], ctx)
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
@@ -111,11 +123,15 @@ class DecodeGraphs:
                     self.logits[size, bucket] = self._forward(size, bucket)
                 self.graphs[size, bucket] = graph
         torch.cuda.synchronize(self.device)
-        logger.info("captured %d decode CUDA graphs (batch sizes %d..%d) in %.1f s", len(self.graphs),
-                    self.sizes[0], self.max_size, time.perf_counter() - start)
+        logger.info("captured %d %s CUDA graphs (batch sizes %d..%d) in %.1f s", len(self.graphs),
+                    "decode" if self.query_len == 1 else f"speculative verification ({self.query_len} tokens a "
+                    "request)", self.sizes[0], self.max_size, time.perf_counter() - start)
 
     def can_run(self, num_reqs: int, max_query_len: int) -> bool:
-        return max_query_len == 1 and num_reqs <= self.max_size and bool(self.graphs)
+        """Whether a step of ``num_reqs`` requests, none with more than ``max_query_len`` query tokens, fits
+        (decode graphs: exactly one token each; verification graphs: up to ``query_len``)."""
+        fits = max_query_len == 1 if self.query_len == 1 else max_query_len <= self.query_len
+        return fits and num_reqs <= self.max_size and bool(self.graphs)
 
     def transfer(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """A ``Transfer`` (``input_batch.build_step_inputs``) for a step that ``can_run``: the arrays go
@@ -126,22 +142,25 @@ class DecodeGraphs:
             ValueError: when the step has more requests than the largest graph or wider block tables.
         """
         n, width = len(arrays["seq_lens"]), arrays["block_table"].shape[1]
-        if n > self.max_size or width > self.block_table.shape[1]:
-            raise ValueError(f"a step of {n} requests and {width} blocks does not fit the decode graphs "
-                             f"({self.max_size} requests, {self.block_table.shape[1]} blocks)")
+        q, tokens = self.query_len, len(arrays["input_ids"])
+        if n > self.max_size or width > self.block_table.shape[1] or tokens != n * q:
+            raise ValueError(f"a step of {n} requests, {tokens} tokens and {width} blocks does not fit the "
+                             f"CUDA graphs ({self.max_size} requests of {q} tokens, {self.block_table.shape[1]} "
+                             "blocks)")
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
         num_logits, cap = len(arrays["logits_indices"]), self.max_size
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy has left the host buffers
         h64 = self._host64.numpy().reshape(4, self._row64)
-        h64[0, :n] = arrays["input_ids"]
-        h64[1, :n] = arrays["positions"]
-        h64[2, :n] = arrays["slot_mapping"]
-        h64[2, n:size] = -1
+        h64[0, :tokens] = arrays["input_ids"]
+        h64[1, :tokens] = arrays["positions"]
+        h64[1, tokens:size * q] = 0
+        h64[2, :tokens] = arrays["slot_mapping"]
+        h64[2, tokens:size * q] = -1
         h64[3, :num_logits] = arrays["logits_indices"]
         h32 = self._host32.numpy()
         h32[:n] = arrays["seq_lens"]
-        h32[n:size] = 0
+        h32[n:size] = 0 if q == 1 else q
         h32[self._qsl_at:self._qsl_at + n + 1] = arrays["query_start_loc"]
         table = h32[self._table_at:].reshape(cap, -1)
         table[:n, :width] = arrays["block_table"]
@@ -149,14 +168,14 @@ class DecodeGraphs:
         self._dev[:used].copy_(self._host[:used], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
-        return {"input_ids": self.input_ids[:n], "positions": self.positions[:n],
-                "slot_mapping": self.slot_mapping[:n], "logits_indices": self.logits_indices[:num_logits],
+        return {"input_ids": self.input_ids[:tokens], "positions": self.positions[:tokens],
+                "slot_mapping": self.slot_mapping[:tokens], "logits_indices": self.logits_indices[:num_logits],
                 "query_start_loc": self.query_start_loc[:n + 1], "seq_lens": self.seq_lens[:n],
                 "block_table": self.block_table[:n, :width]}
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        """Replay the smallest graph that fits a pure-decode step built through ``transfer``; returns logits
-        [num_reqs, vocab].
+        """Replay the smallest graph that fits a step built through ``transfer``; returns logits
+        [num_reqs * query_len, vocab] (one row per token row of the step).
 
         Raises:
             ValueError: when the step's inputs are not in the graph buffers (built through another transfer).
@@ -169,4 +188,5 @@ class DecodeGraphs:
         buckets = self.buckets[size]
         bucket = buckets[bisect.bisect_left(buckets, md.max_seq_len)]
         self.graphs[size, bucket].replay()
-        return self.logits[size, bucket][:n]
+        self.num_replays += 1
+        return self.logits[size, bucket][:n * self.query_len]

@@ -62,7 +62,8 @@ class Transfer(Protocol):
 
 def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int], *, block_size: int,
                       device: torch.device, transfer: Transfer | None = None,
-                      spec_token_ids: list[list[int]] | None = None) -> StepInputs:
+                      spec_token_ids: list[list[int]] | None = None,
+                      uniform_query_len: int | None = None) -> StepInputs:
     """Flatten the scheduled requests into one batch.
 
     Args:
@@ -74,6 +75,10 @@ def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int]
             none. A request with k drafts is scheduled for 1 + k tokens: its last sampled token then the
             drafts, at positions num_tokens - 1 .. num_tokens - 1 + k; its attention is that of a prefill chunk
             with cached context, and it gets 1 + k logits rows.
+        uniform_query_len: pad every request to this many query tokens (a speculative step replayed as a
+            CUDA graph of a uniform shape, ``DecodeGraphs(query_len=...)``): padding tokens come after a
+            request's real ones, write no KV (slot -1) and get no logits row, and ``seq_lens`` counts them, so
+            the real tokens' context and causal masks are unchanged. Every request's real query must fit.
     Returns:
         StepInputs with slot_mapping[t] = block_ids[pos // block_size] * block_size + pos % block_size.
     """
@@ -116,6 +121,25 @@ def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int]
     if spec_token_ids is not None and any(spec_token_ids[r] for r in sampling):
         logits_indices = np.concatenate([np.arange(end - len(spec_token_ids[r]), end + 1)
                                          for r, end in zip(sampling, logits_indices.tolist())])
+    if uniform_query_len is not None:
+        q = uniform_query_len
+        if int(query_lens.max()) > q:
+            raise ValueError(f"a request has {int(query_lens.max())} query tokens, more than the uniform {q}")
+        # Row t of request r moves from query_start[r] + j to r * q + j.
+        new_row = np.repeat(np.arange(num_reqs) * q - query_start[:-1], query_lens) + np.arange(num_tokens)
+        num_tokens = num_reqs * q
+        padded_ids, padded_slots = np.zeros(num_tokens, dtype=np.int64), np.full(num_tokens, -1, dtype=np.int64)
+        padded_ids[new_row], padded_slots[new_row] = input_ids, slot_mapping
+        input_ids, slot_mapping = padded_ids, padded_slots
+        positions = (np.repeat(computed, q) + np.tile(np.arange(q), num_reqs)).astype(np.int64)
+        logits_indices = new_row[logits_indices]
+        pending_rows = [int(new_row[row]) for row in pending_rows]
+        query_lens = np.full(num_reqs, q, dtype=np.int32)
+        query_start = np.arange(num_reqs + 1, dtype=np.int32) * q
+        seq_lens = computed + query_lens
+        width = -(-int(seq_lens.max()) // block_size)  # padding positions may reach past the allocated blocks
+        if width > block_table.shape[1]:
+            block_table = np.pad(block_table, ((0, 0), (0, width - block_table.shape[1])))
     is_prefill = query_lens != 1
     num_decodes = int(np.argmax(is_prefill)) if is_prefill.any() else num_reqs
 

@@ -23,6 +23,7 @@ from brigade.worker.input_batch import CachedRequestState, HostToDevice, build_s
 
 logger = logging.getLogger(__name__)
 
+SPEC_GRAPH_MAX_BATCH = 32  # speculative verification graphs are captured up to this many requests
 PROMPT_LOGPROBS_ROWS = 256  # prompt positions scored per logits block ([rows, vocab] f32 at a time)
 
 
@@ -46,6 +47,11 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.transfer = HostToDevice(device)
         self.cuda_graphs = None  # DecodeGraphs once captured
+        self.spec_graphs = None  # DecodeGraphs of speculative verification steps (1 + k tokens a request)
+        # Pad verification steps to 1 + k tokens a request also when they run eagerly (tests: the padded layout
+        # the verification graphs replay, checked on the CPU).
+        self.pad_spec_steps = False
+        self.num_padded_spec_steps = 0  # verification steps run padded (replayed or eagerly)
         self.prev_sampled: torch.Tensor | None = None  # [num_sampled] int64 on the device, last step's samples
         self.prev_rows: dict[str, int] = {}  # request id -> row of prev_sampled
         self.lora_manager = None  # brigade.lora.manager.LoRAManager with --enable-lora
@@ -160,6 +166,16 @@ class ModelRunner:
                                         device=self.device,
                                         seq_len_buckets=self.attn_backend.decode_graph_seq_lens)
         self.cuda_graphs.capture()
+        spec = self.config.speculative_config
+        if spec is not None and self.lora_manager is None:
+            # Verification steps with a uniform 1 + k tokens a request (absent drafts padded), up to
+            # SPEC_GRAPH_MAX_BATCH requests: eagerly, a step is bound by ~265 kernel launches from Python
+            # (12.3 ms at batch 1 on the H200 against 5.1 ms replayed; docs/benchmarks.md).
+            spec_sizes = [s for s in self.cuda_graphs.sizes if s <= SPEC_GRAPH_MAX_BATCH]
+            self.spec_graphs = DecodeGraphs(self.model, self.kv_caches, spec_sizes,
+                                            max_blocks_per_req=-(-max_len // self.block_size), max_model_len=max_len,
+                                            device=self.device, query_len=1 + spec.num_speculative_tokens)
+            self.spec_graphs.capture()
 
     # ---- one step -------------------------------------------------------------------------------
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
@@ -213,14 +229,37 @@ class ModelRunner:
         # inputs go straight into the graph's buffers.
         use_graph = (not want_prompt_logprobs and not spec and self.cuda_graphs is not None
                      and self.cuda_graphs.can_run(len(order), max(num_scheduled.values())))
+        # A step of decodes with drafts can be padded to a uniform 1 + k tokens a request (and then replay a
+        # verification graph) when every request is a decode (its query is its last token and its drafts) and
+        # the padding stays inside max_model_len.
+        uniform = None
+        if (spec and not want_prompt_logprobs and self.lora_manager is None
+                and (self.spec_graphs is not None or self.pad_spec_steps)):
+            q = 1 + self.config.speculative_config.num_speculative_tokens
+            if (all(num_scheduled[rid] == 1 + len(d) and s.num_computed_tokens + 1 == s.num_tokens
+                    for rid, s, d in zip(order, states, drafts))
+                    and max(s.num_computed_tokens for s in states) + q <= self.config.model_config.max_model_len):
+                uniform = q
+        spec_graphs = self.spec_graphs
+        use_spec_graph = (uniform is not None and spec_graphs is not None
+                          and spec_graphs.can_run(len(order), max(num_scheduled.values())))
         if self.lora_manager is not None:  # slots and token mask for this step (persistent buffers: graph-safe)
             self.lora_manager.set_batch([s.lora_name for s in states], [num_scheduled[rid] for rid in order])
+        transfer = self.transfer
+        if use_graph:
+            transfer = self.cuda_graphs.transfer
+        elif use_spec_graph:
+            transfer = spec_graphs.transfer
         inputs = build_step_inputs(states, [num_scheduled[rid] for rid in order], block_size=self.block_size,
-                                   device=self.device,
-                                   transfer=self.cuda_graphs.transfer if use_graph else self.transfer,
-                                   spec_token_ids=drafts)
+                                   device=self.device, transfer=transfer, spec_token_ids=drafts,
+                                   uniform_query_len=uniform if use_spec_graph or self.pad_spec_steps else None)
+        if uniform is not None and (use_spec_graph or self.pad_spec_steps):
+            self.num_padded_spec_steps += 1
         self._fill_pending_inputs(inputs)
-        logits, hidden = self._forward(inputs, use_graph=use_graph, keep_hidden=want_prompt_logprobs)
+        if use_spec_graph:
+            logits, hidden = spec_graphs.run(inputs)[inputs.logits_indices], None
+        else:
+            logits, hidden = self._forward(inputs, use_graph=use_graph, keep_hidden=want_prompt_logprobs)
         prompt_logprobs = self._prompt_logprobs(order, inputs, hidden) if want_prompt_logprobs else {}
         for rid, n in num_scheduled.items():
             self.requests[rid].num_computed_tokens += n
