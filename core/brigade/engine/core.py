@@ -139,7 +139,8 @@ class EngineCore:
         for lora_int_id in sorted(self.loras_to_remove - in_use):
             self.executor.remove_lora(lora_int_id)
             self.loras_to_remove.discard(lora_int_id)
-            logger.info("LoRA adapter %r (id %d) unloaded", self.loras.pop(lora_int_id), lora_int_id)
+            logger.info("LoRA adapter %r (id %d): weights dropped, no request runs on it any more",
+                        self.loras.pop(lora_int_id), lora_int_id)
 
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
         """Abort requests; returns an ABORT output for each that was still unfinished."""
