@@ -254,6 +254,45 @@ def test_a_lora_modules_adapter_unloaded_and_loaded_again_is_a_new_adapter(serve
     assert len(info) == 1 and 'running_lora_adapters=""' in info[0] and 'waiting_lora_adapters=""' in info[0]
 
 
+def test_engine_core_with_a_worker_process_and_overlapped_steps(smollm2_path, lora_adapters):
+    """The mp executor (worker in its own process) with overlapped scheduling: an adapter removed and another
+    added between steps, while a step's answer is still unread on the pipe. The request running on the removed
+    adapter finishes with the tokens it has without the removal; the worker drops the weights after it; the
+    name may then come back from another folder, as a new adapter."""
+    from brigade import LLM
+    from brigade.sampling_params import RequestOutputKind
+
+    llm = LLM(str(smollm2_path), dtype="float32", max_model_len=256, kv_cache_memory_gib=0.1, enable_lora=True,
+              max_loras=1, max_lora_rank=8, distributed_executor_backend="mp", async_scheduling=True)
+    engine, core = llm.engine, llm.engine.core
+    try:
+        poet = LoRARequest("poet", 1, str(lora_adapters["poet"]))
+        params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+        reference = llm.generate(PROMPTS[1], params, use_tqdm=False, lora_request=poet)[0].outputs[0].token_ids
+        poet_id = engine.lora_requests["poet"].lora_int_id
+        engine.add_request("a", PROMPTS[1], params, lora_request=poet)
+        finished, steps = {}, 0
+        while engine.has_unfinished_requests():
+            finished.update((o.request_id, o) for o in engine.step() if o.finished)
+            steps += 1
+            if steps == 3:
+                assert core._in_flight is not None  # a step launched, its answer not read yet
+                assert engine.remove_lora("poet") and core.loras_to_remove == {poet_id}  # "a" still runs on it
+                assert engine.add_lora(LoRARequest("sql", 1, str(lora_adapters["sql"])))
+                assert poet_id in core.loras
+        assert finished["a"].outputs[0].token_ids == reference
+        assert not core.loras_to_remove and poet_id not in core.loras
+        assert core.executor.remove_lora(poet_id) is False  # the worker no longer holds it
+        poet_again = LoRARequest("poet", 1, str(lora_adapters["sql"]))  # the name again, another folder
+        outputs = llm.generate([PROMPTS[0]] * 2, params, use_tqdm=False,
+                               lora_request=[engine.lora_requests["sql"], poet_again])
+        assert engine.lora_requests["poet"].lora_int_id not in (poet_id, engine.lora_requests["sql"].lora_int_id)
+        expected = offline(smollm2_path, lora_adapters, "sql", PROMPTS[0], 16).token_ids
+        assert [o.outputs[0].token_ids for o in outputs] == [expected, expected]
+    finally:
+        core.shutdown()
+
+
 @pytest.mark.parametrize("value,lora,mounted,warning", [
     (None, True, False, None),
     ("0", True, False, None),

@@ -68,6 +68,13 @@ class LLMEngine:
         self.lora_requests[name] = registered
         return added
 
+    def remove_lora(self, lora_name: str) -> bool:
+        """Unregister a LoRA adapter (vLLM's ``LLMEngine.remove_lora``, by name here); False when none has that
+        name. Requests already added on it finish on it; the engine drops its weights after the last one.
+        The name may then be registered again, from any folder: it becomes a new adapter (a new id)."""
+        lora = self.lora_requests.pop(lora_name, None)
+        return lora is not None and self.core.remove_lora(lora.lora_int_id)
+
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
                     priority: int = 0, cache_salt: str | None = None,
                     lora_request: LoRARequest | None = None) -> None:
