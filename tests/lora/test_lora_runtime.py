@@ -260,6 +260,7 @@ def test_engine_core_with_a_worker_process_and_overlapped_steps(smollm2_path, lo
     adapter finishes with the tokens it has without the removal; the worker drops the weights after it; the
     name may then come back from another folder, as a new adapter."""
     from brigade import LLM
+    from brigade.engine.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
     from brigade.sampling_params import RequestOutputKind
 
     llm = LLM(str(smollm2_path), dtype="float32", max_model_len=256, kv_cache_memory_gib=0.1, enable_lora=True,
@@ -280,6 +281,10 @@ def test_engine_core_with_a_worker_process_and_overlapped_steps(smollm2_path, lo
                 assert engine.remove_lora("poet") and core.loras_to_remove == {poet_id}  # "a" still runs on it
                 assert engine.add_lora(LoRARequest("sql", 1, str(lora_adapters["sql"])))
                 assert poet_id in core.loras
+                # A request on it arriving after the unload (no front end sends one) is aborted, not run.
+                late = EngineCoreRequest("late", [1, 2, 3], params, None, time.time(), lora_name="poet",
+                                         lora_int_id=poet_id)
+                assert core.add_request(late) == EngineCoreOutput("late", [], finish_reason=FinishReason.ABORT)
         assert finished["a"].outputs[0].token_ids == reference
         assert not core.loras_to_remove and poet_id not in core.loras
         assert core.executor.remove_lora(poet_id) is False  # the worker no longer holds it

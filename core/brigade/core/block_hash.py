@@ -1,8 +1,8 @@
 """Chained block hashes for prefix caching (book ch. 12).
 
-The hash of block i covers block i's tokens, the hash of block i-1, and extra keys (the LoRA adapter's name and id, and the
-``cache_salt`` on the first block only). Chaining makes a hit on block i imply a hit on every block
-before it, so a lookup walks from the start and stops at the first miss.
+The hash of block i covers block i's tokens, the hash of block i-1, and extra keys (the LoRA adapter's name
+and id, and the ``cache_salt`` on the first block only). Chaining makes a hit on block i imply a hit on every
+block before it, so a lookup walks from the start and stops at the first miss.
 
 The parent of the first block is a seed. With Python's builtin (non-cryptographic) hash that seed must be
 secret and random, or a tenant could craft prompts whose hashes collide with another tenant's blocks and

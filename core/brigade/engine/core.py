@@ -15,6 +15,7 @@ from brigade.core.scheduler import Scheduler
 from brigade.engine.messages import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason,
                                      UtilityMethod)
 from brigade.executor.abstract import Executor
+from brigade.lora.request import lora_module_requests
 from brigade.structured_output import StructuredOutputManager
 from brigade.utils import freeze_gc_heap
 
@@ -86,20 +87,19 @@ class EngineCore:
         self._in_flight = None  # (SchedulerOutput, SampledTokens) of the step launched last, when overlapping
         # LoRA adapters registered in the workers, lora_int_id -> name (the --lora-modules ones to start with),
         # and those unloaded whose weights wait for their last requests to finish.
-        from brigade.lora.request import lora_module_requests
-
         self.loras: dict[int, str] = {} if config.lora_config is None else {
             r.lora_int_id: r.lora_name for r in lora_module_requests(config.lora_config.lora_modules).values()}
         self.loras_to_remove: set[int] = set()
         logger.debug("froze %d start-up objects out of the garbage collector's reach", freeze_gc_heap())
 
     def add_request(self, request: EngineCoreRequest) -> EngineCoreOutput | None:
-        """Queue a request. Returns None, or, for a request on a LoRA adapter the workers do not hold (a front
-        end that let a request through after the adapter's unload), its ABORT output: it is not queued, since
-        the runner would fail on it."""
-        if request.lora_int_id is not None and request.lora_int_id not in self.loras:
+        """Queue a request. Returns None, or, for a request on a LoRA adapter that is not registered or is being
+        unloaded (a front end that let it through after the unload), its ABORT output: it is not queued (the
+        runner would fail on an adapter it does not hold)."""
+        lora_int_id = request.lora_int_id
+        if lora_int_id is not None and (lora_int_id not in self.loras or lora_int_id in self.loras_to_remove):
             logger.warning("request %s names LoRA adapter %r (id %d), which is not loaded; it is aborted",
-                           request.request_id, request.lora_name, request.lora_int_id)
+                           request.request_id, request.lora_name, lora_int_id)
             return EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason=FinishReason.ABORT)
         self.scheduler.add_request(Request.from_engine_core_request(request, self.config.model_config.max_model_len))
         return None
@@ -121,7 +121,7 @@ class EngineCore:
     def remove_lora(self, lora_int_id: int) -> bool:
         """Unload a LoRA adapter: the workers drop its weights as soon as no unfinished request (running,
         waiting or preempted) runs on it, now when none does; requests already queued on it finish on it.
-        A request for it arriving later is aborted (``add_request``).
+        A request for it arriving later is aborted (``add_request``); the front ends send none.
 
         Returns:
             False when no adapter has that id (or it is already being unloaded).
