@@ -64,9 +64,9 @@ def test_one_slot_serializes_two_adapters(smollm2_path, lora_adapters, prompt_id
     seen: list[set[str]] = []
     set_batch = manager.set_batch
 
-    def recording(names, counts):
-        seen.append({n for n in names if n is not None})
-        set_batch(names, counts)
+    def recording(lora_ids, counts):  # the runner knows adapters by id: --lora-modules sql is 1, poet 2
+        seen.append({n for n in lora_ids if n is not None})
+        set_batch(lora_ids, counts)
 
     manager.set_batch = recording
     names = ["sql", "poet", None, "poet", "sql"]
@@ -74,7 +74,7 @@ def test_one_slot_serializes_two_adapters(smollm2_path, lora_adapters, prompt_id
              for n in names]
     got = tokens(llm.generate([prompt_ids[0]] * len(names), GREEDY, use_tqdm=False, lora_request=loras))
     assert got == [hf_lora_tokens[n][0] for n in names]
-    assert max(len(s) for s in seen) == 1 and {"sql", "poet"} <= set().union(*seen)
+    assert max(len(s) for s in seen) == 1 and {1, 2} <= set().union(*seen)
     stats = llm.get_kv_cache_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
 

@@ -22,7 +22,8 @@ def server(smollm2_path, lora_adapters):
     srv = RemoteServer(smollm2_path, ["--dtype", "float32", "--max-model-len", "256", "--kv-cache-memory", "0.1",
                                       "--served-model-name", "smol", "--enable-lora", "--max-loras", "2",
                                       "--max-lora-rank", "8", "--lora-modules", *modules,
-                                      "--disable-log-requests"])
+                                      "--disable-log-requests"],
+                       env={"BRIGADE_ALLOW_RUNTIME_LORA_UPDATING": "0"})  # whatever the tester's environment says
     yield srv
     srv.stop()
 
@@ -85,6 +86,17 @@ def test_an_unknown_model_is_a_404_naming_the_adapters(server):
     assert "'nope' does not exist" in body["message"] and "'sql'" in body["message"]
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("nope")
+
+
+def test_runtime_lora_routes_are_absent_without_the_switch(server):
+    """Without BRIGADE_ALLOW_RUNTIME_LORA_UPDATING (test_lora_runtime.py turns it on), /v1/load_lora_adapter and
+    /v1/unload_lora_adapter are unknown routes, a 404 in OpenAI's shape, as in vLLM without its variable."""
+    import httpx
+
+    for route in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+        response = httpx.post(server.url(route), json={"lora_name": "x", "lora_path": "/tmp"}, timeout=30)
+        assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error", response.text
+    assert [m.id for m in server.openai_client().models.list().data] == ["smol", "sql", "poet"]
 
 
 def _check(*argv: str) -> None:

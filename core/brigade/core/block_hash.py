@@ -1,8 +1,8 @@
 """Chained block hashes for prefix caching (book ch. 12).
 
-The hash of block i covers block i's tokens, the hash of block i-1, and extra keys (LoRA name, and the
-``cache_salt`` on the first block only). Chaining makes a hit on block i imply a hit on every block
-before it, so a lookup walks from the start and stops at the first miss.
+The hash of block i covers block i's tokens, the hash of block i-1, and extra keys (the LoRA adapter's name
+and id, and the ``cache_salt`` on the first block only). Chaining makes a hit on block i imply a hit on every
+block before it, so a lookup walks from the start and stops at the first miss.
 
 The parent of the first block is a seed. With Python's builtin (non-cryptographic) hash that seed must be
 secret and random, or a tenant could craft prompts whose hashes collide with another tenant's blocks and
@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 BlockHash = bytes | int
 
@@ -45,12 +45,15 @@ class BlockHasher:
         return hash(key)
 
     def extend_hashes(self, hashes: list[BlockHash], token_ids: Sequence[int], block_size: int,
-                      lora_name: str | None = None, cache_salt: str | None = None) -> None:
-        """Append hashes for every full block of ``token_ids`` not yet in ``hashes`` (in place)."""
+                      lora_key: Hashable | None = None, cache_salt: str | None = None) -> None:
+        """Append hashes for every full block of ``token_ids`` not yet in ``hashes`` (in place).
+
+        ``lora_key``: the request's adapter (``Request.lora_key``: name and id), None for the base model.
+        """
         num_full = len(token_ids) // block_size
         for i in range(len(hashes), num_full):
             extra: tuple | None = None
-            if lora_name is not None or (i == 0 and cache_salt is not None):
-                extra = (lora_name, cache_salt if i == 0 else None)
+            if lora_key is not None or (i == 0 and cache_salt is not None):
+                extra = (lora_key, cache_salt if i == 0 else None)
             parent = hashes[i - 1] if i > 0 else None
             hashes.append(self.hash_block(parent, token_ids[i * block_size:(i + 1) * block_size], extra))

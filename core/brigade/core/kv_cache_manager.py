@@ -39,7 +39,7 @@ class KVCacheManager:
     def _update_block_hashes(self, request: Request) -> None:
         if self.enable_caching:
             self.hasher.extend_hashes(request.block_hashes, request.all_token_ids, self.block_size,
-                                      request.lora_name, request.cache_salt)
+                                      request.lora_key, request.cache_salt)
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Longest cached prefix of a request that holds no blocks.

@@ -41,14 +41,15 @@ class Request:
     """
 
     __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
-                 "priority", "cache_salt", "lora_name", "status", "output_token_ids", "all_token_ids",
+                 "priority", "cache_salt", "lora_name", "lora_int_id", "status", "output_token_ids", "all_token_ids",
                  "num_computed_tokens", "num_cached_tokens", "num_preemptions", "stop_reason",
                  "stop_token_ids", "max_tokens", "block_hashes", "num_output_placeholders", "overlap_safe",
                  "spec_token_ids")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: int | None, arrival_time: float, priority: int = 0,
-                 cache_salt: str | None = None, lora_name: str | None = None, max_tokens: int = 16):
+                 cache_salt: str | None = None, lora_name: str | None = None, lora_int_id: int | None = None,
+                 max_tokens: int = 16):
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.sampling_params = sampling_params
@@ -56,7 +57,8 @@ class Request:
         self.arrival_time = arrival_time
         self.priority = priority
         self.cache_salt = cache_salt
-        self.lora_name = lora_name
+        self.lora_name = lora_name  # the adapter's name (stats); None: the base model
+        self.lora_int_id = lora_int_id  # the adapter's id, unique per registration (see lora_key)
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
@@ -85,7 +87,15 @@ class Request:
         wanted = req.sampling_params.max_tokens
         max_tokens = room if wanted is None else min(wanted, room)
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_id,
-                   req.arrival_time, req.priority, req.cache_salt, req.lora_name, max_tokens=max_tokens)
+                   req.arrival_time, req.priority, req.cache_salt, req.lora_name, req.lora_int_id,
+                   max_tokens=max_tokens)
+
+    @property
+    def lora_key(self) -> tuple[str, int | None] | None:
+        """Which adapter the request runs on, ``(lora_name, lora_int_id)``, or None for the base model. Two
+        requests share an adapter (a slot, prefix-cache blocks) exactly when their keys are equal: an adapter
+        unloaded and loaded again under the same name has a new id, so it is another adapter."""
+        return None if self.lora_name is None else (self.lora_name, self.lora_int_id)
 
     @property
     def num_tokens(self) -> int:

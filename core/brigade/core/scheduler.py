@@ -4,9 +4,10 @@ Each step it gives every running request, then waiting ones, a number of new tok
 budget (``max_num_batched_tokens``) and ``max_num_seqs``. Prefill chunks and decodes mix freely: a request
 needing one token is decoding, one needing more is (still) prefilling. When KV blocks run out, the last
 running request is preempted: its blocks are freed and it is recomputed later. The scheduler decides
-*what* runs; it never touches tensors. With LoRA it only knows each request's adapter name: a waiting
+*what* runs; it never touches tensors. With LoRA it only knows each request's adapter name and id: a waiting
 request whose adapter would make more than ``max_loras`` distinct adapters among the running requests waits
-(the others behind it may go), as in vLLM.
+(the others behind it may go), as in vLLM; ``lora_ids_in_use`` tells the engine core which adapters it may
+drop after an unload.
 
 Speculative decoding (``--speculative-config``, book ch. 12): after a step, ``update_from_output`` asks the
 n-gram proposer (``brigade.spec_decode``) for draft tokens of each running request; the next ``schedule``
@@ -156,7 +157,7 @@ class Scheduler:
 
         # Admit waiting requests only when nothing was preempted: memory is short otherwise.
         grammar_blocked: list[Request] = []  # still compiling (or a LoRA without a slot): set aside, in order
-        active_loras = {r.lora_name for r in self.running if r.lora_name is not None}
+        active_loras = {r.lora_key for r in self.running if r.lora_key is not None}
         while not preempted and len(self.waiting) and budget > 0 \
                 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting.peek()
@@ -177,8 +178,8 @@ class Scheduler:
                 break
             self.waiting.pop()
             self.running.append(request)
-            if request.lora_name is not None:
-                active_loras.add(request.lora_name)
+            if request.lora_key is not None:
+                active_loras.add(request.lora_key)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit
             if request.num_cached_tokens < 0:
@@ -190,7 +191,7 @@ class Scheduler:
                 num_prompt_tokens=request.num_prompt_tokens, sampling_params=request.sampling_params,
                 eos_token_id=request.eos_token_id,
                 block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
-                num_computed_tokens=num_hit, lora_name=request.lora_name))
+                num_computed_tokens=num_hit, lora_int_id=request.lora_int_id))
 
         for request in reversed(grammar_blocked):
             if not request.is_finished():
@@ -210,12 +211,17 @@ class Scheduler:
         self.finished_req_ids = set()
         return output
 
-    def _lora_blocks(self, request: Request, active_loras: set[str]) -> bool:
+    def _lora_blocks(self, request: Request, active_loras: set[tuple]) -> bool:
         """True when admitting ``request`` would put more than ``max_loras`` distinct adapters in the running
-        batch (``active_loras``: the adapters of the running requests)."""
-        name = request.lora_name
-        return (name is not None and self.max_loras is not None and name not in active_loras
+        batch (``active_loras``: the ``lora_key`` of the running requests' adapters)."""
+        key = request.lora_key
+        return (key is not None and self.max_loras is not None and key not in active_loras
                 and len(active_loras) >= self.max_loras)
+
+    def lora_ids_in_use(self) -> set[int]:
+        """The ``lora_int_id`` of every adapter an unfinished request (running, waiting or preempted) runs on:
+        the adapters whose weights the workers must keep."""
+        return {r.lora_int_id for r in self.requests.values() if r.lora_int_id is not None}
 
     def _cap_chunk(self, num_new: int, budget: int) -> int:
         threshold = self.config.long_prefill_token_threshold

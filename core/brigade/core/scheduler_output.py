@@ -26,7 +26,7 @@ class NewRequestData:
     eos_token_id: int | None
     block_ids: list[int]
     num_computed_tokens: int  # tokens already in the KV cache (prefix-cache hits)
-    lora_name: str | None = None  # the request's LoRA adapter; None: the base model
+    lora_int_id: int | None = None  # the request's LoRA adapter (its lora_int_id); None: the base model
 
 
 @dataclass(slots=True)

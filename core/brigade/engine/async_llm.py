@@ -3,7 +3,8 @@
 ``generate()`` is an async iterator of RequestOutputs per request. One background task reads every
 step's outputs from the engine, runs the output processor, and feeds each request's queue; stat
 loggers see each step there too. Closing or cancelling a ``generate()`` iterator aborts the request;
-``abort()`` ends the iterator with a final output whose ``finish_reason`` is "abort".
+``abort()`` ends the iterator with a final output whose ``finish_reason`` is "abort". ``add_lora`` and
+``remove_lora`` load and unload LoRA adapters while the engine serves (the server's runtime LoRA routes).
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from collections.abc import AsyncIterator
 
 from brigade.config import BrigadeConfig
 from brigade.engine.core import prepare_config
-from brigade.engine.core_client import AsyncMPClient, EngineDeadError
+from brigade.engine.core_client import AsyncMPClient, EngineDeadError, UtilityCallError
 from brigade.engine.input_processor import InputProcessor, eos_token_id
 from brigade.engine.messages import UtilityMethod
 from brigade.engine.output_processor import OutputProcessor
-from brigade.lora.request import LoRARequest
+from brigade.lora.adapter import LoRAError, LoRANameError, UnknownLoRAError
+from brigade.lora.request import LoRARequest, lora_module_requests
 from brigade.metrics.stats import StatLoggerBase
 from brigade.outputs import RequestOutput
 from brigade.sampling_params import InvalidParamError, SamplingParams
@@ -42,7 +44,11 @@ class AsyncLLM:
                                               eos_token_id(self.hf_config))
         self.output_processor = OutputProcessor(self.tokenizer)
         lora = config.lora_config
-        self.lora_modules: dict[str, str] = dict(lora.lora_modules) if lora is not None else {}  # name -> path
+        # The adapters served now, by name: the --lora-modules ones (ids 1, 2, ...), then those add_lora loads,
+        # in that order, less those remove_lora unloads. The server's routes read this dict (never write it).
+        self.lora_requests: dict[str, LoRARequest] = lora_module_requests(lora.lora_modules) if lora else {}
+        self._next_lora_id = len(self.lora_requests) + 1  # ids are never reused: the engine core keys on them
+        self._loras_loading: set[str] = set()  # names add_lora is loading now
         self.stat_loggers: list[StatLoggerBase] = []
         self.client = AsyncMPClient(config)
         self._queues: dict[str, asyncio.Queue] = {}
@@ -69,8 +75,8 @@ class AsyncLLM:
     async def generate(self, prompt: str | list[int], sampling_params: SamplingParams, request_id: str, *,
                        priority: int = 0, cache_salt: str | None = None,
                        lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
-        """Submit a request and yield its outputs until it finishes (on ``lora_request``'s adapter, one of
-        ``--lora-modules``; None: the base model).
+        """Submit a request and yield its outputs until it finishes (on the served adapter named
+        ``lora_request.lora_name``, under the id it was loaded with; None: the base model).
 
         Raises:
             InvalidParamError: bad input (before anything is queued), or an adapter the engine does not serve.
@@ -80,16 +86,18 @@ class AsyncLLM:
         await self.check_health()
         if request_id in self._queues:
             raise ValueError(f"request id {request_id!r} is already in flight")
-        lora_name = None
+        lora = None
         if lora_request is not None:
-            lora_name = lora_request.lora_name
-            if lora_name not in self.lora_modules:
-                raise InvalidParamError(f"LoRA adapter {lora_name!r} is not served here; served: "
-                                        f"{sorted(self.lora_modules) or 'none'}", param="model")
+            lora = self.lora_requests.get(lora_request.lora_name)
+            if lora is None:
+                raise InvalidParamError(f"LoRA adapter {lora_request.lora_name!r} is not served here; served: "
+                                        f"{sorted(self.lora_requests) or 'none'}", param="model")
         self._ensure_output_task()
-        text, token_ids, children = self.input_processor.process(prompt, sampling_params, request_id,
-                                                                 priority=priority, cache_salt=cache_salt,
-                                                                 lora_name=lora_name)
+        # No await from the check above to the sends below: an unload after it reaches the engine after them.
+        text, token_ids, children = self.input_processor.process(
+            prompt, sampling_params, request_id, priority=priority, cache_salt=cache_salt,
+            lora_name=lora.lora_name if lora is not None else None,
+            lora_int_id=lora.lora_int_id if lora is not None else None)
         q: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = q
         self.output_processor.add_request(request_id, text, token_ids, sampling_params,
@@ -161,6 +169,80 @@ class AsyncLLM:
                     stat_logger.record(outputs.scheduler_stats, processed.iteration_stats)
                 except Exception:
                     logger.exception("stat logger %s failed", type(stat_logger).__name__)
+
+    async def add_lora(self, lora_name: str, lora_path: str) -> LoRARequest:
+        """Load a PEFT LoRA adapter into the running engine (vLLM's ``/v1/load_lora_adapter``).
+
+        The engine's worker reads and checks it exactly as it does ``--lora-modules`` adapters
+        (``lora.adapter.load_adapter``) before registering it; once this returns, requests may name it. It gets
+        a fresh ``lora_int_id``, one this engine never used before.
+
+        Args:
+            lora_name: the name requests will give as ``model``.
+            lora_path: a PEFT adapter folder on the engine's machine (adapter_config.json,
+                adapter_model.safetensors).
+        Returns:
+            The LoRARequest now served (also in ``lora_requests``).
+        Raises:
+            LoRANameError: the name is empty, the served model's, already served or being loaded by another call.
+            LoRAError: one line: LoRA is not enabled, or the adapter cannot be served (missing files, bad
+                config, rank above --max-lora-rank, NaN or infinite values, wrong shapes, ...).
+            EngineDeadError: the engine is gone.
+        """
+        await self.check_health()
+        if self.config.lora_config is None:
+            raise LoRAError(f"LoRA adapter {lora_name!r}: LoRA is not enabled; start the engine with --enable-lora")
+        if not lora_name:
+            raise LoRANameError("a LoRA adapter's name must not be empty")
+        if lora_name == self.model_config.name:
+            raise LoRANameError(f"LoRA adapter {lora_name!r} has the served model's name; give it another name")
+        served = self.lora_requests.get(lora_name)
+        if served is not None:
+            raise LoRANameError(f"LoRA adapter {lora_name!r} is already loaded (from {served.lora_path}); unload "
+                                "it first to load it again")
+        if lora_name in self._loras_loading:
+            raise LoRANameError(f"LoRA adapter {lora_name!r} is being loaded by another request")
+        request = LoRARequest(lora_name, self._next_lora_id, lora_path)
+        self._next_lora_id += 1
+        self._loras_loading.add(lora_name)
+        try:
+            self._ensure_output_task()
+            await self.client.call_utility(UtilityMethod.ADD_LORA, request)
+        except UtilityCallError as exc:
+            raise LoRAError(str(exc)) from None
+        finally:
+            self._loras_loading.discard(lora_name)
+        self.lora_requests[lora_name] = request
+        logger.info("LoRA adapter %r loaded from %s (id %d)", lora_name, lora_path, request.lora_int_id)
+        return request
+
+    async def remove_lora(self, lora_name: str, lora_int_id: int | None = None) -> LoRARequest:
+        """Unload a served LoRA adapter (vLLM's ``/v1/unload_lora_adapter``); ``--lora-modules`` ones too.
+
+        New requests naming it are refused from now on. Requests already submitted on it run to the end on
+        it: the engine core drops its weights once the last of them finishes (at once when none is left).
+
+        Args:
+            lora_name: the adapter's name.
+            lora_int_id: when given, the adapter's id must be this one (vLLM's optional field).
+        Returns:
+            The LoRARequest no longer served.
+        Raises:
+            UnknownLoRAError: no adapter of that name (and id) is served.
+            EngineDeadError: the engine is gone.
+        """
+        await self.check_health()
+        served = self.lora_requests.get(lora_name)
+        if served is None or (lora_int_id is not None and lora_int_id != served.lora_int_id):
+            with_id = "" if lora_int_id is None else f" with lora_int_id {lora_int_id}"
+            raise UnknownLoRAError(f"LoRA adapter {lora_name!r}{with_id} is not loaded; loaded: "
+                                   f"{', '.join(repr(n) for n in self.lora_requests) or 'none'}")
+        del self.lora_requests[lora_name]
+        self._ensure_output_task()
+        await self.client.call_utility(UtilityMethod.REMOVE_LORA, served)
+        logger.info("LoRA adapter %r (id %d) unloaded; its weights go when its last request finishes", lora_name,
+                    served.lora_int_id)
+        return served
 
     async def reset_prefix_cache(self) -> bool:
         """Drop every cached prefix block; False while requests hold blocks."""

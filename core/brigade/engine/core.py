@@ -12,8 +12,10 @@ import logging
 from brigade.config import BrigadeConfig, ConfigError
 from brigade.core.request import Request, RequestStatus
 from brigade.core.scheduler import Scheduler
-from brigade.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, UtilityMethod
+from brigade.engine.messages import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason,
+                                     UtilityMethod)
 from brigade.executor.abstract import Executor
+from brigade.lora.request import lora_module_requests
 from brigade.structured_output import StructuredOutputManager
 from brigade.utils import freeze_gc_heap
 
@@ -83,18 +85,62 @@ class EngineCore:
             logger.info("speculative decoding: overlapped (async) scheduling is off; steps run one at a time")
             self.overlap = False
         self._in_flight = None  # (SchedulerOutput, SampledTokens) of the step launched last, when overlapping
+        # LoRA adapters registered in the workers, lora_int_id -> name (the --lora-modules ones to start with),
+        # and those unloaded whose weights wait for their last requests to finish.
+        self.loras: dict[int, str] = {} if config.lora_config is None else {
+            r.lora_int_id: r.lora_name for r in lora_module_requests(config.lora_config.lora_modules).values()}
+        self.loras_to_remove: set[int] = set()
         logger.debug("froze %d start-up objects out of the garbage collector's reach", freeze_gc_heap())
 
-    def add_request(self, request: EngineCoreRequest) -> None:
+    def add_request(self, request: EngineCoreRequest) -> EngineCoreOutput | None:
+        """Queue a request. Returns None, or, for a request on a LoRA adapter that is not registered or is being
+        unloaded (a front end that let it through after the unload), its ABORT output: it is not queued (the
+        runner would fail on an adapter it does not hold)."""
+        lora_int_id = request.lora_int_id
+        if lora_int_id is not None and (lora_int_id not in self.loras or lora_int_id in self.loras_to_remove):
+            logger.warning("request %s names LoRA adapter %r (id %d), which is not loaded; it is aborted",
+                           request.request_id, request.lora_name, lora_int_id)
+            return EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason=FinishReason.ABORT)
         self.scheduler.add_request(Request.from_engine_core_request(request, self.config.model_config.max_model_len))
+        return None
 
     def add_lora(self, lora_request) -> bool:
-        """Register a LoRA adapter (``brigade.lora.LoRARequest``) with the workers; False when its name is taken.
+        """Register a LoRA adapter (``brigade.lora.LoRARequest``) with the workers under its ``lora_int_id``
+        (loaded and checked now); False when that id is already registered.
 
         Raises:
             LoRAError: the adapter cannot be served, or LoRA is not enabled.
         """
-        return self.executor.add_lora(lora_request)
+        if lora_request.lora_int_id in self.loras:
+            return False
+        added = self.executor.add_lora(lora_request)
+        if added:
+            self.loras[lora_request.lora_int_id] = lora_request.lora_name
+        return added
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Unload a LoRA adapter: the workers drop its weights as soon as no unfinished request (running,
+        waiting or preempted) runs on it, now when none does; requests already queued on it finish on it.
+        A request for it arriving later is aborted (``add_request``); the front ends send none.
+
+        Returns:
+            False when no adapter has that id (or it is already being unloaded).
+        """
+        if lora_int_id not in self.loras or lora_int_id in self.loras_to_remove:
+            return False
+        self.loras_to_remove.add(lora_int_id)
+        self._remove_unused_loras()
+        return True
+
+    def _remove_unused_loras(self) -> None:
+        """Drop from the workers the unloaded adapters no unfinished request runs on. A step already launched
+        (overlapped scheduling) may still use one: the workers run the removal after it, in order."""
+        in_use = self.scheduler.lora_ids_in_use()
+        for lora_int_id in sorted(self.loras_to_remove - in_use):
+            self.executor.remove_lora(lora_int_id)
+            self.loras_to_remove.discard(lora_int_id)
+            logger.info("LoRA adapter %r (id %d): weights dropped, no request runs on it any more",
+                        self.loras.pop(lora_int_id), lora_int_id)
 
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
         """Abort requests; returns an ABORT output for each that was still unfinished."""
@@ -106,7 +152,14 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     def step(self) -> EngineCoreOutputs:
-        """Schedule, run the model, and update request states: one iteration of continuous batching."""
+        """Schedule, run the model, and update request states: one iteration of continuous batching. Then drop
+        the unloaded LoRA adapters whose last requests finished."""
+        outputs = self._step()
+        if self.loras_to_remove:
+            self._remove_unused_loras()
+        return outputs
+
+    def _step(self) -> EngineCoreOutputs:
         if self.overlap and self.scheduler.all_overlap_safe():
             return self._step_overlapped()
         if self._in_flight is not None:
@@ -146,8 +199,16 @@ class EngineCore:
         self._in_flight = None
         return self.scheduler.update_from_output(scheduler_output, pending.get())
 
-    def call_utility(self, method: UtilityMethod):
-        """Answer a control call from the front end."""
+    def call_utility(self, method: UtilityMethod, lora_request=None):
+        """Answer a control call from the front end (``lora_request``: the adapter of ADD_LORA, REMOVE_LORA).
+
+        Raises:
+            LoRAError: ADD_LORA of an adapter that cannot be served (or without LoRA enabled).
+        """
+        if method == UtilityMethod.ADD_LORA:
+            return self.add_lora(lora_request)
+        if method == UtilityMethod.REMOVE_LORA:
+            return self.remove_lora(lora_request.lora_int_id)
         kv = self.scheduler.kv_cache_manager
         if method == UtilityMethod.RESET_PREFIX_CACHE:
             return kv.reset_prefix_cache()

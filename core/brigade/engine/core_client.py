@@ -37,6 +37,10 @@ class EngineStartupError(RuntimeError):
     """The EngineCore process failed while starting; the message carries its error."""
 
 
+class UtilityCallError(RuntimeError):
+    """The EngineCore refused a control call (``EngineCoreOutputs.utility_error``); the message is its line."""
+
+
 class AsyncMPClient:
     """Sends requests to, and receives step outputs from, one EngineCore process."""
 
@@ -83,13 +87,20 @@ class AsyncMPClient:
             await self.input_socket.send_multipart([EngineCoreRequestType.ABORT.value,
                                                     self.encoder.encode(request_ids)])
 
-    async def call_utility(self, method: UtilityMethod):
-        """Call a control method in the engine and wait for its answer (decoded msgpack)."""
+    async def call_utility(self, method: UtilityMethod, lora_request=None):
+        """Call a control method in the engine and wait for its answer (decoded msgpack).
+
+        Args:
+            lora_request: the ``brigade.lora.LoRARequest`` of ADD_LORA and REMOVE_LORA.
+        Raises:
+            UtilityCallError: the engine refused the call (its one-line reason).
+            EngineDeadError: the engine died before answering.
+        """
         call_id = next(self._call_ids)
         future = asyncio.get_running_loop().create_future()
         self._pending_utility[call_id] = future
-        await self.input_socket.send_multipart([EngineCoreRequestType.UTILITY.value,
-                                                self.encoder.encode(EngineCoreUtility(call_id, method))])
+        message = EngineCoreUtility(call_id, method, lora_request)
+        await self.input_socket.send_multipart([EngineCoreRequestType.UTILITY.value, self.encoder.encode(message)])
         return await future
 
     async def get_output(self) -> EngineCoreOutputs:
@@ -100,7 +111,10 @@ class AsyncMPClient:
                 if outputs.utility_call_id is not None:
                     future = self._pending_utility.pop(outputs.utility_call_id, None)
                     if future is not None and not future.done():
-                        future.set_result(msgspec.msgpack.decode(outputs.utility_result))
+                        if outputs.utility_error is not None:
+                            future.set_exception(UtilityCallError(outputs.utility_error))
+                        else:
+                            future.set_result(msgspec.msgpack.decode(outputs.utility_result))
                     continue
                 if outputs.engine_error is not None:
                     self._mark_dead(f"the engine failed: {outputs.engine_error}")

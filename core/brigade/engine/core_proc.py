@@ -23,6 +23,7 @@ from brigade.config import BrigadeConfig
 from brigade.engine.core import EngineCore
 from brigade.engine.messages import (EngineCoreOutputs, EngineCoreRequest,
                                      EngineCoreRequestType, EngineCoreUtility)
+from brigade.lora.adapter import LoRAError
 
 logger = logging.getLogger("brigade.engine")
 
@@ -86,14 +87,20 @@ class EngineCoreProc:
 
     def _handle(self, kind: EngineCoreRequestType, message) -> None:
         if kind == EngineCoreRequestType.ADD:
-            self.core.add_request(message)
+            refused = self.core.add_request(message)
+            if refused is not None:
+                self.outputs.put(EngineCoreOutputs(outputs=[refused], timestamp=time.time()))
         elif kind == EngineCoreRequestType.ABORT:
             self.core.abort_requests(message)
             # Publish the new gauges now: an idle engine runs no step that would.
             self.outputs.put(EngineCoreOutputs(scheduler_stats=self.core.scheduler.make_stats(),
                                                timestamp=time.time()))
         else:
-            result = self.core.call_utility(message.method)
+            try:
+                result = self.core.call_utility(message.method, message.lora_request)
+            except LoRAError as exc:  # the caller's mistake (a bad adapter), answered; the engine lives on
+                self.outputs.put(EngineCoreOutputs(utility_call_id=message.call_id, utility_error=str(exc)))
+                return
             self.outputs.put(EngineCoreOutputs(utility_call_id=message.call_id,
                                                utility_result=msgspec.msgpack.encode(result)))
 

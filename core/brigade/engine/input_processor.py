@@ -122,13 +122,14 @@ class InputProcessor:
 
     def process(self, prompt: str | list[int], params: SamplingParams, request_id: str, *,
                 priority: int = 0, cache_salt: str | None = None, arrival_time: float | None = None,
-                lora_name: str | None = None) -> tuple[str | None, list[int], list[EngineCoreRequest]]:
+                lora_name: str | None = None,
+                lora_int_id: int | None = None) -> tuple[str | None, list[int], list[EngineCoreRequest]]:
         """Tokenize, validate and fan out one request.
 
         Returns:
             (prompt text or None, prompt token ids, one EngineCoreRequest per sequence). Child i has
             ``seed + i`` when a seed is given, so the n samples differ yet are reproducible. Each carries
-            ``lora_name`` (an adapter the caller made sure the engine has registered).
+            ``lora_name`` and ``lora_int_id`` (an adapter the caller made sure the engine has registered).
         Raises:
             InvalidParamError: the request cannot run on this model.
         """
@@ -144,5 +145,5 @@ class InputProcessor:
             children.append(EngineCoreRequest(
                 request_id=child_request_id(request_id, i, params.n), prompt_token_ids=token_ids,
                 sampling_params=child_params, eos_token_id=self.eos_token_id, arrival_time=arrival,
-                priority=priority, cache_salt=cache_salt, lora_name=lora_name))
+                priority=priority, cache_salt=cache_salt, lora_name=lora_name, lora_int_id=lora_int_id))
         return text, token_ids, children

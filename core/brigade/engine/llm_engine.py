@@ -7,7 +7,7 @@ from brigade.engine.core import EngineCore
 from brigade.engine.core_client import EngineDeadError
 from brigade.engine.input_processor import InputProcessor, eos_token_id
 from brigade.engine.output_processor import OutputProcessor
-from brigade.lora.request import LoRARequest
+from brigade.lora.request import LoRARequest, lora_module_requests
 from brigade.outputs import RequestOutput
 from brigade.sampling_params import SamplingParams
 from brigade.tokenizer import get_tokenizer
@@ -27,7 +27,9 @@ class LLMEngine:
         self._step_outputs: list[RequestOutput] = []
         self._dead: BaseException | None = None  # the error of a failed step; the engine refuses work after it
         lora = config.lora_config
-        self.lora_paths: dict[str, str] = dict(lora.lora_modules) if lora is not None else {}  # registered adapters
+        # Registered adapters by name, with the ids the engine knows them by (--lora-modules: 1, 2, ...).
+        self.lora_requests: dict[str, LoRARequest] = lora_module_requests(lora.lora_modules) if lora else {}
+        self._next_lora_id = len(self.lora_requests) + 1
 
     def _check_alive(self) -> None:
         if self._dead is not None:
@@ -40,6 +42,9 @@ class LLMEngine:
     def add_lora(self, lora_request: LoRARequest) -> bool:
         """Register a LoRA adapter with the engine (loaded and checked now); False when it already is.
 
+        Adapters are known by name here: the engine gets the adapter under an id of this engine's own (the
+        next unused one), whatever ``lora_int_id`` the caller chose, so two adapters never share one.
+
         Raises:
             LoRAError: LoRA is not enabled, the name is registered with another path, or the adapter cannot
                 be served (one line naming it and the reason).
@@ -49,17 +54,26 @@ class LLMEngine:
         name = lora_request.lora_name
         if self.config.lora_config is None:
             raise LoRAError(f"LoRA adapter {name!r}: LoRA is not enabled; build the LLM with enable_lora=True")
-        known = self.lora_paths.get(name)
+        known = self.lora_requests.get(name)
         if known is not None:
-            if known != lora_request.lora_path:
-                raise LoRAError(f"LoRA adapter {name!r} is already registered with path {known}, "
+            if known.lora_path != lora_request.lora_path:
+                raise LoRAError(f"LoRA adapter {name!r} is already registered with path {known.lora_path}, "
                                 f"not {lora_request.lora_path}")
             return False
         if name == self.config.model_config.name:
             raise LoRAError(f"LoRA adapter {name!r} has the served model's name; give it another name")
-        added = self.core.add_lora(lora_request)
-        self.lora_paths[name] = lora_request.lora_path
+        registered = LoRARequest(name, self._next_lora_id, lora_request.lora_path)
+        added = self.core.add_lora(registered)
+        self._next_lora_id += 1
+        self.lora_requests[name] = registered
         return added
+
+    def remove_lora(self, lora_name: str) -> bool:
+        """Unregister a LoRA adapter (vLLM's ``LLMEngine.remove_lora``, by name here); False when none has that
+        name. Requests already added on it finish on it; the engine drops its weights after the last one.
+        The name may then be registered again, from any folder: it becomes a new adapter (a new id)."""
+        lora = self.lora_requests.pop(lora_name, None)
+        return lora is not None and self.core.remove_lora(lora.lora_int_id)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
                     priority: int = 0, cache_salt: str | None = None,
@@ -72,15 +86,20 @@ class LLMEngine:
             EngineDeadError: an earlier step failed (see ``step``).
         """
         self._check_alive()
+        lora = None
         if lora_request is not None:
             self.add_lora(lora_request)
+            lora = self.lora_requests[lora_request.lora_name]
         text, token_ids, children = self.input_processor.process(
             prompt, params, request_id, priority=priority, cache_salt=cache_salt,
-            lora_name=lora_request.lora_name if lora_request is not None else None)
+            lora_name=lora.lora_name if lora is not None else None,
+            lora_int_id=lora.lora_int_id if lora is not None else None)
         self.output_processor.add_request(request_id, text, token_ids, params, [c.request_id for c in children],
                                           children[0].arrival_time, self._step_outputs.append)
         for child in children:
-            self.core.add_request(child)
+            refused = self.core.add_request(child)
+            if refused is not None:  # not on a registered adapter: finished as aborted, never silently dropped
+                self.output_processor.process_outputs([refused])
 
     def abort_request(self, request_id: str) -> None:
         self.core.abort_requests(self.output_processor.abort_request(request_id))

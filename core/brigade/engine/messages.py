@@ -10,6 +10,7 @@ import enum
 
 import msgspec
 
+from brigade.lora.request import LoRARequest
 from brigade.sampling_params import SamplingParams
 
 
@@ -37,6 +38,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
         priority: lower runs first under the priority policy.
         cache_salt: mixed into the first block's hash, so prefix-cache hits stay inside a tenant.
         lora_name: the LoRA adapter to run with (registered with the engine beforehand), or None.
+        lora_int_id: that adapter's id (set with ``lora_name``): the engine core keys on it.
     """
 
     request_id: str
@@ -47,6 +49,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     priority: int = 0
     cache_salt: str | None = None
     lora_name: str | None = None
+    lora_int_id: int | None = None
 
 
 class LogprobsLists(msgspec.Struct, array_like=True, gc=False):
@@ -120,6 +123,8 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     utility_call_id: int | None = None
     # msgpack bytes of the answer (msgspec cannot decode ``Raw | None``: the union drops the Raw).
     utility_result: bytes | None = None
+    # Set instead of utility_result when the engine refused the call (a LoRAError's one line for ADD_LORA).
+    utility_error: str | None = None
 
 
 class EngineCoreRequestType(enum.Enum):
@@ -136,10 +141,23 @@ class UtilityMethod(enum.IntEnum):
     RESET_PREFIX_CACHE = 0  # returns bool: True when every cached block was dropped
     GET_KV_CACHE_STATS = 1  # returns {"num_free_blocks", "num_total_blocks"}
     IS_SLEEPING = 2  # returns bool
+    # (lora_request) returns bool: True when registered, False when its id already was; a bad adapter is a
+    # utility_error (the LoRAError's line).
+    ADD_LORA = 3
+    # (lora_request: the adapter's name and id; its path is not read) returns bool: False for an id not
+    # registered. Its weights go once no unfinished request runs on it (requests already running finish on it).
+    REMOVE_LORA = 4
 
 
-class EngineCoreUtility(msgspec.Struct, array_like=True, gc=False):
-    """One control call on the EngineCore; answered by an EngineCoreOutputs with the same call_id."""
+class EngineCoreUtility(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """One control call on the EngineCore; answered by an EngineCoreOutputs with the same call_id.
+
+    Attributes:
+        call_id: the caller's id for the answer.
+        method: which call.
+        lora_request: the adapter of ADD_LORA and REMOVE_LORA; None for the other calls.
+    """
 
     call_id: int
     method: UtilityMethod
+    lora_request: LoRARequest | None = None

@@ -56,12 +56,18 @@ class Executor(ABC):
         """
 
     def add_lora(self, lora_request) -> bool:
-        """Register a LoRA adapter (``brigade.lora.LoRARequest``) on every worker; False when its name is taken.
+        """Register a LoRA adapter (``brigade.lora.LoRARequest``) on every worker; False when its id is taken.
 
         Raises:
             LoRAError: the adapter cannot be served (or LoRA is off).
         """
         raise NotImplementedError(f"{type(self).__name__} cannot add LoRA adapters")
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Drop a LoRA adapter from every worker; False when none has that id. The engine core calls it only
+        once no unfinished request runs on the adapter (a step already launched may still use it: the workers
+        order the removal after it)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot remove LoRA adapters")
 
     def shutdown(self) -> None:
         """Stop the workers."""

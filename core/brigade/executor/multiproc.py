@@ -3,11 +3,14 @@
 Workers start with ``fork`` or ``spawn`` (``BRIGADE_WORKER_MULTIPROC_METHOD``, default spawn). Each
 worker process loads the general and platform plugins itself, so plugin code works in both (it must be
 re-entrant). Commands are a fixed enum, never method names; a step's result is read back lazily, so
-the EngineCore can overlap the next step's scheduling with this one.
+the EngineCore can overlap the next step's scheduling with this one. A worker answers its commands in
+order, so before any other command the answers of the steps still unread are read and kept for their
+``get()``.
 """
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import multiprocessing
@@ -35,6 +38,7 @@ class WorkerCommand(enum.IntEnum):
     DESCRIBE = 3  # -> WorkerInfo
     SHUTDOWN = 4
     ADD_LORA = 5  # (LoRARequest) -> bool, or the LoRAError it raised
+    REMOVE_LORA = 6  # (lora_int_id) -> bool
 
 
 @dataclass(slots=True)
@@ -85,6 +89,7 @@ def _worker_main(config: BrigadeConfig, hf_config, rank: int, start_method: str,
         WorkerCommand.EXECUTE_MODEL: worker.execute_model,
         WorkerCommand.DESCRIBE: lambda _: info,
         WorkerCommand.ADD_LORA: lambda request: _add_lora(worker, request),
+        WorkerCommand.REMOVE_LORA: worker.remove_lora,
     }
     while True:
         try:
@@ -116,13 +121,22 @@ def _add_lora(worker, lora_request):
 
 
 class PendingReplies:
-    """The workers' answers to one EXECUTE_MODEL, read on ``get()`` (the driver's output is returned)."""
+    """The workers' answers to one EXECUTE_MODEL, read on ``get()`` (the driver's output is returned), or
+    earlier by ``fetch()`` when another command's answers come after them."""
 
     def __init__(self, executor: MultiprocExecutor):
         self.executor = executor
+        self.values: list[Any] | None = None
+
+    def fetch(self) -> None:
+        """Read the answers now and keep them for ``get()``."""
+        if self.values is None:
+            self.values = self.executor._collect()
 
     def get(self) -> ModelRunnerOutput:
-        return self.executor._collect()[0]
+        while self.values is None:  # the answers of the steps sent before this one come first
+            self.executor._outstanding.popleft().fetch()
+        return self.values[0]
 
 
 class MultiprocExecutor(Executor):
@@ -145,6 +159,7 @@ class MultiprocExecutor(Executor):
         ctx = multiprocessing.get_context(method)
         self.conns = []
         self.procs = []
+        self._outstanding: collections.deque[PendingReplies] = collections.deque()  # steps not read yet, in order
         for rank in range(parallel.world_size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker_main, args=(config, hf_config, rank, method, child), daemon=True,
@@ -161,6 +176,14 @@ class MultiprocExecutor(Executor):
         for conn in self.conns:
             conn.send((command, arg))
 
+    def _call(self, command: WorkerCommand, arg: Any = None) -> list[Any]:
+        """Send a command that is not a step and wait for every worker's answer. The answers of steps still
+        unread come first on the pipes; they are read and kept for their ``get()``."""
+        while self._outstanding:
+            self._outstanding.popleft().fetch()
+        self._broadcast(command, arg)
+        return self._collect()
+
     def _collect(self) -> list[Any]:
         values = []
         for rank, (conn, proc) in enumerate(zip(self.conns, self.procs)):
@@ -174,24 +197,25 @@ class MultiprocExecutor(Executor):
         return values
 
     def determine_num_kv_blocks(self) -> int:
-        self._broadcast(WorkerCommand.DETERMINE_NUM_KV_BLOCKS)
-        return min(self._collect())
+        return min(self._call(WorkerCommand.DETERMINE_NUM_KV_BLOCKS))
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        self._broadcast(WorkerCommand.INITIALIZE_KV_CACHE, num_blocks)
-        self._collect()
+        self._call(WorkerCommand.INITIALIZE_KV_CACHE, num_blocks)
 
     def add_lora(self, lora_request) -> bool:
-        self._broadcast(WorkerCommand.ADD_LORA, lora_request)
-        replies = self._collect()
+        replies = self._call(WorkerCommand.ADD_LORA, lora_request)
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
         return replies[0]
 
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self._call(WorkerCommand.REMOVE_LORA, lora_int_id)[0]
+
     def execute_model(self, scheduler_output: SchedulerOutput, *, overlap: bool = False):
         self._broadcast(WorkerCommand.EXECUTE_MODEL, scheduler_output)
         pending = PendingReplies(self)
+        self._outstanding.append(pending)
         return pending if overlap else pending.get()
 
     def shutdown(self) -> None:

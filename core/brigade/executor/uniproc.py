@@ -27,5 +27,8 @@ class UniProcExecutor(Executor):
     def add_lora(self, lora_request) -> bool:
         return self.worker.add_lora(lora_request)
 
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self.worker.remove_lora(lora_int_id)
+
     def execute_model(self, scheduler_output: SchedulerOutput, *, overlap: bool = False):
         return self.worker.execute_model(scheduler_output, overlap=overlap)

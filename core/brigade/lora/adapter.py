@@ -36,6 +36,14 @@ class LoRAError(ConfigError):
     """An adapter Brigade cannot serve; the message names the adapter and the reason, in one line."""
 
 
+class LoRANameError(LoRAError):
+    """A name a new adapter cannot take: empty, the served model's, or already served (or being loaded)."""
+
+
+class UnknownLoRAError(LoRAError):
+    """An adapter name that is not loaded (unloading it, or running on it); the server answers 404."""
+
+
 def target_shapes(hf_config: Any) -> dict[str, tuple[int, int]]:
     """(in_features, out_features) of every projection an adapter may target, for a Llama-family config."""
     hidden = hf_config.hidden_size

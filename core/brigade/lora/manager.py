@@ -3,7 +3,9 @@
 The scheduler guarantees that a step holds at most ``max_loras`` distinct adapters; this class decides
 *how* they run: which slot each one occupies (an adapter stays in its slot across steps, and the slot used
 longest ago is reused for a newcomer), and the per-token slot mask the layers read. Adapters are loaded
-and checked when registered (``add_adapter``), not when a request first uses them.
+and checked when registered (``add_adapter``), not when a request first uses them. Adapters are keyed by
+``lora_int_id`` (unique per registration, see ``LoRARequest``), so an adapter unloaded while its last requests
+finish and a new one loaded under the same name are two adapters here.
 """
 
 from __future__ import annotations
@@ -75,20 +77,21 @@ class LoRAManager:
             raise LoRAError(f"--max-loras {n} x --max-lora-rank {r}: the LoRA slots need {slot_bytes / 2**30:.1f} "
                             f"GiB on {device}, which could not be allocated ({type(exc).__name__}); lower "
                             "--max-loras or --max-lora-rank") from None
-        self.adapters: dict[str, LoRAAdapter] = {}
-        self.slots: list[str | None] = [None] * lora_config.max_loras  # slot -> adapter name
+        self.adapters: dict[int, LoRAAdapter] = {}  # lora_int_id -> host weights
+        self.slots: list[int | None] = [None] * lora_config.max_loras  # slot -> lora_int_id
         self._last_used = [0] * lora_config.max_loras  # step count when each slot last ran
         self._steps = 0
         self._mask_rows = 0  # rows of the mask that may be non-zero
 
     # ---- registry ---------------------------------------------------------------------------------
     def add_adapter(self, request: LoRARequest) -> bool:
-        """Load and check ``request``'s adapter; False when one of that name is already registered.
+        """Load and check ``request``'s adapter under ``request.lora_int_id``; False when that id is already
+        registered (nothing is read then).
 
         Raises:
             LoRAError: the adapter cannot be served (see ``adapter.load_adapter``).
         """
-        if request.lora_name in self.adapters:
+        if request.lora_int_id in self.adapters:
             return False
         adapter = load_adapter(request.lora_name, request.lora_path, self.hf_config,
                                max_rank=self.config.max_lora_rank)
@@ -98,51 +101,59 @@ class LoRAManager:
             layer, module = lacking[0]
             raise LoRAError(f"LoRA adapter {adapter.name!r} ({adapter.path}): layer {layer} {module} cannot take a "
                             f"LoRA delta in this model (a quantized or missing projection)")
-        self.adapters[adapter.name] = adapter
-        logger.info("LoRA adapter %r: rank %d, scaling %g, %d projections (%s) from %s", adapter.name, adapter.rank,
-                    adapter.scaling, len(adapter.weights), ", ".join(sorted(adapter.target_modules)), adapter.path)
+        self.adapters[request.lora_int_id] = adapter
+        logger.info("LoRA adapter %r (id %d): rank %d, scaling %g, %d projections (%s) from %s", adapter.name,
+                    request.lora_int_id, adapter.rank, adapter.scaling, len(adapter.weights),
+                    ", ".join(sorted(adapter.target_modules)), adapter.path)
         return True
 
-    def remove_adapter(self, name: str) -> bool:
-        """Forget an adapter and free its slot; False when none has that name."""
-        if self.adapters.pop(name, None) is None:
+    def remove_adapter(self, lora_int_id: int) -> bool:
+        """Forget an adapter and zero its slot; False when no adapter has that id.
+
+        The caller makes sure no step still to be prepared needs it (the engine core waits for the adapter's
+        requests to finish); a step already queued on the device is not disturbed, since the slot is zeroed
+        after it in stream order.
+        """
+        adapter = self.adapters.pop(lora_int_id, None)
+        if adapter is None:
             return False
-        if name in self.slots:
-            slot = self.slots.index(name)
+        if lora_int_id in self.slots:
+            slot = self.slots.index(lora_int_id)
             self.slots[slot] = None
             for _, _, lora in self.layers:
                 lora.clear_slot(slot)
+        logger.info("LoRA adapter %r (id %d) removed", adapter.name, lora_int_id)
         return True
 
     # ---- one step -----------------------------------------------------------------------------------
-    def set_batch(self, lora_names: Sequence[str | None], num_tokens: Sequence[int]) -> None:
+    def set_batch(self, lora_ids: Sequence[int | None], num_tokens: Sequence[int]) -> None:
         """Give the step's adapters slots and write the token mask for the step's rows.
 
         Args:
-            lora_names: each scheduled request's adapter (None: the base model), in batch order.
+            lora_ids: each scheduled request's adapter, its ``lora_int_id`` (None: the base model), in batch order.
             num_tokens: each request's tokens this step, same order.
         Raises:
             RuntimeError: more distinct adapters than slots (the scheduler must not allow it), or an adapter
                 that was never registered.
         """
         self._steps += 1
-        wanted = list(dict.fromkeys(n for n in lora_names if n is not None))
+        wanted = list(dict.fromkeys(n for n in lora_ids if n is not None))
         if not wanted:
             self.clear_batch()
             return
         if len(wanted) > len(self.slots):
             raise RuntimeError(f"a step with {len(wanted)} LoRA adapters, above --max-loras {len(self.slots)}")
-        for name in wanted:
-            if name not in self.slots:
-                self._activate(name, wanted)
-            self._last_used[self.slots.index(name)] = self._steps
-        slot_of = {name: i for i, name in enumerate(self.slots) if name is not None}
+        for lora_id in wanted:
+            if lora_id not in self.slots:
+                self._activate(lora_id, wanted)
+            self._last_used[self.slots.index(lora_id)] = self._steps
+        slot_of = {lora_id: i for i, lora_id in enumerate(self.slots) if lora_id is not None}
         counts = np.asarray(num_tokens, dtype=np.int64)
         total = int(counts.sum())
         if total > self.batch.mask.shape[0]:
             raise RuntimeError(f"a step of {total} tokens exceeds the LoRA mask's {self.batch.mask.shape[0]} rows")
-        slot_per_req = np.fromiter((-1 if n is None else slot_of[n] for n in lora_names), dtype=np.int64,
-                                   count=len(lora_names))
+        slot_per_req = np.fromiter((-1 if n is None else slot_of[n] for n in lora_ids), dtype=np.int64,
+                                   count=len(lora_ids))
         token_slots = np.repeat(slot_per_req, counts)
         host = np.zeros((total, len(self.slots)), dtype=np.float32)
         rows = np.nonzero(token_slots >= 0)[0]
@@ -159,10 +170,10 @@ class LoRAManager:
             self.batch.mask[:self._mask_rows].zero_()
             self._mask_rows = 0
 
-    def _activate(self, name: str, in_step: list[str]) -> None:
-        adapter = self.adapters.get(name)
+    def _activate(self, lora_id: int, in_step: list[int]) -> None:
+        adapter = self.adapters.get(lora_id)
         if adapter is None:
-            raise RuntimeError(f"LoRA adapter {name!r} is not registered")
+            raise RuntimeError(f"LoRA adapter id {lora_id} is not registered")
         free = [i for i, n in enumerate(self.slots) if n is None]
         if free:
             slot = free[0]
@@ -170,5 +181,5 @@ class LoRAManager:
             slot = min((i for i, n in enumerate(self.slots) if n not in in_step), key=self._last_used.__getitem__)
         for layer, shards, lora in self.layers:
             lora.set_slot(slot, [adapter.weights.get((layer, s)) for s in shards], adapter.scaling)
-        self.slots[slot] = name
-        logger.debug("LoRA adapter %r in slot %d", name, slot)
+        self.slots[slot] = lora_id
+        logger.debug("LoRA adapter %r (id %d) in slot %d", adapter.name, lora_id, slot)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
 class LoRARequest:
-    """An adapter by name. Requests carry only ``lora_name`` past the front end (the scheduler and the
-    prefix-cache hashes key on it); the path is read once, when the adapter is registered.
+    """An adapter by name and id. Requests carry only ``lora_name`` and ``lora_int_id`` past the front end;
+    the path is read once, when the adapter is registered.
 
     Attributes:
-        lora_name: unique per engine; the server's ``model`` value for it.
-        lora_int_id: a positive id, as in vLLM (kept for API compatibility; Brigade keys on the name).
+        lora_name: unique among the adapters an engine serves at one time; the server's ``model`` value for it.
+        lora_int_id: a positive id, as in vLLM. The engine core keys on it (slots, the ``--max-loras`` count,
+            prefix-cache hashes), so one id is one set of weights for the engine's whole life: a front end
+            never gives an unloaded adapter's id to another one (a server loading an adapter at runtime takes
+            a fresh id, and an adapter unloaded then loaded again under the same name gets a new one).
         lora_path: a PEFT adapter folder (adapter_config.json, adapter_model.safetensors).
     """
 
@@ -26,3 +30,9 @@ class LoRARequest:
         if not isinstance(self.lora_int_id, int) or self.lora_int_id < 1:
             raise ValueError(f"LoRARequest {self.lora_name!r}: lora_int_id must be a positive int, "
                              f"got {self.lora_int_id!r}")
+
+
+def lora_module_requests(lora_modules: Mapping[str, str]) -> dict[str, LoRARequest]:
+    """The ``--lora-modules`` adapters (name -> path) as LoRARequests by name, with ids 1, 2, ... in the given
+    order: the numbering every layer that registers them at start-up uses (front end, engine core, runner)."""
+    return {name: LoRARequest(name, i, path) for i, (name, path) in enumerate(lora_modules.items(), start=1)}

@@ -27,7 +27,7 @@ class CachedRequestState:
     num_computed_tokens: int  # tokens whose KV is in the cache before this step
     sampling: SamplingRequestState
     num_pending: int = 0  # sampled by a step in flight: on the device, not yet in token_ids
-    lora_name: str | None = None  # the LoRA adapter it runs with; None: the base model
+    lora_int_id: int | None = None  # the LoRA adapter it runs with (its lora_int_id); None: the base model
 
     @property
     def num_tokens(self) -> int:

@@ -70,7 +70,7 @@ class ModelRunner:
     def _init_lora(self, lora_config) -> None:
         """Give the model's projections LoRA slots and load the --lora-modules adapters (book ch. 12)."""
         from brigade.lora.manager import LoRAManager
-        from brigade.lora.request import LoRARequest
+        from brigade.lora.request import lora_module_requests
         from brigade.worker.cuda_graph import default_capture_sizes
 
         sched, comp = self.config.scheduler_config, self.config.compilation_config
@@ -78,11 +78,11 @@ class ModelRunner:
         max_tokens = max(sched.max_num_batched_tokens or 8192, sched.max_num_seqs, graph_rows, 512)
         self.lora_manager = LoRAManager(self.model, self.hf_config, lora_config, max_num_tokens=max_tokens,
                                         device=self.device, dtype=self.dtype)
-        for i, (name, path) in enumerate(lora_config.lora_modules.items(), start=1):
-            self.lora_manager.add_adapter(LoRARequest(name, i, path))
+        for request in lora_module_requests(lora_config.lora_modules).values():
+            self.lora_manager.add_adapter(request)
 
     def add_lora(self, lora_request) -> bool:
-        """Register an adapter (a ``LoRARequest``); False when its name is taken.
+        """Register an adapter (a ``LoRARequest``) under its ``lora_int_id``; False when that id is taken.
 
         Raises:
             LoRAError: the adapter cannot be served, or LoRA is not enabled.
@@ -93,6 +93,11 @@ class ModelRunner:
             raise LoRAError(f"LoRA adapter {lora_request.lora_name!r}: LoRA is not enabled; start the engine "
                             "with enable_lora=True (--enable-lora)")
         return self.lora_manager.add_adapter(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Drop an adapter's weights and free its slot; False when no adapter has that id (or LoRA is off).
+        The engine core calls it only once no unfinished request runs on the adapter."""
+        return self.lora_manager is not None and self.lora_manager.remove_adapter(lora_int_id)
 
     def kv_cache_bytes_per_block(self, cache_dtype: torch.dtype | None = None) -> int:
         """Bytes one block takes across all layers (K and V)."""
@@ -194,7 +199,7 @@ class ModelRunner:
             self.requests[new.req_id] = CachedRequestState(
                 req_id=new.req_id, token_ids=token_ids, num_prompt_tokens=new.num_prompt_tokens,
                 block_ids=list(new.block_ids), num_computed_tokens=new.num_computed_tokens, sampling=sampling,
-                lora_name=new.lora_name)
+                lora_int_id=new.lora_int_id)
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(cached.req_ids, cached.new_block_ids,
                                                     cached.num_computed_tokens):
@@ -244,7 +249,7 @@ class ModelRunner:
         use_spec_graph = (uniform is not None and spec_graphs is not None
                           and spec_graphs.can_run(len(order), max(num_scheduled.values())))
         if self.lora_manager is not None:  # slots and token mask for this step (persistent buffers: graph-safe)
-            self.lora_manager.set_batch([s.lora_name for s in states], [num_scheduled[rid] for rid in order])
+            self.lora_manager.set_batch([s.lora_int_id for s in states], [num_scheduled[rid] for rid in order])
         transfer = self.transfer
         if use_graph:
             transfer = self.cuda_graphs.transfer

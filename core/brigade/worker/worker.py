@@ -93,8 +93,12 @@ class Worker:
         self.model_runner.initialize_kv_cache(num_blocks)
 
     def add_lora(self, lora_request) -> bool:
-        """Register a LoRA adapter (``brigade.lora.LoRARequest``) with the runner; False when the name is taken."""
+        """Register a LoRA adapter (``brigade.lora.LoRARequest``) with the runner; False when its id is taken."""
         return self.model_runner.add_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Drop a LoRA adapter from the runner; False when no adapter has that id."""
+        return self.model_runner.remove_lora(lora_int_id)
 
     def execute_model(self, scheduler_output: SchedulerOutput, *, overlap: bool = False):
         return self.model_runner.execute_model(scheduler_output, overlap=overlap)

@@ -3,8 +3,9 @@
 The API server process only parses, renders chat templates, tokenizes and streams; the EngineCore runs
 in its own process behind AsyncLLM, so no route ever waits on model work (DESIGN.md). Routes follow
 API.md: /v1/completions, /v1/chat/completions, /v1/models and /v1/models/{id} (API key checked on /v1/*), and /health,
-/version, /tokenize, /detokenize, /metrics. Endpoint plugins the operator allowed are mounted last. CORS
-preflights are answered with vLLM's defaults (any origin, method and header; no credentials).
+/version, /tokenize, /detokenize, /metrics. With ``--enable-lora`` and BRIGADE_ALLOW_RUNTIME_LORA_UPDATING, also
+vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter. Endpoint plugins the operator allowed are mounted
+last. CORS preflights are answered with vLLM's defaults (any origin, method and header; no credentials).
 """
 
 from __future__ import annotations
@@ -13,22 +14,24 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from brigade.config import BrigadeConfig
 from brigade.engine.async_llm import AsyncLLM, EngineDeadError
 from brigade.entrypoints.openai.errors import OpenAIError, install_error_handlers
 from brigade.entrypoints.openai.openapi import install_request_schemas, json_body
 from brigade.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                                 TokenizeRequest)
+                                                 LoadLoRAAdapterRequest, TokenizeRequest,
+                                                 UnloadLoRAAdapterRequest)
 from brigade.entrypoints.openai.responses import ModelCard, ModelList
 from brigade.entrypoints.openai.serving_base import load_generation_defaults, max_token_chars, parse_request
 from brigade.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -37,6 +40,8 @@ from brigade.entrypoints.openai.serving_tokenize import OpenAIServingTokenizatio
 from brigade.entrypoints.openai.shutdown import (FLUSH_GRACE_S, Drain, DrainingServer,
                                                  quiet_signals_after_serve)
 from brigade.entrypoints.openai.streaming import json_response
+from brigade.lora.adapter import LoRAError, LoRANameError, UnknownLoRAError
+from brigade.lora.request import LoRARequest
 from brigade.metrics.prometheus import PrometheusStatLogger
 from brigade.metrics.stats import StatLoggerBase
 from brigade.utils import freeze_gc_heap
@@ -47,6 +52,9 @@ logger = logging.getLogger("brigade.server")
 SUPPORTED_TASKS = ("generate",)
 STAT_LOG_INTERVAL_S = 10.0
 KV_STATS_TIMEOUT_S = 5.0
+RUNTIME_LORA_ENV = "BRIGADE_ALLOW_RUNTIME_LORA_UPDATING"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
 
 
 @dataclass
@@ -139,11 +147,13 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
         engine.add_stat_logger(sl)
     tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brigade-tokenizer")
     drain = Drain()
+    # The served adapters by name, the engine's own dict: runtime loads and unloads show in every route.
+    adapters: Mapping[str, LoRARequest] = engine.lora_requests if config.lora_config is not None else {}
     common = dict(served_model_name=served_name, tokenizer_executor=tokenizer_executor,
                   generation_defaults=load_generation_defaults(config.model_config),
                   log_requests=settings.log_requests, drain=drain,
                   scheduling_policy=config.scheduler_config.policy, max_token_chars=max_token_chars(engine.tokenizer),
-                  lora_modules=dict(config.lora_config.lora_modules) if config.lora_config is not None else None)
+                  lora_requests=adapters)
     completion = OpenAIServingCompletion(engine, **common)
     chat = OpenAIServingChat(engine, **common)
     tokenization = OpenAIServingTokenization(chat)
@@ -198,14 +208,14 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
         body, content_type = stat_logger.render()
         return Response(content=body, media_type=content_type)
 
-    adapters = dict(config.lora_config.lora_modules) if config.lora_config is not None else {}
-
     def model_cards() -> dict[str, ModelCard]:
-        """The served model, then each LoRA adapter as vLLM lists it: ``root`` its path, ``parent`` the model."""
+        """The served model, then each LoRA adapter as vLLM lists it: ``root`` its path, ``parent`` the model
+        (``--lora-modules`` first, then those loaded at runtime, in load order)."""
         cards = {served_name: ModelCard(id=served_name, root=config.model_config.model,
                                         max_model_len=engine.max_model_len)}
-        for name, path in adapters.items():
-            cards[name] = ModelCard(id=name, root=path, parent=served_name, max_model_len=engine.max_model_len)
+        for name, lora in list(adapters.items()):
+            cards[name] = ModelCard(id=name, root=lora.lora_path, parent=served_name,
+                                    max_model_len=engine.max_model_len)
         return cards
 
     @app.get("/v1/models")
@@ -239,10 +249,85 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
         result = await tokenization.detokenize(await parse_request(raw_request, DetokenizeRequest))
         return json_response(result)
 
+    schemas = [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest]
+    if runtime_lora_updating(config):
+        _mount_runtime_lora(app, engine)
+        schemas += [LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest]
     _mount_io_processor(app, engine, config)
     _mount_endpoint_plugins(app)
-    install_request_schemas(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest])
+    install_request_schemas(app, schemas)
     return app
+
+
+def runtime_lora_updating(config: BrigadeConfig, env: Mapping[str, str] | None = None) -> bool:
+    """Whether the server mounts POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING).
+
+    True when BRIGADE_ALLOW_RUNTIME_LORA_UPDATING (in ``env``, default os.environ) is 1, true, yes or on (any
+    case) and the server runs with ``--enable-lora``, which it then logs as a WARNING: anyone who may call the API
+    can make the server read adapter folders from its file system. Set without ``--enable-lora``: one WARNING
+    saying so, and False (the server starts as it would without the variable; vLLM does not refuse to start
+    either). Unset, or "", 0, false, no, off: False, silently. Any other value: one WARNING, and False.
+    """
+    env = os.environ if env is None else env
+    raw = env.get(RUNTIME_LORA_ENV)
+    value = (raw or "").strip().lower()
+    if value in _FALSE:
+        return False
+    if value not in _TRUE:
+        logger.warning("%s=%r is not a boolean; runtime LoRA loading stays off (use 1 or true to turn it on)",
+                       RUNTIME_LORA_ENV, raw)
+        return False
+    if config.lora_config is None:
+        logger.warning("%s is set but the server runs without --enable-lora, so /v1/load_lora_adapter and "
+                       "/v1/unload_lora_adapter are not served; start with --enable-lora (and --max-loras, "
+                       "--max-lora-rank) to load adapters at runtime", RUNTIME_LORA_ENV)
+        return False
+    logger.warning("%s: POST /v1/load_lora_adapter and /v1/unload_lora_adapter are served; whoever may call this "
+                   "API can make the server read adapter folders from its file system", RUNTIME_LORA_ENV)
+    return True
+
+
+def _mount_runtime_lora(app: FastAPI, engine: AsyncLLM) -> None:
+    """vLLM's runtime LoRA routes (under /v1, so the API key applies), over ``AsyncLLM.add_lora`` and
+    ``remove_lora``.
+
+    POST /v1/load_lora_adapter ``{"lora_name": str, "lora_path": str}``: 200 with the text ``Success: LoRA adapter
+    'NAME' added successfully.``; 400 (OpenAI's error shape) for an empty or missing field, a name already served
+    (or being loaded, or the served model's; param ``lora_name``), and an adapter that cannot be served (bad
+    path, bad config, rank above --max-lora-rank, NaN or infinite values, wrong shapes; param ``lora_path``, the
+    message naming the problem). POST /v1/unload_lora_adapter ``{"lora_name": str, "lora_int_id": int
+    (optional)}``: 200 with ``Success: LoRA adapter 'NAME' removed successfully.``, 404 for an adapter not served.
+    503 while the engine is dead.
+    """
+
+    @app.post("/v1/load_lora_adapter", openapi_extra=json_body(LoadLoRAAdapterRequest))
+    async def load_lora_adapter(raw_request: Request) -> Response:
+        body = await parse_request(raw_request, LoadLoRAAdapterRequest)
+        if body.model_extra:
+            if body.model_extra.get("load_inplace"):
+                raise OpenAIError("load_inplace is not supported by this server: unload the adapter, then load it "
+                                  "again", param="load_inplace", code="not_supported")
+            logger.warning("ignoring unknown request fields: %s", sorted(body.model_extra))
+        try:
+            await engine.add_lora(body.lora_name, body.lora_path)
+        except LoRANameError as exc:
+            raise OpenAIError.bad_param(str(exc), "lora_name") from None
+        except LoRAError as exc:
+            raise OpenAIError.bad_param(str(exc), "lora_path") from None
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter", openapi_extra=json_body(UnloadLoRAAdapterRequest))
+    async def unload_lora_adapter(raw_request: Request) -> Response:
+        body = await parse_request(raw_request, UnloadLoRAAdapterRequest)
+        if body.model_extra:
+            logger.warning("ignoring unknown request fields: %s", sorted(body.model_extra))
+        try:
+            await engine.remove_lora(body.lora_name, body.lora_int_id)
+        except UnknownLoRAError as exc:
+            raise OpenAIError(str(exc), status_code=404, type="not_found_error", param="lora_name",
+                              code="lora_not_found") from None
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 
 def _mount_io_processor(app: FastAPI, engine: AsyncLLM, config: BrigadeConfig) -> None:

@@ -255,6 +255,26 @@ class DetokenizeRequest(OpenAIBaseModel):
     tokens: list[StrictInt]
 
 
+NonEmptyStr = Annotated[str, Strict(), Field(min_length=1)]
+"""A string field that must be given and not be empty (a JSON string only, not a number)."""
+
+
+class LoadLoRAAdapterRequest(OpenAIBaseModel):
+    """POST /v1/load_lora_adapter (vLLM's, with BRIGADE_ALLOW_RUNTIME_LORA_UPDATING): load the PEFT adapter
+    folder ``lora_path`` (on the server's machine) and serve it as the model ``lora_name``."""
+
+    lora_name: NonEmptyStr
+    lora_path: NonEmptyStr
+
+
+class UnloadLoRAAdapterRequest(OpenAIBaseModel):
+    """POST /v1/unload_lora_adapter: stop serving the adapter ``lora_name``; ``lora_int_id`` (vLLM's optional
+    field), when given, must be that adapter's id."""
+
+    lora_name: NonEmptyStr
+    lora_int_id: StrictInt | None = None
+
+
 def parse_json_body(body: bytes) -> Any:
     """Decode a request body as JSON.
 

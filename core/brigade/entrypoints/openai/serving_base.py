@@ -9,7 +9,7 @@ import logging
 import math
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -193,14 +193,15 @@ class OpenAIServing:
             ``priority`` is refused under fcfs, as vLLM does.
         max_token_chars: ``max_token_chars(tokenizer)``, computed once by the server for all its handlers;
             None makes no check before tokenizing.
-        lora_modules: the ``--lora-modules`` adapters (name -> path); a request whose ``model`` is one of these
+        lora_requests: the served LoRA adapters by name, read live (the engine's ``AsyncLLM.lora_requests``:
+            ``--lora-modules``, then runtime loads, less unloads); a request whose ``model`` is one of these
             names runs on that adapter, and its responses name it as their ``model`` (as vLLM's do).
     """
 
     def __init__(self, engine: Any, *, served_model_name: str, tokenizer_executor: ThreadPoolExecutor,
                  generation_defaults: dict[str, Any], log_requests: bool = True, drain: Drain | None = None,
                  scheduling_policy: str = "fcfs", max_token_chars: int | None = None,
-                 lora_modules: dict[str, str] | None = None):
+                 lora_requests: Mapping[str, LoRARequest] | None = None):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.max_model_len: int = engine.max_model_len
@@ -212,9 +213,8 @@ class OpenAIServing:
         self.scheduling_policy = scheduling_policy
         # Characters one token covers at most, for refusing huge prompts without tokenizing them.
         self.max_token_chars = max_token_chars
-        # Adapter name -> LoRARequest; ids 1, 2, ... in --lora-modules order.
-        self.lora_requests = {name: LoRARequest(name, i, path)
-                              for i, (name, path) in enumerate((lora_modules or {}).items(), start=1)}
+        # Adapter name -> LoRARequest, shared with the engine and the other handlers (not copied).
+        self.lora_requests: Mapping[str, LoRARequest] = lora_requests if lora_requests is not None else {}
         # Without a tokenizer (--skip-tokenizer-init) prompts are token ids checked against the model's vocab.
         self.vocab_size = len(self.tokenizer) if self.tokenizer is not None else engine.hf_config.vocab_size
 
@@ -411,9 +411,10 @@ class OpenAIServing:
         self._checked_token_ids(list(token_ids), param)
 
     def model_name(self, request: BaseModel) -> str:
-        """The ``model`` a response names: the request's LoRA adapter, else the served model."""
-        model = getattr(request, "model", None)
-        return model if model in self.lora_requests else self.served_model_name
+        """The ``model`` a response names: the request's LoRA adapter, else the served model. A request
+        check_request let through names one of them; it keeps naming its adapter after an unload (a stream
+        started on an adapter finishes on it)."""
+        return getattr(request, "model", None) or self.served_model_name
 
     # ---- engine --------------------------------------------------------------------------------------
     def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
@@ -422,7 +423,12 @@ class OpenAIServing:
         if self.log_requests:
             logger.info("request %s: %d prompt tokens, params=%s", request_id, len(prompt_token_ids),
                         brief(repr(msgspec.structs.replace(params, bad_words_token_ids=None))))
-        lora_request = self.lora_requests.get(getattr(request, "model", None))
+        model = getattr(request, "model", None)
+        lora_request = self.lora_requests.get(model)
+        if lora_request is None and model is not None and model != self.served_model_name:
+            # check_request passed, but the adapter was unloaded while the prompt was being prepared: the
+            # iterator raises the usual 404, where the callers handle an engine's errors.
+            return _raising(OpenAIError.model_not_found(model, self.served_model_name, list(self.lora_requests)))
         kwargs = {"lora_request": lora_request} if lora_request is not None else {}  # test engines may lack it
         outputs = self.engine.generate(prompt_token_ids, params, request_id, priority=request.priority,
                                        cache_salt=request.cache_salt, **kwargs)
@@ -452,6 +458,12 @@ class OpenAIServing:
         logger.error("request failed inside the engine", exc_info=exc)
         return OpenAIError(f"internal server error: {type(exc).__name__}: {exc}", status_code=500,
                            type="server_error")
+
+
+async def _raising(error: Exception) -> AsyncIterator[RequestOutput]:
+    """An iterator that raises ``error`` when first read."""
+    raise error
+    yield  # unreachable: makes this an async generator
 
 
 def random_request_id(prefix: str) -> str:

@@ -1,0 +1,1 @@
+"""brigade-rocm: the AMD GPU platform for Brigade. The entry point is ``brigade_rocm.plugin``."""

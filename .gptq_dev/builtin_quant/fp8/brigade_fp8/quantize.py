@@ -1,0 +1,48 @@
+"""Per-output-channel FP8 (e4m3) quantization of a weight matrix, and its inverse.
+
+``float8_e4m3fn`` has 4 exponent bits, 3 mantissa bits and no infinities; its largest finite value
+is 448. Scaling each output row by ``amax(row) / 448`` uses the whole range for every channel, so a
+value in the normal range (``|w| >= 2**-6 * scale``) is stored with a relative error of at most
+``2**-4`` (half a unit in the last of 3 mantissa bits); smaller values fall into the subnormals,
+whose absolute error is at most ``2**-10 * scale``. Scheme: the "dynamic" FP8 weight quantization
+of the book's quantization chapter (ch. 11) and of Micikevicius et al., "FP8 Formats for Deep
+Learning" (2022).
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
+
+# A row of zeros would get scale 0 and divide by it; any positive floor keeps it exactly zero.
+_MIN_SCALE = 1e-12
+
+
+def quantize_fp8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a ``[out, in]`` weight to FP8 with one fp32 scale per output row.
+
+    Args:
+        weight: [out_features, in_features], any floating dtype, any device.
+
+    Returns:
+        (qweight, scale): qweight [out, in] ``float8_e4m3fn`` on weight's device; scale [out] float32,
+        ``amax(|row|) / 448``, so that ``qweight.float() * scale[:, None]`` approximates ``weight``.
+
+    Raises:
+        ValueError: weight is not 2-D or not floating point.
+    """
+    if weight.dim() != 2 or not weight.is_floating_point():
+        raise ValueError(f"expected a 2-D floating weight, got shape {tuple(weight.shape)} dtype {weight.dtype}")
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=_MIN_SCALE)
+    # The clamp guards against the row maximum rounding just above 448 after the division.
+    qweight = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return qweight, scale
+
+
+def dequantize_fp8_per_channel(qweight: torch.Tensor, scale: torch.Tensor,
+                               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of ``quantize_fp8_per_channel``: [out, in] fp8 and [out] fp32 -> [out, in] in ``dtype``."""
+    return (qweight.float() * scale.float()[:, None]).to(dtype)

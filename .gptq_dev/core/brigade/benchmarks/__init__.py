@@ -1,0 +1,1 @@
+"""Benchmarks behind ``brigade bench``: datasets, timed runs of Brigade and the HF peer, JSON records."""

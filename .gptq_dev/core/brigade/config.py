@@ -1,0 +1,400 @@
+"""Configuration: small dataclasses, one per component, composed into BrigadeConfig (book ch. 1)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message says what is wrong and what would be right, in one line."""
+
+
+_DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32")
+
+
+@dataclass
+class ModelConfig:
+    """What model to run and how its weights and tokenizer are read."""
+
+    model: str = ""
+    """Path of an HF-format directory (config.json, *.safetensors, tokenizer.json)."""
+    tokenizer: str | None = None
+    """Tokenizer directory; defaults to model."""
+    served_model_name: str | None = None
+    """The name clients use; defaults to the model path's basename."""
+    dtype: str = "auto"
+    """auto (the config's torch_dtype on GPU, float32 on CPU), bfloat16, float16 or float32."""
+    max_model_len: int | None = None
+    """Longest prompt plus output, in tokens; defaults to the config's max_position_embeddings."""
+    seed: int = 0
+    """Seed for dummy weights and unseeded random sampling."""
+    load_format: str = "auto"
+    """auto, safetensors, gguf or dummy (random weights from config.json alone)."""
+    generation_config: str = "auto"
+    """auto reads generation_config.json defaults; none ignores it; or a directory."""
+    chat_template: str | None = None
+    """A Jinja chat template (text or file) to use instead of the tokenizer's."""
+    quantization: str | None = None
+    """A quantization method name registered by a plugin."""
+    enforce_eager: bool = False
+    """Never capture CUDA graphs."""
+    io_processor_plugin: str | None = None
+    """Name of an IO-processor plugin to apply to requests and outputs."""
+    skip_tokenizer_init: bool = False
+    """Load no tokenizer: prompts must be token ids and outputs carry no text (dummy-weight benchmarks)."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ConfigError(f"--dtype {self.dtype!r} is not known; use one of auto, bfloat16, float16, float32")
+        if self.load_format not in ("auto", "safetensors", "gguf", "dummy"):
+            raise ConfigError(f"--load-format {self.load_format!r} is not known; use auto, safetensors, gguf or dummy")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"--max-model-len must be a positive integer, got {self.max_model_len}")
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or os.path.basename(os.path.normpath(self.model)) or self.model
+
+
+@dataclass
+class CacheConfig:
+    """The paged KV cache: block size, memory budget and prefix caching (book ch. 2, 4, 12)."""
+
+    block_size: int | None = None
+    """Tokens per KV block; None lets the platform choose (16 on most)."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of device memory Brigade may use for weights, activations and KV cache (GPU only)."""
+    kv_cache_memory_gib: float | None = None
+    """KV pool size in GiB; overrides profiling. On the CPU it defaults to 1 GiB."""
+    num_gpu_blocks_override: int | None = None
+    """Force this many KV blocks (tests use it to force preemption)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks across requests sharing a prefix (chained block hashes)."""
+    cache_dtype: str = "auto"
+    """KV cache dtype: auto (the model dtype) or a name a plugin registers (fp8...)."""
+    prefix_caching_hash_algo: str = "sha256"
+    """sha256 (cryptographic, seed may be fixed) or builtin (Python hash with a random seed)."""
+
+    def __post_init__(self) -> None:
+        if self.block_size is not None and (self.block_size < 1 or self.block_size & (self.block_size - 1)):
+            raise ConfigError(f"--block-size must be a power of two such as 16, got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
+            raise ConfigError(f"--kv-cache-memory must be a positive number of GiB, got {self.kv_cache_memory_gib}")
+
+
+@dataclass
+class SchedulerConfig:
+    """Continuous batching limits per step (book ch. 4)."""
+
+    max_num_seqs: int = 256
+    """Most requests running at once."""
+    max_num_batched_tokens: int | None = None
+    """Token budget per step; defaults to max(8192, max_model_len) when chunked prefill is on."""
+    enable_chunked_prefill: bool = True
+    """Split long prompts across steps and mix them with decodes."""
+    long_prefill_token_threshold: int = 0
+    """Cap on one prefill chunk's tokens per step; 0 disables it."""
+    policy: str = "fcfs"
+    """fcfs or priority."""
+    async_scheduling: bool | None = None
+    """Schedule and launch step N+1 before step N's tokens reach the host, hiding host work behind the
+    device. None turns it on for GPUs. Requests whose sampling reads earlier outputs on the host
+    (penalties, bad words, min_tokens, grammars) still run step by step."""
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"--max-num-seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ConfigError(f"--max-num-batched-tokens must be at least 1, got {self.max_num_batched_tokens}")
+        if self.policy not in ("fcfs", "priority"):
+            raise ConfigError(f"--scheduling-policy {self.policy!r} is not known; use fcfs or priority")
+        if self.long_prefill_token_threshold < 0:
+            raise ConfigError(f"--long-prefill-token-threshold must be 0 (off) or more, got "
+                              f"{self.long_prefill_token_threshold}")
+
+
+@dataclass
+class ParallelConfig:
+    """How the model is spread over devices (book ch. 8)."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    """uni, mp or ray; None picks uni for one device and mp for more."""
+    worker_cls: str = "auto"
+    """Dotted path of the Worker class; the platform sets it in check_and_update_config."""
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.distributed_executor_backend not in (None, "uni", "mp", "ray"):
+            raise ConfigError(f"--distributed-executor-backend {self.distributed_executor_backend!r} "
+                              "is not known; use uni, mp or ray")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+@dataclass
+class CompilationConfig:
+    """Optimization level and CUDA graphs (book ch. 10, 14). Flags set by the user win over the level."""
+
+    level: int = 2
+    """-O0 none, -O1 compile only, -O2 compile + decode CUDA graphs (default), -O3 adds larger capture sizes."""
+    cudagraph_capture_sizes: list[int] | None = None
+    """Decode batch sizes to capture; None derives them from level and max_num_seqs."""
+    use_cudagraph: bool | None = None
+    """None follows the level."""
+
+
+POSSIBLE_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's; an adapter of a lower rank fits too
+
+
+@dataclass
+class LoRAConfig:
+    """Multi-LoRA serving (--enable-lora; book ch. 12, Hu et al. 2021 arXiv:2106.09685). Present on a
+    BrigadeConfig only when LoRA is enabled."""
+
+    max_loras: int = 1
+    """Most distinct adapters in one batch (one weight slot each on the device); vLLM's default 1."""
+    max_lora_rank: int = 16
+    """Largest adapter rank accepted; the slots are sized for it (vLLM's default 16)."""
+    lora_modules: dict[str, str] = field(default_factory=dict)
+    """Adapters loaded at start-up: name (what clients send as ``model``) -> PEFT adapter folder."""
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 1:
+            raise ConfigError(f"--max-loras must be at least 1, got {self.max_loras}")
+        if self.max_lora_rank not in POSSIBLE_MAX_LORA_RANKS:
+            raise ConfigError(f"--max-lora-rank must be one of {', '.join(map(str, POSSIBLE_MAX_LORA_RANKS))} "
+                              f"(as in vLLM), got {self.max_lora_rank}")
+        for name, path in self.lora_modules.items():
+            if not name or not name.strip():
+                raise ConfigError(f"--lora-modules: an adapter name is empty (path {path!r}); give NAME=PATH")
+
+    def check_names(self, served_model_name: str) -> None:
+        """Raises ConfigError when an adapter is named like the served model (requests could not pick it)."""
+        if served_model_name in self.lora_modules:
+            raise ConfigError(f"--lora-modules: adapter name {served_model_name!r} is the served model's name; "
+                              "give the adapter another name")
+
+
+@dataclass
+class KVTransferConfig:
+    """--kv-transfer-config: which KV connector plugin moves KV blocks between instances (book ch. 9)."""
+
+    kv_connector: str
+    kv_role: str = "kv_both"
+    kv_connector_extra_config: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kv_role not in ("kv_producer", "kv_consumer", "kv_both"):
+            raise ConfigError(f"kv_role {self.kv_role!r} is not known; use kv_producer, kv_consumer or kv_both")
+
+
+SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+
+
+MAX_SPECULATIVE_TOKENS = 64  # more drafts than this per step only add rejected work (and metric series)
+
+
+@dataclass
+class SpeculativeConfig:
+    """--speculative-config: speculative decoding with an n-gram (prompt-lookup) proposer, in vLLM's form
+    ``{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N, "prompt_lookup_min": M}``
+    (book ch. 12; Leviathan et al. 2023, arXiv:2211.17192). Present on a BrigadeConfig only when enabled.
+
+    As in vLLM, when neither lookup bound is given both are 5, and when one is given the other equals it.
+
+    Raises:
+        ConfigError: another method (eagle, medusa, a draft model...), a count below 1, or
+            ``prompt_lookup_min > prompt_lookup_max``; one line each.
+    """
+
+    method: str = "ngram"
+    """Only ngram (prompt lookup: drafts copied from earlier in the prompt and output) is supported."""
+    num_speculative_tokens: int = 0
+    """Drafts proposed per request per step (k); required, at least 1."""
+    prompt_lookup_max: int | None = None
+    """Longest suffix n-gram looked up."""
+    prompt_lookup_min: int | None = None
+    """Shortest suffix n-gram looked up."""
+
+    def __post_init__(self) -> None:
+        flag = "--speculative-config"
+        if self.method != "ngram":
+            raise ConfigError(f"{flag} method {self.method!r} is not supported; supported: "
+                              f"{', '.join(SPECULATIVE_METHODS)} (eagle, medusa, mtp and draft models are not)")
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            value = getattr(self, name)
+            if (value is None and name == "num_speculative_tokens") or (
+                    value is not None and (isinstance(value, bool) or not isinstance(value, int))):
+                raise ConfigError(f"{flag} {name} must be a whole number, got {value!r}")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(f"{flag} num_speculative_tokens must be from 1 to {MAX_SPECULATIVE_TOKENS}, got "
+                              f"{self.num_speculative_tokens}")
+        if self.prompt_lookup_max is None and self.prompt_lookup_min is None:
+            self.prompt_lookup_max = self.prompt_lookup_min = 5  # vLLM's defaults
+        elif self.prompt_lookup_min is None:
+            self.prompt_lookup_min = self.prompt_lookup_max
+        elif self.prompt_lookup_max is None:
+            self.prompt_lookup_max = self.prompt_lookup_min
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{flag} {name} must be at least 1, got {getattr(self, name)}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError(f"{flag} prompt_lookup_min {self.prompt_lookup_min} is above prompt_lookup_max "
+                              f"{self.prompt_lookup_max}; use prompt_lookup_min <= prompt_lookup_max")
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SpeculativeConfig:
+        """Build from vLLM's dict form (``LLM(..., speculative_config={...})``, the CLI's JSON).
+
+        Raises:
+            ConfigError: not an object, unknown keys, or a bad value (one line).
+        """
+        if isinstance(data, SpeculativeConfig):
+            return data
+        if not isinstance(data, dict):
+            raise ConfigError('--speculative-config must be a JSON object such as {"method": "ngram", '
+                              '"num_speculative_tokens": 4, "prompt_lookup_max": 4}')
+        unknown = sorted(set(data) - set(SPECULATIVE_KEYS))
+        if unknown:
+            raise ConfigError(f"--speculative-config has unknown keys {unknown}; allowed: {', '.join(SPECULATIVE_KEYS)}")
+        if "method" not in data:
+            raise ConfigError(f"--speculative-config needs \"method\"; supported: {', '.join(SPECULATIVE_METHODS)}")
+        if "num_speculative_tokens" not in data and data["method"] == "ngram":
+            raise ConfigError("--speculative-config needs \"num_speculative_tokens\" (drafts per step, at least 1)")
+        return cls(**data)
+
+
+@dataclass
+class BrigadeConfig:
+    """Everything one engine needs. Each component receives only its own sub-config."""
+
+    model_config: ModelConfig
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
+    kv_transfer_config: KVTransferConfig | None = None
+    lora_config: LoRAConfig | None = None
+    """Set (even empty of adapters) when LoRA is enabled; None otherwise."""
+    speculative_config: SpeculativeConfig | None = None
+    """Set when speculative decoding is enabled (--speculative-config); None otherwise."""
+    attention_backend: str | None = None
+    """Name of a registered attention backend; None lets the platform choose."""
+    device: str = "auto"
+    """Platform device type, filled in from the active platform."""
+
+    def resolve(self, hf_config) -> None:
+        """Fill in what depends on the model's config.json: max_model_len and the step token budget.
+
+        Raises ConfigError when --max-model-len exceeds the model's max_position_embeddings.
+        """
+        limit = getattr(hf_config, "max_position_embeddings", None)
+        mc = self.model_config
+        if mc.max_model_len is None:
+            mc.max_model_len = limit or 2048
+        elif limit is not None and mc.max_model_len > limit:
+            raise ConfigError(f"--max-model-len {mc.max_model_len} exceeds the model's "
+                              f"max_position_embeddings ({limit}); use at most {limit}")
+        sc = self.scheduler_config
+        if sc.max_num_batched_tokens is None:
+            sc.max_num_batched_tokens = 8192 if sc.enable_chunked_prefill else max(8192, mc.max_model_len)
+        if not sc.enable_chunked_prefill and sc.max_num_batched_tokens < mc.max_model_len:
+            raise ConfigError(f"--max-num-batched-tokens {sc.max_num_batched_tokens} is below --max-model-len "
+                              f"{mc.max_model_len}; without chunked prefill it must be at least that")
+
+    def check_supported(self) -> None:
+        """Refuse, in one line, settings that parse (they are vLLM's flags) but that this build cannot run yet,
+        so they fail before anything loads instead of later or, worse, silently.
+
+        Raises:
+            ConfigError: tensor, pipeline or data parallelism above 1; the ray executor; a KV connector
+                (``--kv-transfer-config``):
+                the hook and flag exist for connector plugins, but the scheduler and model runner do not
+                call connectors yet.
+        """
+        parallel = self.parallel_config
+        world = parallel.world_size
+        if world != 1:
+            raise ConfigError(f"tensor/pipeline parallelism of {world} is not implemented yet; run with -tp 1 -pp 1")
+        if parallel.data_parallel_size != 1:
+            raise ConfigError(f"data parallelism of {parallel.data_parallel_size} is not implemented yet; run with "
+                              "-dp 1 (or one server per device behind a load balancer)")
+        if parallel.distributed_executor_backend not in (None, "uni", "mp"):
+            raise ConfigError(f"--distributed-executor-backend {parallel.distributed_executor_backend} is not "
+                              "available in this build; use uni or mp")
+        if self.kv_transfer_config is not None:
+            raise ConfigError(f"--kv-transfer-config: KV connector {self.kv_transfer_config.kv_connector!r} is "
+                              "installed, but this Brigade does not run KV connectors yet (its scheduler and model "
+                              "runner make no connector calls); remove --kv-transfer-config")
+
+    def compute_hash(self) -> str:
+        """A hash of every field that changes the compute graph (for compile caches)."""
+        factors = dataclasses.asdict(self)
+        return hashlib.sha256(json.dumps(factors, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+_SUB_CONFIGS = {"model_config": ModelConfig, "cache_config": CacheConfig, "scheduler_config": SchedulerConfig,
+                "parallel_config": ParallelConfig, "compilation_config": CompilationConfig}
+
+
+_LORA_KWARGS = ("enable_lora", "max_loras", "max_lora_rank", "lora_modules")
+
+
+def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
+    """Build a BrigadeConfig from flat keyword arguments named like the sub-configs' fields.
+
+    ``LLM(model, dtype="float32", block_size=16, max_num_seqs=8)`` routes each name to its sub-config;
+    ``attention_backend``, ``kv_transfer_config`` and ``speculative_config`` (dicts) go to BrigadeConfig itself; ``enable_lora=True``
+    (with ``max_loras``, ``max_lora_rank``, ``lora_modules`` as a ``{name: path}`` dict) builds a LoRAConfig.
+
+    Raises:
+        TypeError: for a name no sub-config has.
+        ConfigError: for a bad value.
+    """
+    parts: dict[str, dict[str, Any]] = {name: {} for name in _SUB_CONFIGS}
+    parts["model_config"]["model"] = model
+    top: dict[str, Any] = {}
+    lora = {k: kwargs.pop(k) for k in _LORA_KWARGS if k in kwargs}
+    if lora.pop("enable_lora", False):
+        modules = lora.get("lora_modules") or {}
+        lora["lora_modules"] = dict(modules)
+        top["lora_config"] = LoRAConfig(**lora)
+    elif lora.get("lora_modules"):
+        raise ConfigError("lora_modules needs enable_lora=True")
+    for key, value in kwargs.items():
+        if key in ("attention_backend",):
+            top[key] = value
+            continue
+        if key == "speculative_config":
+            top[key] = None if value is None else SpeculativeConfig.from_dict(value)
+            continue
+        if key == "kv_transfer_config":
+            top[key] = value if value is None or isinstance(value, KVTransferConfig) else KVTransferConfig(**value)
+            continue
+        for part, cls in _SUB_CONFIGS.items():
+            if key in {f.name for f in dataclasses.fields(cls)}:
+                parts[part][key] = value
+                break
+        else:
+            known = sorted([f.name for cls in _SUB_CONFIGS.values() for f in dataclasses.fields(cls)]
+                           + list(_LORA_KWARGS) + ["attention_backend", "kv_transfer_config", "speculative_config"])
+            raise TypeError(f"unknown engine argument {key!r}; known: {', '.join(known)}")
+    config = BrigadeConfig(**{part: cls(**parts[part]) for part, cls in _SUB_CONFIGS.items()}, **top)
+    if config.lora_config is not None:
+        config.lora_config.check_names(config.model_config.name)
+    return config

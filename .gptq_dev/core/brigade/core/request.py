@@ -1,0 +1,123 @@
+"""Request: the EngineCore's record of one request, with vLLM v1's single model of token accounting.
+
+There is no prefill or decode phase: each step moves ``num_computed_tokens`` towards ``num_tokens``
+(book ch. 2, 4). ``num_tokens`` counts prompt plus output tokens; the request is "decoding" exactly when
+one token remains to compute.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from brigade.engine.messages import EngineCoreRequest, FinishReason
+from brigade.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is in the scheduler. Values above PREEMPTED are finished."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+
+    @staticmethod
+    def is_finished(status: RequestStatus) -> bool:
+        return status > RequestStatus.PREEMPTED
+
+    @staticmethod
+    def finish_reason(status: RequestStatus) -> FinishReason | None:
+        return {RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+                RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+                RequestStatus.FINISHED_ABORTED: FinishReason.ABORT}.get(status)
+
+
+class Request:
+    """One request as the scheduler sees it.
+
+    Invariant: ``0 <= num_computed_tokens <= num_tokens``; ``all_token_ids`` is prompt then output.
+    """
+
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
+                 "priority", "cache_salt", "lora_name", "status", "output_token_ids", "all_token_ids",
+                 "num_computed_tokens", "num_cached_tokens", "num_preemptions", "stop_reason",
+                 "stop_token_ids", "max_tokens", "block_hashes", "num_output_placeholders", "overlap_safe",
+                 "spec_token_ids")
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                 eos_token_id: int | None, arrival_time: float, priority: int = 0,
+                 cache_salt: str | None = None, lora_name: str | None = None, max_tokens: int = 16):
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.arrival_time = arrival_time
+        self.priority = priority
+        self.cache_salt = cache_salt
+        self.lora_name = lora_name
+        self.status = RequestStatus.WAITING
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # prompt tokens hit in the prefix cache at first scheduling; -1 = not yet
+        self.num_preemptions = 0
+        self.stop_reason: int | str | None = None
+        self.stop_token_ids = sampling_params.all_stop_token_ids(eos_token_id)
+        self.max_tokens = max_tokens  # already capped by max_model_len - prompt length
+        self.block_hashes: list[bytes | int] = []  # hashes of full blocks, filled by the KV cache manager
+        # Tokens sampled by a step still in flight (overlapped scheduling): counted, values not yet known.
+        self.num_output_placeholders = 0
+        # Draft tokens proposed for the next step (speculative decoding); not part of all_token_ids.
+        self.spec_token_ids: list[int] = []
+        # Whether this request may be scheduled before its previous token is known: its sampling must not
+        # read earlier output tokens on the host (penalties, bad words, min_tokens, grammars do).
+        p = sampling_params
+        self.overlap_safe = (p.presence_penalty == 0 and p.frequency_penalty == 0 and p.repetition_penalty == 1
+                             and not p.bad_words and p.min_tokens == 0 and p.structured_outputs is None
+                             and p.prompt_logprobs is None)
+
+    @classmethod
+    def from_engine_core_request(cls, req: EngineCoreRequest, max_model_len: int) -> Request:
+        """Build the engine's record; max_tokens defaults to what fits in max_model_len."""
+        room = max_model_len - len(req.prompt_token_ids)
+        wanted = req.sampling_params.max_tokens
+        max_tokens = room if wanted is None else min(wanted, room)
+        return cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_id,
+                   req.arrival_time, req.priority, req.cache_salt, req.lora_name, max_tokens=max_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_placeholders(self) -> int:
+        return len(self.all_token_ids) + self.num_output_placeholders
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def append_output_token_ids(self, token_ids: list[int]) -> None:
+        self.output_token_ids.extend(token_ids)
+        self.all_token_ids.extend(token_ids)
+
+    def is_finished(self) -> bool:
+        return RequestStatus.is_finished(self.status)
+
+    def get_finish_reason(self) -> FinishReason | None:
+        return RequestStatus.finish_reason(self.status)
+
+    def __lt__(self, other: Request) -> bool:
+        # Priority queue order: lower priority value first, then earlier arrival.
+        return (self.priority, self.arrival_time, self.request_id) < \
+            (other.priority, other.arrival_time, other.request_id)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, status={self.status.name}, "
+                f"computed={self.num_computed_tokens}/{self.num_tokens})")

@@ -1,0 +1,88 @@
+"""SchedulerOutput: what the scheduler tells the model runner to compute in one step (book ch. 4, 5).
+
+It sends diffs: full data for requests the runner has not seen (new or resumed after preemption), and
+only new block ids for requests it already holds. The runner appends sampled tokens to its own copy of
+each request, so output tokens never travel back down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from brigade.engine.messages import LogprobsLists
+from brigade.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """A request the runner must (re)build: all its tokens so far and its whole block table."""
+
+    req_id: str
+    token_ids: list[int]  # prompt + output so far (outputs exist when resumed after preemption)
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    block_ids: list[int]
+    num_computed_tokens: int  # tokens already in the KV cache (prefix-cache hits)
+    lora_name: str | None = None  # the request's LoRA adapter; None: the base model
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    """Requests the runner already holds: per request, blocks added this step and computed tokens."""
+
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+    @classmethod
+    def make_empty(cls) -> CachedRequestData:
+        return cls()
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's plan. ``num_scheduled_tokens`` maps each scheduled request to its new tokens."""
+
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    finished_req_ids: set[str]  # finished or aborted since the last step: the runner drops them
+    preempted_req_ids: set[str]  # preempted this step: the runner drops them until they come back new
+    # Structured output: row i of grammar_bitmask ([len(ids), ceil(vocab / 32)] int32, bit set = allowed)
+    # constrains the token sampled this step for request structured_output_req_ids[i].
+    structured_output_req_ids: list[str] = field(default_factory=list)
+    grammar_bitmask: np.ndarray | None = None
+    # Speculative decoding: draft tokens d1..dk of each decoding request that has some. Such a request is
+    # scheduled for 1 + k tokens ([last sampled token, d1..dk]); the runner verifies the drafts and returns
+    # the accepted ones plus one token (book ch. 12).
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+
+    @classmethod
+    def make_empty(cls) -> SchedulerOutput:
+        return cls([], CachedRequestData.make_empty(), {}, 0, set(), set())
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    """What the runner computed: for each scheduled request, its sampled tokens (empty mid-prefill).
+
+    A request with draft tokens gets its accepted drafts then one more token (the target's correction at
+    the first rejected draft, or the bonus token after all of them): 1 to k + 1 tokens.
+    """
+
+    req_ids: list[str]
+    sampled_token_ids: list[list[int]]  # aligned with req_ids
+    logprobs: dict[str, LogprobsLists] = field(default_factory=dict)  # only requests that asked
+    # Per request with prompt_logprobs: one row per prompt token this step scored (the token after each
+    # computed position), starting at the token after the chunk's first position.
+    prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+
+    @classmethod
+    def make_empty(cls) -> ModelRunnerOutput:
+        return cls([], [])
+
+

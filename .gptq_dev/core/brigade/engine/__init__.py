@@ -1,0 +1,1 @@
+"""The engine: EngineCore (the busy loop), its clients, and the front end's output processing."""

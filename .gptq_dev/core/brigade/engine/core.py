@@ -1,0 +1,163 @@
+"""EngineCore: the busy loop's body. One ``step()`` is schedule, execute, update (book ch. 1, 4).
+
+It lives in its own process behind ZMQ when serving (engine/core_proc.py), or in the caller's process
+for the offline LLM class. Either way it sees only EngineCoreRequest messages and returns
+EngineCoreOutputs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from brigade.config import BrigadeConfig, ConfigError
+from brigade.core.request import Request, RequestStatus
+from brigade.core.scheduler import Scheduler
+from brigade.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, UtilityMethod
+from brigade.executor.abstract import Executor
+from brigade.structured_output import StructuredOutputManager
+from brigade.utils import freeze_gc_heap
+
+logger = logging.getLogger("brigade.engine")
+
+
+def prepare_config(config: BrigadeConfig):
+    """Load plugins, let the platform fill in its choices, and resolve model-dependent limits.
+
+    Returns the model's HF config. Safe to call in every process that builds an engine.
+    """
+    from brigade.model_executor.loader import get_hf_config
+    from brigade.plugins import current_platform, load_plugins
+
+    load_plugins("engine")
+    current_platform().check_and_update_config(config)
+    hf_config = get_hf_config(config.model_config.model)
+    config.resolve(hf_config)
+    return hf_config
+
+
+def check_kv_capacity(num_blocks: int, block_size: int, max_model_len: int) -> None:
+    """Refuse a KV cache that cannot hold one request of ``max_model_len`` tokens (as vLLM does at start-up).
+
+    Such a request could never be scheduled, even with every other request preempted, and would wait at the
+    head of the queue forever, holding everyone behind it (or, once running, preempt itself at every step).
+    Block 0 is the pool's null block (``BlockPool``), so ``num_blocks - 1`` blocks hold tokens.
+
+    Raises:
+        ConfigError: naming the capacity and both ways out.
+    """
+    usable = num_blocks - 1
+    capacity = usable * block_size
+    if capacity < max_model_len:
+        raise ConfigError(f"the KV cache holds {capacity} tokens ({usable} usable blocks of {block_size}), fewer than "
+                          f"one request of --max-model-len {max_model_len}; give the cache more memory "
+                          f"(--kv-cache-memory, --gpu-memory-utilization, --num-gpu-blocks-override) or set "
+                          f"--max-model-len {capacity} or less")
+
+
+class EngineCore:
+    """Holds the scheduler and the executor; drives one step at a time."""
+
+    def __init__(self, config: BrigadeConfig):
+        self.config = config
+        hf_config = prepare_config(config)
+        self.executor = Executor.get_class(config)(config, hf_config)
+        num_blocks = self.executor.determine_num_kv_blocks()
+        block_size = config.cache_config.block_size
+        max_model_len = config.model_config.max_model_len
+        check_kv_capacity(num_blocks, block_size, max_model_len)
+        self.executor.initialize_kv_cache(num_blocks)
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens); maximum concurrency %.2fx at %d tokens "
+                    "per request", num_blocks, block_size, num_blocks * block_size,
+                    num_blocks * block_size / max_model_len, max_model_len)
+        self.structured_output_manager = StructuredOutputManager.from_config(config, hf_config)
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, max_model_len=max_model_len,
+                                   num_blocks=num_blocks, structured_output_manager=self.structured_output_manager,
+                                   lora_config=config.lora_config,
+                                   speculative_config=config.speculative_config)
+        self.num_blocks = num_blocks
+        overlap = config.scheduler_config.async_scheduling
+        self.overlap = config.device == "cuda" if overlap is None else overlap
+        if self.overlap and config.speculative_config is not None:
+            # The next step's drafts come from this step's accepted tokens, so it cannot be planned before
+            # they are known (vLLM v1 also ran speculation without async scheduling at first).
+            logger.info("speculative decoding: overlapped (async) scheduling is off; steps run one at a time")
+            self.overlap = False
+        self._in_flight = None  # (SchedulerOutput, SampledTokens) of the step launched last, when overlapping
+        logger.debug("froze %d start-up objects out of the garbage collector's reach", freeze_gc_heap())
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self.scheduler.add_request(Request.from_engine_core_request(request, self.config.model_config.max_model_len))
+
+    def add_lora(self, lora_request) -> bool:
+        """Register a LoRA adapter (``brigade.lora.LoRARequest``) with the workers; False when its name is taken.
+
+        Raises:
+            LoRAError: the adapter cannot be served, or LoRA is not enabled.
+        """
+        return self.executor.add_lora(lora_request)
+
+    def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        """Abort requests; returns an ABORT output for each that was still unfinished."""
+        finished = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        return [EngineCoreOutput(request_id=r.request_id, new_token_ids=[], finish_reason=r.get_finish_reason())
+                for r in finished]
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
+
+    def step(self) -> EngineCoreOutputs:
+        """Schedule, run the model, and update request states: one iteration of continuous batching."""
+        if self.overlap and self.scheduler.all_overlap_safe():
+            return self._step_overlapped()
+        if self._in_flight is not None:
+            return self._finish_in_flight()
+        if not self.scheduler.has_unfinished_requests():
+            return EngineCoreOutputs()
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.executor.execute_model(scheduler_output)
+        self._maybe_wait_for_grammars(scheduler_output)
+        return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def _maybe_wait_for_grammars(self, scheduler_output) -> None:
+        """When only requests with compiling grammars are left, sleep on their compiles, not in a spin."""
+        if scheduler_output.total_num_scheduled_tokens == 0 and self.structured_output_manager is not None:
+            self.structured_output_manager.wait_for_compiles(timeout_s=0.05)
+
+    def _step_overlapped(self) -> EngineCoreOutputs:
+        """Launch step N+1, then finish step N while the device runs it (book ch. 4, asynchronous scheduling).
+
+        The scheduler counts step N's samples as placeholders, so it can plan N+1 before their values are
+        known; stop conditions are therefore applied one step late and a finished request may compute one
+        extra token, which is dropped.
+        """
+        launched = None
+        if self.scheduler.has_unfinished_requests():
+            scheduler_output = self.scheduler.schedule()
+            if scheduler_output.total_num_scheduled_tokens:
+                launched = (scheduler_output, self.executor.execute_model(scheduler_output, overlap=True))
+        outputs = self._finish_in_flight()
+        self._in_flight = launched
+        return outputs
+
+    def _finish_in_flight(self) -> EngineCoreOutputs:
+        if self._in_flight is None:
+            return EngineCoreOutputs()
+        scheduler_output, pending = self._in_flight
+        self._in_flight = None
+        return self.scheduler.update_from_output(scheduler_output, pending.get())
+
+    def call_utility(self, method: UtilityMethod):
+        """Answer a control call from the front end."""
+        kv = self.scheduler.kv_cache_manager
+        if method == UtilityMethod.RESET_PREFIX_CACHE:
+            return kv.reset_prefix_cache()
+        if method == UtilityMethod.GET_KV_CACHE_STATS:
+            return {"num_free_blocks": kv.get_num_free_blocks(), "num_total_blocks": kv.num_usable_blocks}
+        if method == UtilityMethod.IS_SLEEPING:
+            return False
+        raise ValueError(f"unknown utility method {method!r}")
+
+    def shutdown(self) -> None:
+        if self.structured_output_manager is not None:
+            self.structured_output_manager.shutdown()
+        self.executor.shutdown()

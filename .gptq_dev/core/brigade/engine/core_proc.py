@@ -1,0 +1,129 @@
+"""The EngineCore process: a busy loop fed and drained over ZMQ by two I/O threads (book ch. 1, 3).
+
+Sockets carry msgspec-encoded messages. The front end binds both sockets; this process connects. The
+loop blocks only when no request is in flight, so an idle engine costs nothing and a busy one never
+waits on I/O. If the engine fails, it sends one message carrying the error and exits, so the front end
+can fail every in-flight request instead of hanging.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+import traceback
+
+import msgspec
+import zmq
+
+from brigade.config import BrigadeConfig
+from brigade.engine.core import EngineCore
+from brigade.engine.messages import (EngineCoreOutputs, EngineCoreRequest,
+                                     EngineCoreRequestType, EngineCoreUtility)
+
+logger = logging.getLogger("brigade.engine")
+
+_POLL_PARENT_S = 1.0
+
+
+def _exit_on_signal(signum, frame) -> None:
+    raise SystemExit(0)
+
+
+def run_engine_core(config: BrigadeConfig, input_address: str, output_address: str, ready_pipe) -> None:
+    """Entry point of the EngineCore process (started with the spawn method)."""
+    logging.basicConfig(level=os.environ.get("BRIGADE_LOGGING_LEVEL", "INFO"),
+                        format="%(levelname)s %(asctime)s [engine] %(message)s")
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        core = EngineCore(config)
+    except BaseException as exc:  # report any start-up failure to the parent, then exit
+        ready_pipe.send({"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                         "traceback": traceback.format_exc()})
+        return
+    ready_pipe.send({"status": "ready", "num_blocks": core.num_blocks,
+                     "max_model_len": config.model_config.max_model_len})
+    EngineCoreProc(core, input_address, output_address).run()
+
+
+class EngineCoreProc:
+    """Wraps an EngineCore with the input and output threads and the busy loop."""
+
+    def __init__(self, core: EngineCore, input_address: str, output_address: str):
+        self.core = core
+        self.parent_pid = os.getppid()
+        self.inputs: queue.Queue = queue.Queue()
+        self.outputs: queue.Queue = queue.Queue()
+        self.ctx = zmq.Context()
+        threading.Thread(target=self._input_thread, args=(input_address,), daemon=True,
+                         name="brigade-core-input").start()
+        threading.Thread(target=self._output_thread, args=(output_address,), daemon=True,
+                         name="brigade-core-output").start()
+
+    def _input_thread(self, address: str) -> None:
+        sock = self.ctx.socket(zmq.PULL)
+        sock.connect(address)
+        add_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
+        abort_decoder = msgspec.msgpack.Decoder(list[str])
+        utility_decoder = msgspec.msgpack.Decoder(EngineCoreUtility)
+        while True:
+            kind, payload = sock.recv_multipart(copy=False)
+            kind = EngineCoreRequestType(bytes(kind.buffer))
+            decoder = {EngineCoreRequestType.ADD: add_decoder, EngineCoreRequestType.ABORT: abort_decoder,
+                       EngineCoreRequestType.UTILITY: utility_decoder}[kind]
+            self.inputs.put((kind, decoder.decode(payload.buffer)))
+
+    def _output_thread(self, address: str) -> None:
+        sock = self.ctx.socket(zmq.PUSH)
+        sock.connect(address)
+        encoder = msgspec.msgpack.Encoder()
+        while True:
+            outputs = self.outputs.get()
+            sock.send(encoder.encode(outputs), copy=False)
+
+    def _handle(self, kind: EngineCoreRequestType, message) -> None:
+        if kind == EngineCoreRequestType.ADD:
+            self.core.add_request(message)
+        elif kind == EngineCoreRequestType.ABORT:
+            self.core.abort_requests(message)
+            # Publish the new gauges now: an idle engine runs no step that would.
+            self.outputs.put(EngineCoreOutputs(scheduler_stats=self.core.scheduler.make_stats(),
+                                               timestamp=time.time()))
+        else:
+            result = self.core.call_utility(message.method)
+            self.outputs.put(EngineCoreOutputs(utility_call_id=message.call_id,
+                                               utility_result=msgspec.msgpack.encode(result)))
+
+    def _drain_inputs(self) -> None:
+        while not self.core.has_unfinished_requests():
+            try:
+                self._handle(*self.inputs.get(timeout=_POLL_PARENT_S))
+                break
+            except queue.Empty:
+                if os.getppid() != self.parent_pid:
+                    raise SystemExit("the front-end process is gone")
+        while True:
+            try:
+                self._handle(*self.inputs.get_nowait())
+            except queue.Empty:
+                return
+
+    def run(self) -> None:
+        """The busy loop: take inputs, step, publish outputs, until the parent goes away."""
+        try:
+            while True:
+                self._drain_inputs()
+                outputs = self.core.step()
+                if outputs.outputs or outputs.scheduler_stats is not None:
+                    self.outputs.put(outputs)
+        except SystemExit:
+            raise
+        except BaseException as exc:
+            logger.exception("EngineCore failed")
+            self.outputs.put(EngineCoreOutputs(engine_error=f"{type(exc).__name__}: {exc}", timestamp=time.time()))
+            time.sleep(0.5)  # let the output thread send it
+            raise SystemExit(1)
+

@@ -1,0 +1,145 @@
+"""Typed messages between the front end (API server or LLM) and the EngineCore process (book ch. 1, 3).
+
+They are msgspec structs with ``array_like=True, omit_defaults=True``: they cross a ZMQ socket once
+per request and once per step, so they encode as compact arrays without field names or default values.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from brigade.sampling_params import SamplingParams
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request ended. The int form keeps the per-step message small."""
+
+    STOP = 0  # EOS, a stop token id or a stop string
+    LENGTH = 1  # max_tokens or max_model_len
+    ABORT = 2  # the client went away, or the front end aborted it
+    ERROR = 3  # the engine failed while running it
+
+    def __str__(self) -> str:
+        return ("stop", "length", "abort", "error")[self.value]
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """A new request for the EngineCore: token ids already made by the front end.
+
+    Attributes:
+        request_id: unique in the engine (the front end fans n > 1 out into child ids).
+        prompt_token_ids: the prompt, tokenized.
+        sampling_params: SamplingParams with n == 1.
+        eos_token_id: the tokenizer's EOS id, or None.
+        arrival_time: time.time() in seconds when the front end received it.
+        priority: lower runs first under the priority policy.
+        cache_salt: mixed into the first block's hash, so prefix-cache hits stay inside a tenant.
+        lora_name: the LoRA adapter to run with (registered with the engine beforehand), or None.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    arrival_time: float
+    priority: int = 0
+    cache_salt: str | None = None
+    lora_name: str | None = None
+
+
+class LogprobsLists(msgspec.Struct, array_like=True, gc=False):
+    """Top logprobs for a run of positions: row i is one position; column 0 is the chosen token.
+
+    token_ids[i][j], logprobs[i][j] (natural log, from the raw logits), ranks[i] is the chosen token's rank
+    (1 = most likely).
+    """
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    ranks: list[int]
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """What one request produced in one step."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: LogprobsLists | None = None
+    prompt_logprobs: LogprobsLists | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None  # the stop token id that ended it
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class SpecDecodingStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Speculative decoding counters of one step (vLLM's ``SpecDecodingStats``; book ch. 12).
+
+    A "draft" is one request's drafts verified in one step; per_pos[i] counts drafts whose token i was accepted.
+    """
+
+    num_spec_tokens: int = 0  # k, the most drafts per request per step
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = []  # [k]
+
+
+class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Engine-side gauges and counters for one step, for /metrics and stat loggers."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0  # fraction of blocks in use, in [0, 1]
+    prefix_cache_queries: int = 0  # tokens looked up this step
+    prefix_cache_hits: int = 0  # tokens found this step
+    num_preemptions: int = 0  # preemptions this step
+    num_scheduled_tokens: int = 0
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    # With LoRA: adapter name -> its requests running / waiting (vLLM's lora_requests_info labels).
+    running_lora_adapters: dict[str, int] = {}
+    waiting_lora_adapters: dict[str, int] = {}
+    spec_decoding: SpecDecodingStats | None = None  # with --speculative-config
+
+
+class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Everything the EngineCore reports after one step (or an error / utility answer)."""
+
+    outputs: list[EngineCoreOutput] = []
+    scheduler_stats: SchedulerStats | None = None
+    timestamp: float = 0.0
+    # Set when the engine died; every in-flight request must fail with this message.
+    engine_error: str | None = None
+    # Answer to a utility call (see EngineCoreUtility), keyed by call id.
+    utility_call_id: int | None = None
+    # msgpack bytes of the answer (msgspec cannot decode ``Raw | None``: the union drops the Raw).
+    utility_result: bytes | None = None
+
+
+class EngineCoreRequestType(enum.Enum):
+    """The first frame of each message from the front end to the EngineCore."""
+
+    ADD = b"\x00"
+    ABORT = b"\x01"
+    UTILITY = b"\x02"
+
+
+class UtilityMethod(enum.IntEnum):
+    """The fixed set of control calls the front end may make on the EngineCore."""
+
+    RESET_PREFIX_CACHE = 0  # returns bool: True when every cached block was dropped
+    GET_KV_CACHE_STATS = 1  # returns {"num_free_blocks", "num_total_blocks"}
+    IS_SLEEPING = 2  # returns bool
+
+
+class EngineCoreUtility(msgspec.Struct, array_like=True, gc=False):
+    """One control call on the EngineCore; answered by an EngineCoreOutputs with the same call_id."""
+
+    call_id: int
+    method: UtilityMethod

@@ -1,0 +1,235 @@
+"""``brigade bench {throughput,latency,serve}``: vLLM-style benchmarks with an HF transformers peer.
+
+Each subcommand takes the engine flags of ``brigade serve`` (``add_engine_args``), prints a table and
+writes one JSON record (brigade.benchmarks.results) to ``benchmarks/results/`` or ``--output-json``.
+docs/benchmarks.md gives the commands and measured numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from urllib.parse import urlparse
+
+from brigade.benchmarks.datasets import DATASETS
+from brigade.benchmarks.hf_peer import PEER_MODES
+
+
+class _ActionRecorder:
+    """Stands in for a parser while ``add_engine_args`` runs, keeping the argparse Actions it creates,
+    so ``bench serve --launch`` can hand the same engine flags to ``brigade serve``."""
+
+    def __init__(self, target, actions: list[argparse.Action]):
+        self._target = target
+        self.actions = actions
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        action = self._target.add_argument(*args, **kwargs)
+        self.actions.append(action)
+        return action
+
+    def add_argument_group(self, *args, **kwargs) -> _ActionRecorder:
+        return _ActionRecorder(self._target.add_argument_group(*args, **kwargs), self.actions)
+
+    def set_defaults(self, **kwargs) -> None:
+        self._target.set_defaults(**kwargs)
+
+
+def engine_argv(args: argparse.Namespace, actions: Sequence[argparse.Action]) -> list[str]:
+    """The command-line flags that reproduce the engine flags of ``args`` that differ from their defaults."""
+    argv: list[str] = []
+    for action in actions:
+        value = getattr(args, action.dest, action.default)
+        if value is None or value == action.default:
+            continue
+        if not action.option_strings:
+            argv.insert(0, str(value))  # the positional MODEL
+        elif isinstance(action, argparse.BooleanOptionalAction):
+            flag = action.option_strings[0]
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif action.nargs == 0:
+            argv.append(action.option_strings[-1])
+        else:
+            argv += [max(action.option_strings, key=len), str(value)]
+    return argv
+
+
+def _add_engine_args(parser: argparse.ArgumentParser, plugin_choices) -> None:
+    from brigade.entrypoints.cli.engine_args import add_engine_args
+
+    actions: list[argparse.Action] = []
+    add_engine_args(_ActionRecorder(parser, actions), plugin_choices)
+    parser.set_defaults(bench_engine_actions=actions)
+
+
+def _int(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least {least}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an int of at least 1."""
+    return _int(text, 1)
+
+
+def _non_negative_int(text: str) -> int:
+    """argparse type: an int of at least 0."""
+    return _int(text, 0)
+
+
+def _positive_float(text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:  # also refuses nan and -inf
+        raise argparse.ArgumentTypeError(f"must be a positive number of {what}, got {text!r}")
+    return value
+
+
+def _rate(text: str) -> float:
+    """argparse type: requests/s, positive or inf."""
+    return _positive_float(text, "requests/s or inf")
+
+
+def _seconds(text: str) -> float:
+    """argparse type: a positive number of seconds."""
+    return _positive_float(text, "seconds")
+
+
+def _base_url(text: str) -> str:
+    """argparse type: the server's root URL, ``http(s)://HOST[:PORT]``. A trailing ``/v1`` (the usual OpenAI
+    base URL) is dropped, as the benchmark adds ``/v1/...`` itself; any other path is refused."""
+    expected = "give http(s)://HOST:PORT, e.g. http://127.0.0.1:8000"
+    url = urlparse(text.strip())
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL; {expected}")
+    try:
+        url.port
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} has a bad port; {expected}") from None
+    if url.path.rstrip("/") not in ("", "/v1") or url.query or url.fragment or url.params:
+        raise argparse.ArgumentTypeError(f"{text!r} has a path; {expected} (a trailing /v1 is accepted too)")
+    return f"{url.scheme}://{url.netloc}"
+
+
+def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = None) -> argparse.ArgumentParser:
+    """Add ``bench`` and its three sub-subcommands (each sets ``run``) to ``subparsers``."""
+    parser = subparsers.add_parser("bench", help="benchmark throughput, latency or a server",
+                                   description="Benchmark Brigade (vLLM's bench conventions) against HF transformers.")
+    parser.set_defaults(run=lambda args: (parser.print_help(), 2)[1])
+    commands = parser.add_subparsers(dest="bench_command", metavar="{throughput,latency,serve}")
+
+    t = commands.add_parser("throughput", help="offline throughput of a request set submitted at once",
+                            description="Offline throughput (requests/s, output and total tokens/s) of the LLM "
+                                        "class, with ignore_eos; optionally HF transformers in the same process.")
+    _add_dataset_args(t, input_len=1024, output_len=128, num_prompts=1000)
+    t.add_argument("--hf-peer", choices=PEER_MODES, default="none",
+                   help="also run HF transformers: generate (static padded batches), generate_batch "
+                        "(its continuous batching), or both")
+    t.add_argument("--hf-batch-size", type=_positive_int, default=None,
+                   help="prompts per HF generate batch (default: all of them in one batch)")
+    t.add_argument("--repeats", type=_positive_int, default=1,
+                   help="alternate Brigade and the peers for this many rounds (fresh prompts each) and report "
+                        "medians; both stay loaded, so on a GPU lower --gpu-memory-utilization (default 1)")
+    _add_output_args(t)
+    _add_engine_args(t, plugin_choices)
+    t.set_defaults(run=_one_line_config_errors(_run_throughput, t))
+
+    lat = commands.add_parser("latency", help="latency, TTFT and TPOT of one batch",
+                              description="End-to-end latency, TTFT and TPOT of one batch of random prompts.")
+    lat.add_argument("--batch-size", type=_positive_int, default=8, help="prompts per batch (default %(default)s)")
+    lat.add_argument("--input-len", type=_positive_int, default=32,
+                     help="random prompt tokens per request (default %(default)s)")
+    lat.add_argument("--output-len", type=_positive_int, default=128,
+                     help="tokens generated per request, ignoring EOS (default %(default)s)")
+    lat.add_argument("--num-iters-warmup", type=_non_negative_int, default=10,
+                     help="untimed batches first (default %(default)s)")
+    lat.add_argument("--num-iters", type=_positive_int, default=30,
+                     help="timed batches; the report gives mean, median and p99 over them (default %(default)s)")
+    lat.add_argument("--hf-peer", choices=("none", "generate"), default="none",
+                     help="also time HF generate on the same batches")
+    _add_output_args(lat)
+    _add_engine_args(lat, plugin_choices)
+    lat.set_defaults(run=_one_line_config_errors(_run_latency, lat))
+
+    s = commands.add_parser("serve", help="online serving: Poisson arrivals of streaming completions",
+                            description="Streaming /v1/completions with token-id prompts and ignore_eos against "
+                                        "--base-url, or a server started with --launch and the engine flags.")
+    _add_dataset_args(s, input_len=1024, output_len=128, num_prompts=1000)
+    s.add_argument("--base-url", type=_base_url, default="http://127.0.0.1:8000",
+                   help="the server's root URL; a trailing /v1 is dropped (default %(default)s)")
+    s.add_argument("--launch", action="store_true",
+                   help="start `brigade serve` with the engine flags at --base-url's host and port, then stop it")
+    s.add_argument("--launch-timeout", type=_seconds, default=600.0,
+                   help="seconds to wait for the launched server (default %(default)s)")
+    s.add_argument("--request-rate", type=_rate, default=float("inf"),
+                   help="mean arrivals per second of a Poisson process; inf sends all at once (default)")
+    s.add_argument("--max-concurrency", type=_positive_int, default=None, help="most requests in flight")
+    s.add_argument("--api-key", default=None, help="Bearer key for /v1 (default: $BRIGADE_API_KEY)")
+    _add_output_args(s)
+    _add_engine_args(s, plugin_choices)
+    s.set_defaults(run=_one_line_config_errors(_run_serve, s))
+    return parser
+
+
+def _add_dataset_args(parser: argparse.ArgumentParser, *, input_len: int, output_len: int, num_prompts: int) -> None:
+    d = parser.add_argument_group("dataset")
+    d.add_argument("--dataset", choices=DATASETS, default="random",
+                   help="random: fixed lengths; sharegpt-like: seeded lognormal lengths, mean ~200 in / ~180 out")
+    d.add_argument("--input-len", type=_positive_int, default=input_len, help="prompt tokens (random dataset)")
+    d.add_argument("--output-len", type=_positive_int, default=output_len, help="output tokens (random dataset)")
+    d.add_argument("--num-prompts", type=_positive_int, default=num_prompts,
+                   help="requests in the set (default %(default)s)")
+
+
+def _add_output_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output-json", default=None,
+                        help="where to write the JSON record (default: benchmarks/results/<timestamp>-<kind>.json)")
+
+
+def _one_line_config_errors(run, parser: argparse.ArgumentParser):
+    """``run``, with a ConfigError printed as one line in the name of the subcommand that got the flags
+    (``brigade bench latency: error: ...``, exit 2), as for a bad flag, rather than of ``bench``."""
+
+    def guarded(args: argparse.Namespace) -> int:
+        from brigade.config import ConfigError
+
+        from brigade.benchmarks.launcher import ServerStartError
+        from brigade.benchmarks.serve import ServerUnusableError
+
+        try:
+            return run(args)
+        except (ConfigError, ServerStartError, ServerUnusableError) as exc:
+            print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+            return 2 if isinstance(exc, ConfigError) else 1  # a flag, or the server (status 1)
+
+    return guarded
+
+
+def _run_throughput(args: argparse.Namespace) -> int:
+    from brigade.benchmarks.commands import run_throughput
+
+    return run_throughput(args)
+
+
+def _run_latency(args: argparse.Namespace) -> int:
+    from brigade.benchmarks.commands import run_latency
+
+    return run_latency(args)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from brigade.benchmarks.commands import run_serve
+    from brigade.config import ConfigError
+
+    if args.launch and urlparse(args.base_url).scheme != "http":
+        raise ConfigError(f"--launch starts a plain-HTTP server; give an http:// --base-url, not {args.base_url!r}")
+    return run_serve(args, engine_argv(args, args.bench_engine_actions))

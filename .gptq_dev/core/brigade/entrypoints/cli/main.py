@@ -1,0 +1,134 @@
+"""The ``brigade`` command. Plugins load before the parser is built, so flag choices list what is installed."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from brigade.version import __version__
+
+_COMMANDS = ("serve", "generate", "bench", "plugins", "chat")
+_ENGINE_COMMANDS = ("serve", "generate", "bench")  # may start an engine: BRIGADE_PLATFORM must name a platform
+
+
+def build_parser(plugin_choices: dict[str, list[str]]) -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand."""
+    from brigade.entrypoints.cli import bench, chat, generate, plugins, serve
+
+    parser = argparse.ArgumentParser(prog="brigade", description="Brigade: an LLM inference and serving engine.")
+    parser.add_argument("-V", "--version", action="version", version=f"brigade {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="{" + ",".join(_COMMANDS) + "}")
+    serve.add_parser(subparsers, plugin_choices)
+    generate.add_parser(subparsers, plugin_choices)
+    chat.add_parser(subparsers)
+    bench.add_parser(subparsers, plugin_choices)
+    plugins.add_parser(subparsers)
+    _one_line_errors(parser)
+    return parser
+
+
+def one_line_error(parser: argparse.ArgumentParser):
+    """argparse's error(), minus the usage block: one line naming the flag (and where help is), then exit 2."""
+
+    def error(message: str):
+        print(f"{parser.prog}: error: {message} (see {parser.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+    return error
+
+
+def _one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Give ``parser`` and every subcommand parser under it ``one_line_error``."""
+    parser.error = one_line_error(parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _one_line_errors(sub)
+
+
+class _HeldRecords(logging.Handler):
+    """Holds the plugin loader's log records until the command line has parsed (``main``)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _deepest_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser of the command ``args`` selected, e.g. ``brigade bench latency``'s."""
+    while True:
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, actions[0].dest, None) if actions else None
+        if chosen is None or chosen not in actions[0].choices:
+            return parser
+        parser = actions[0].choices[chosen]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``brigade`` console script; returns the exit status.
+
+    The plugin loader's log lines are held until the command line parses and, for a command that sets a
+    ``check`` default (``serve``), until its flags pass that check: a bad flag or ``--help`` prints only its
+    one error line. Then ``serve`` replays them all (which plugins loaded is the server's start-up log);
+    other commands replay warnings only.
+    """
+    logging.basicConfig(level=os.environ.get("BRIGADE_LOGGING_LEVEL", "INFO"),
+                        format="%(levelname)s %(asctime)s %(message)s")
+    from brigade.config import ConfigError
+    from brigade.plugins import PluginLoadError, load_plugins, plugin_choices, process_plugin_manager
+    from brigade.plugins.manager import SERVER_ONLY_NOTICE
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    plugin_log = logging.getLogger("brigade.plugins")
+    held, propagate = _HeldRecords(), plugin_log.propagate
+    plugin_log.addHandler(held)
+    plugin_log.propagate = False
+    try:
+        try:
+            load_plugins("api")
+        except PluginLoadError as exc:
+            print(f"brigade: {exc}", file=sys.stderr)
+            return 1
+        parser = build_parser(plugin_choices())
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # reported by the subcommand that received them, with its own usage line
+            _deepest_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+        check = getattr(args, "check", None)
+        try:
+            if check is not None:
+                check(args)
+            if args.command in _ENGINE_COMMANDS:
+                process_plugin_manager().check_forced_platform()
+        except (ConfigError, PluginLoadError) as exc:
+            print(f"brigade {args.command}: error: {exc}", file=sys.stderr)
+            return 2
+    finally:
+        plugin_log.removeHandler(held)
+        plugin_log.propagate = propagate
+    explicit = "BRIGADE_LOGGING_LEVEL" in os.environ or plugin_log.level != logging.NOTSET
+    for record in held.records:
+        if args.command == "serve" or explicit or (record.levelno >= logging.WARNING
+                                                   and not getattr(record, SERVER_ONLY_NOTICE, False)):
+            plugin_log.handle(record)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args) or 0)
+    except ConfigError as exc:
+        print(f"brigade {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except PluginLoadError as exc:  # a plugin failed once the command ran (platform detection, a factory)
+        print(f"brigade {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

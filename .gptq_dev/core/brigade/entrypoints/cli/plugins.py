@@ -1,0 +1,112 @@
+"""`brigade plugins`: every installed plugin with its distribution, group, scope, hooks and status, and
+the active platform with the reason it was chosen (DESIGN.md, "The plugin contract").
+
+The CLI's ``main`` calls ``load_plugins("api")`` before building its parser, so plugin-backed flags can
+list their choices (``plugin_choices``); this command then only reads the records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, TextIO
+
+from brigade.plugins import (HOOKSPEC_VERSION, PluginLoadError, load_plugins, platform_choice, plugin_choices,
+                             plugin_records, registries)
+from brigade.plugins.settings import PluginSettings
+
+__all__ = ["add_parser", "collect", "main", "plugin_choices", "render_table", "run"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``plugins`` subcommand to ``subparsers`` and return its parser (``run`` is its handler)."""
+    parser = subparsers.add_parser(
+        "plugins", help="list installed plugins, their status and the active platform",
+        description="List every installed Brigade plugin (name, distribution and version, entry-point group, "
+                    "load scope, hooks, status) and the active platform with the reason it was chosen.")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    parser.set_defaults(run=run)
+    return parser
+
+
+def collect() -> dict[str, Any]:
+    """Load every plugin group, resolve the platform, and gather the listing as JSON-ready data.
+
+    A platform that cannot be resolved is reported under ``platform_error``, not raised, so the listing
+    still shows which plugins are to blame. Fatal load errors (strict mode, named plugins) do raise.
+    """
+    load_plugins("api")
+    platform: dict[str, Any] | None = None
+    platform_error: str | None = None
+    try:
+        platform = platform_choice().to_json()
+    except PluginLoadError as exc:
+        platform_error = str(exc)
+    settings = PluginSettings.from_env()
+    return {
+        "hookspec_version": HOOKSPEC_VERSION,
+        "settings": {"BRIGADE_PLUGINS": _listed(settings.allowlist),
+                     "BRIGADE_ENDPOINT_PLUGINS": _listed(settings.endpoint_allowlist),
+                     "BRIGADE_PLATFORM": settings.platform, "BRIGADE_PLUGINS_STRICT": settings.strict},
+        "plugins": [record.to_json() for record in plugin_records()],
+        "platform": platform,
+        "platform_error": platform_error,
+        "registries": registries.as_names(),
+        "choices": plugin_choices(),
+    }
+
+
+def _listed(names: frozenset[str] | None) -> list[str] | None:
+    return None if names is None else sorted(names)
+
+
+def render_table(data: dict[str, Any], out: TextIO) -> None:
+    """Print the listing as an aligned table followed by the platform line."""
+    header = ("NAME", "DISTRIBUTION", "GROUP", "SCOPE", "HOOKS", "STATUS")
+    rows = [header]
+    for p in data["plugins"]:
+        hooks = ",".join(h.removeprefix("register_") for h in p["hooks"]) or "-"
+        status = p["status"] + (f": {p['reason']}" if p["reason"] and p["status"] != "loaded" else "")
+        if p["platforms"]:
+            status += " [" + ", ".join(f"{k}: {v}" for k, v in p["platforms"].items()) + "]"
+        rows.append((p["name"], f"{p['distribution']} {p['version']}".strip(),
+                     p["group"].removeprefix("brigade."), p["scope"], hooks, status))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    for row in rows:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1] + "\n")
+    out.write(f"\nhook specs: {data['hookspec_version']}\n")
+    if data["platform"] is not None:
+        p = data["platform"]
+        out.write(f"active platform: {p['name']} ({p['distribution']} {p['version']}): {p['reason']}\n")
+    else:
+        out.write(f"active platform: none: {data['platform_error']}\n")
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Print the listing; returns the exit status (1 when the platform cannot be resolved)."""
+    out = out or sys.stdout
+    data = collect()
+    if args.json:
+        json.dump(data, out, indent=2)
+        out.write("\n")
+    else:
+        render_table(data, out)
+    return 0 if data["platform_error"] is None else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m brigade.entrypoints.cli.plugins [--json]``, the same command outside the main CLI."""
+    parser = argparse.ArgumentParser(prog="brigade plugins")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_parser(subparsers)
+    try:
+        args = parser.parse_args(["plugins", *(sys.argv[1:] if argv is None else argv)])
+        return args.run(args)
+    except PluginLoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""``brigade serve MODEL``: start the OpenAI-compatible server (flags as in vLLM, API.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import errno
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from brigade.config import ConfigError
+from brigade.entrypoints.cli.engine_args import add_engine_args, runnable_config_from_args
+
+API_KEY_ENV = "BRIGADE_API_KEY"
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = None) -> argparse.ArgumentParser:
+    """Add the ``serve`` sub-command to ``subparsers`` (from ``ArgumentParser.add_subparsers()``).
+
+    Args:
+        plugin_choices: installed plugin names per kind (``brigade.plugins.plugin_choices()``).
+    """
+    parser = subparsers.add_parser(
+        "serve", help="serve a model over the OpenAI-compatible HTTP API",
+        description="Serve MODEL (an HF-format directory) over the OpenAI-compatible HTTP API.")
+    add_server_args(parser)
+    add_engine_args(parser, plugin_choices)
+    parser.set_defaults(run=run, check=check)
+    return parser
+
+
+def check(args: argparse.Namespace) -> None:
+    """Every check that needs no engine: the flags, then the platform's and the model's limits on them
+    (``prepare_config`` on a copy: ``--kv-cache-memory`` against the RAM on the CPU, ``--max-model-len``
+    against config.json, the architecture, the quantization method and the layers it must hold
+    (``check_quantized_layers``: a GPTQ checkpoint without brigade-gptq, ``--quantization gptq`` on an unquantized
+    one, 3-bit...), the ``--lora-modules`` adapters). ``brigade``'s main runs it before the start-up log begins, and
+    ``run`` before the port is bound, so a bad flag prints one line and a busy port never hides it.
+
+    Raises:
+        ConfigError: naming the bad flag and what would be right.
+    """
+    import copy
+
+    from brigade.engine.core import prepare_config
+    from brigade.model_executor.loader import check_quantized_layers, get_model_class
+
+    config = runnable_config_from_args(args)
+    settings_from_args(args)
+    hf_config = prepare_config(copy.deepcopy(config))
+    get_model_class(hf_config)
+    check_quantized_layers(config.model_config, hf_config)
+    if config.lora_config is not None:  # each adapter read and checked against the model, one line if bad
+        from brigade.lora.adapter import check_adapters
+
+        check_adapters(config.lora_config, hf_config)
+    args.serve_checked = True
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    """The HTTP flags of ``brigade serve``."""
+    h = parser.add_argument_group("server")
+    h.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    h.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    h.add_argument("--api-key", default=None,
+                   help=f"require 'Authorization: Bearer KEY' on /v1/* (also read from ${API_KEY_ENV})")
+    h.add_argument("--uvicorn-log-level", default="info", help=f"one of {', '.join(UVICORN_LOG_LEVELS)}")
+    h.add_argument("--disable-log-requests", action="store_true", help="do not log each request")
+    h.add_argument("--shutdown-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="how long in-flight requests may finish after SIGTERM (default 5)")
+    for flag, what in (("--allowed-origins", "origins"), ("--allowed-methods", "methods"),
+                       ("--allowed-headers", "headers")):
+        h.add_argument(flag, type=_json_string_list(flag), default=["*"], metavar="JSON",
+                       help=f'CORS: the {what} browsers may use, a JSON list of strings (default ["*"])')
+    h.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (cookies, auth)")
+
+
+def _json_string_list(flag: str):
+    """An argparse type: a JSON list of strings, as vLLM's CORS flags take (e.g. '["https://a.example"]')."""
+    def parse(text: str) -> list[str]:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise argparse.ArgumentTypeError(f'{flag} takes a JSON list of strings such as \'["*"]\', got {text!r}')
+        return value
+    return parse
+
+
+def settings_from_args(args: argparse.Namespace):
+    """The ServerSettings of parsed ``serve`` flags. Raises ConfigError naming a bad flag."""
+    from brigade.entrypoints.openai.api_server import ServerSettings
+
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    if args.uvicorn_log_level not in UVICORN_LOG_LEVELS:
+        raise ConfigError(f"--uvicorn-log-level {args.uvicorn_log_level!r} is not known; use one of "
+                          f"{', '.join(UVICORN_LOG_LEVELS)}")
+    if args.shutdown_timeout < 0:
+        raise ConfigError(f"--shutdown-timeout must be non-negative seconds, got {args.shutdown_timeout}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ConfigError("--api-key is empty, which would serve without any key; give a key, or leave the flag "
+                          "out to serve without one on purpose")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    return ServerSettings(host=args.host, port=args.port, api_key=api_key, uvicorn_log_level=args.uvicorn_log_level,
+                          log_requests=not args.disable_log_requests, shutdown_timeout_s=args.shutdown_timeout,
+                          allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,
+                          allowed_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the server until SIGINT/SIGTERM. Returns 0; exits 2 on a bad flag, 1 if the port is taken or
+    the engine fails to start.
+
+    Plugins are loaded (scope "api") before anything else, so plugin flags resolve and plugin stat
+    loggers and endpoints are available.
+    """
+    from brigade.plugins import load_plugins
+
+    load_plugins("api")
+    try:
+        if not getattr(args, "serve_checked", False):  # brigade's main has run it already
+            check(args)
+        config = runnable_config_from_args(args)
+        settings = settings_from_args(args)
+    except ConfigError as exc:
+        print(f"brigade serve: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    from brigade.entrypoints.openai.api_server import bind_socket, serve_http
+
+    try:
+        sock = bind_socket(settings.host, settings.port)
+    except OSError as exc:
+        hint = ("pick another --port or stop the process using it" if exc.errno == errno.EADDRINUSE else
+                "check --host (an address of this machine, 0.0.0.0 for all, or a name that resolves) and --port")
+        print(f"brigade serve: error: cannot listen on {settings.host}:{settings.port} "
+              f"({exc.strerror or exc}); {hint}", file=sys.stderr)
+        raise SystemExit(1) from None
+    from brigade.engine.core_client import EngineStartupError
+
+    try:
+        asyncio.run(serve_http(config, settings, sock))
+    except ConfigError as exc:  # raised while the engine resolves the config against the model
+        print(f"brigade serve: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except EngineStartupError as exc:
+        print(f"brigade serve: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    finally:
+        sock.close()
+    return 0

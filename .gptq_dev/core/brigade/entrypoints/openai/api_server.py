@@ -1,0 +1,297 @@
+"""The OpenAI-compatible HTTP server: a FastAPI app over an AsyncLLM, served by uvicorn (book ch. 3).
+
+The API server process only parses, renders chat templates, tokenizes and streams; the EngineCore runs
+in its own process behind AsyncLLM, so no route ever waits on model work (DESIGN.md). Routes follow
+API.md: /v1/completions, /v1/chat/completions, /v1/models and /v1/models/{id} (API key checked on /v1/*), and /health,
+/version, /tokenize, /detokenize, /metrics. Endpoint plugins the operator allowed are mounted last. CORS
+preflights are answered with vLLM's defaults (any origin, method and header; no credentials).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import socket
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response
+
+from brigade.config import BrigadeConfig
+from brigade.engine.async_llm import AsyncLLM, EngineDeadError
+from brigade.entrypoints.openai.errors import OpenAIError, install_error_handlers
+from brigade.entrypoints.openai.openapi import install_request_schemas, json_body
+from brigade.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                                 TokenizeRequest)
+from brigade.entrypoints.openai.responses import ModelCard, ModelList
+from brigade.entrypoints.openai.serving_base import load_generation_defaults, max_token_chars, parse_request
+from brigade.entrypoints.openai.serving_chat import OpenAIServingChat
+from brigade.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from brigade.entrypoints.openai.serving_tokenize import OpenAIServingTokenization
+from brigade.entrypoints.openai.shutdown import (FLUSH_GRACE_S, Drain, DrainingServer,
+                                                 quiet_signals_after_serve)
+from brigade.entrypoints.openai.streaming import json_response
+from brigade.metrics.prometheus import PrometheusStatLogger
+from brigade.metrics.stats import StatLoggerBase
+from brigade.utils import freeze_gc_heap
+from brigade.version import __version__
+
+logger = logging.getLogger("brigade.server")
+
+SUPPORTED_TASKS = ("generate",)
+STAT_LOG_INTERVAL_S = 10.0
+KV_STATS_TIMEOUT_S = 5.0
+
+
+@dataclass
+class ServerSettings:
+    """The HTTP side of ``brigade serve`` (the engine side is the BrigadeConfig)."""
+
+    host: str = "0.0.0.0"
+    port: int = 8000
+    api_key: str | None = None
+    """Checked on /v1/* as ``Authorization: Bearer <key>``; None disables the check."""
+    uvicorn_log_level: str = "info"
+    log_requests: bool = True
+    shutdown_timeout_s: float = 5.0
+    """How long in-flight requests may run on after SIGTERM before they are cut."""
+    allowed_origins: list[str] = field(default_factory=lambda: ["*"])
+    """CORS (vLLM's ``--allowed-origins``): origins whose browsers may call the API; preflights are answered."""
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    """CORS ``--allowed-methods``."""
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+    """CORS ``--allowed-headers``."""
+    allow_credentials: bool = False
+    """CORS ``--allow-credentials``."""
+
+
+class APIKeyMiddleware:
+    """Pure ASGI middleware: 401 in OpenAI's shape for /v1/* without the right Bearer key.
+
+    Pure ASGI (not BaseHTTPMiddleware) so streaming bodies and disconnect messages pass through untouched.
+    The comparison is constant-time.
+    """
+
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                error = OpenAIError.unauthorized()
+                response = JSONResponse(error.to_response().model_dump(), status_code=error.status_code,
+                                        headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _plugin_stat_loggers(config: BrigadeConfig) -> list[StatLoggerBase]:
+    """Instantiate every stat logger a loaded plugin registered (``logger_cls(config)``)."""
+    from brigade.plugins import registries
+
+    return [registries.stat_loggers.create(name, config) for name in registries.stat_loggers.names()]
+
+
+def _mount_endpoint_plugins(app: FastAPI) -> list[str]:
+    """Include the routers of the endpoint plugins the operator allowed (BRIGADE_ENDPOINT_PLUGINS).
+
+    Each factory gets ``app.state`` (``engine_client``, ``api_key``, ...). A factory that fails is fatal:
+    the operator named the plugin, so serving without it would be silent degradation.
+    """
+    from brigade.plugins import PluginLoadError, registries, select_endpoints
+
+    mounted = []
+    for registration in select_endpoints(SUPPORTED_TASKS):
+        router = registries.endpoints.create(registration.name, app.state)
+        if not isinstance(router, APIRouter):
+            raise PluginLoadError(f"endpoint plugin {registration.name!r} ({registration.source.describe()}) "
+                                  f"returned {type(router).__name__}, not a fastapi.APIRouter")
+        app.include_router(router)
+        mounted.append(registration.name)
+        logger.info("mounted endpoint plugin %r (%s)", registration.name, registration.source.describe())
+    return mounted
+
+
+def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings) -> FastAPI:
+    """The FastAPI app serving ``engine``. Registers the Prometheus and plugin stat loggers on it.
+
+    Loads the "api" plugin scope (idempotent) for stat logger and endpoint plugins.
+    """
+    from brigade.plugins import load_plugins
+
+    load_plugins("api")
+    served_name = config.model_config.name
+    stat_logger = PrometheusStatLogger(
+        served_name, max_loras=config.lora_config.max_loras if config.lora_config is not None else None,
+        num_speculative_tokens=(config.speculative_config.num_speculative_tokens
+                                if config.speculative_config is not None else None))
+    stat_loggers: list[StatLoggerBase] = [stat_logger, *_plugin_stat_loggers(config)]
+    for sl in stat_loggers:
+        engine.add_stat_logger(sl)
+    tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brigade-tokenizer")
+    drain = Drain()
+    common = dict(served_model_name=served_name, tokenizer_executor=tokenizer_executor,
+                  generation_defaults=load_generation_defaults(config.model_config),
+                  log_requests=settings.log_requests, drain=drain,
+                  scheduling_policy=config.scheduler_config.policy, max_token_chars=max_token_chars(engine.tokenizer),
+                  lora_modules=dict(config.lora_config.lora_modules) if config.lora_config is not None else None)
+    completion = OpenAIServingCompletion(engine, **common)
+    chat = OpenAIServingChat(engine, **common)
+    tokenization = OpenAIServingTokenization(chat)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        freeze_gc_heap()  # the server's start-up heap, out of the collector's reach (see freeze_gc_heap)
+        task = asyncio.create_task(_log_periodically(stat_loggers))
+        try:
+            yield
+        finally:
+            task.cancel()
+            tokenizer_executor.shutdown(wait=False)
+
+    app = FastAPI(title="Brigade", version=__version__, lifespan=lifespan)
+    app.state.engine_client = engine
+    app.state.api_key = settings.api_key
+    app.state.config = config
+    app.state.served_model_name = served_name
+    app.state.stat_logger = stat_logger
+    app.state.drain = drain
+    install_error_handlers(app, EngineDeadError)
+    if settings.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+    # Added last, so outermost: preflights are answered before the key check, and 401s carry CORS headers.
+    app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins,
+                       allow_methods=settings.allowed_methods, allow_headers=settings.allowed_headers,
+                       allow_credentials=settings.allow_credentials)
+
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            await engine.check_health()
+        except EngineDeadError as exc:
+            return JSONResponse(OpenAIError.engine_dead(str(exc)).to_response().model_dump(), status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        # The gauges come from the last step; when the engine is idle no step runs, so ask it directly.
+        if not engine.errored:
+            try:
+                stats = await asyncio.wait_for(engine.get_kv_cache_stats(), KV_STATS_TIMEOUT_S)
+            except (TimeoutError, EngineDeadError) as exc:  # serve the last values rather than fail the scrape
+                logger.warning("KV cache gauges not refreshed: %s", str(exc) or type(exc).__name__)
+            else:
+                stat_logger.set_kv_cache_blocks(stats["num_free_blocks"], stats["num_total_blocks"])
+        body, content_type = stat_logger.render()
+        return Response(content=body, media_type=content_type)
+
+    adapters = dict(config.lora_config.lora_modules) if config.lora_config is not None else {}
+
+    def model_cards() -> dict[str, ModelCard]:
+        """The served model, then each LoRA adapter as vLLM lists it: ``root`` its path, ``parent`` the model."""
+        cards = {served_name: ModelCard(id=served_name, root=config.model_config.model,
+                                        max_model_len=engine.max_model_len)}
+        for name, path in adapters.items():
+            cards[name] = ModelCard(id=name, root=path, parent=served_name, max_model_len=engine.max_model_len)
+        return cards
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=list(model_cards().values()))
+
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str) -> ModelCard:
+        """One model or adapter by id (the openai client's ``models.retrieve``); 404 ``model_not_found`` otherwise."""
+        card = model_cards().get(model_id)
+        if card is None:
+            raise OpenAIError.model_not_found(model_id, served_name, list(adapters))
+        return card
+
+    @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
+    async def completions(raw_request: Request) -> Response:
+        return await completion.create_completion(await parse_request(raw_request, CompletionRequest), raw_request)
+
+    @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
+    async def chat_completions(raw_request: Request) -> Response:
+        return await chat.create_chat_completion(await parse_request(raw_request, ChatCompletionRequest),
+                                                 raw_request)
+
+    @app.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
+    async def tokenize(raw_request: Request) -> Response:
+        result = await tokenization.tokenize(await parse_request(raw_request, TokenizeRequest))
+        return json_response(result)
+
+    @app.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
+    async def detokenize(raw_request: Request) -> Response:
+        result = await tokenization.detokenize(await parse_request(raw_request, DetokenizeRequest))
+        return json_response(result)
+
+    _mount_io_processor(app, engine, config)
+    _mount_endpoint_plugins(app)
+    install_request_schemas(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest])
+    return app
+
+
+def _mount_io_processor(app: FastAPI, engine: AsyncLLM, config: BrigadeConfig) -> None:
+    """Serve POST /pooling through the selected IO-processor plugin, if the model has one."""
+    from brigade.entrypoints.openai.serving_io_processor import io_processor_router
+    from brigade.plugins import registries
+    from brigade.plugins.io_processor import get_io_processor
+
+    processor = get_io_processor(config.model_config, registries, engine.hf_config)
+    if processor is not None:
+        logger.info("IO processor %s serves POST /pooling", type(processor).__name__)
+        app.include_router(io_processor_router(engine, processor))
+
+
+async def _log_periodically(stat_loggers: list[StatLoggerBase]) -> None:
+    """Call each logger's ``log()`` every STAT_LOG_INTERVAL_S (for loggers that print summaries)."""
+    while True:
+        await asyncio.sleep(STAT_LOG_INTERVAL_S)
+        for sl in stat_loggers:
+            try:
+                sl.log()
+            except Exception:  # a plugin's logger must not stop the others; its failure is reported
+                logger.exception("stat logger %s failed in log()", type(sl).__name__)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind the listening socket before the engine starts, so a busy port fails in a second, not after
+    the model loaded. Raises OSError (e.g. address in use)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve_http(config: BrigadeConfig, settings: ServerSettings, sock: socket.socket) -> None:
+    """Start the engine, serve until SIGINT/SIGTERM, then shut the engine down."""
+    engine = AsyncLLM.from_config(config)
+    try:
+        app = build_app(engine, config, settings)
+        # In-flight requests get --shutdown-timeout after SIGTERM (the Drain cuts them cleanly then);
+        # uvicorn waits a little longer so the cut requests can send their last bytes.
+        uv_config = uvicorn.Config(app, log_level=settings.uvicorn_log_level,
+                                   timeout_graceful_shutdown=settings.shutdown_timeout_s + FLUSH_GRACE_S,
+                                   lifespan="on")
+        server = DrainingServer(uv_config, app.state.drain, settings.shutdown_timeout_s)
+        quiet_signals_after_serve()
+        logger.info("serving %s on http://%s:%d", config.model_config.name, settings.host, settings.port)
+        await server.serve(sockets=[sock])
+    finally:
+        engine.shutdown()

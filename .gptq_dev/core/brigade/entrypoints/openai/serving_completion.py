@@ -1,0 +1,255 @@
+"""POST /v1/completions: prompts (text, token ids, or a batch of either) to text_completion responses.
+
+Each prompt of a batch is one engine request; choice ``index`` is ``prompt_index * n + i`` as in OpenAI.
+Streams use DELTA outputs and end with an optional usage chunk, then ``[DONE]`` (API.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import msgspec
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from brigade.entrypoints.openai.errors import OpenAIError
+from brigade.entrypoints.openai.protocol import CompletionRequest
+from brigade.entrypoints.openai.responses import (CompletionChoice, CompletionLogprobs, CompletionResponse,
+                                                  CompletionStreamResponse, PromptLogprob, UsageInfo)
+from brigade.entrypoints.openai.serving_base import OpenAIServing, PromptResult, random_request_id
+from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_response, merge_async_iterators,
+                                                  run_unless_disconnected, shielded, sse_error_event, sse_event)
+from brigade.outputs import Logprob
+from brigade.sampling_params import SamplingParams
+
+
+@dataclass
+class PromptInput:
+    """One prompt of a request: its text (None when given as token ids) and its token ids."""
+
+    text: str | None
+    token_ids: list[int]
+
+
+def echo_only(request: CompletionRequest) -> bool:
+    """``echo`` with ``max_tokens: 0``: the response holds the prompt (and its logprobs) and nothing generated."""
+    return bool(request.echo) and request.max_tokens == 0
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    """The /v1/completions handler."""
+
+    async def create_completion(self, request: CompletionRequest, raw_request: Request) -> Response:
+        """Validate, tokenize and check every prompt before queuing anything, then generate.
+
+        Raises:
+            OpenAIError: 400 (bad field, empty prompt, too long), 404 (model), 503 (engine dead).
+        """
+        await self.check_request(request)
+        if request.suffix is not None:
+            raise OpenAIError.not_supported("suffix (insertion)", "suffix")
+        if request.best_of is not None and request.best_of < 1:
+            raise OpenAIError.bad_param(f"best_of must be at least 1, got {request.best_of}", "best_of")
+        if request.best_of is not None and request.best_of != request.n:
+            raise OpenAIError.not_supported("best_of different from n", "best_of")
+        # echo with logprobs scores the prompt too: the engine computes prompt logprobs for it.
+        prompt_logprobs = request.prompt_logprobs
+        if request.echo and request.logprobs is not None:
+            prompt_logprobs = max(prompt_logprobs or 0, request.logprobs)
+        prompts = await self._prompt_inputs(request)
+        params = []
+        # echo with max_tokens 0 scores the prompt only (lm-eval's loglikelihood): the engine runs one token
+        # that the response leaves out, as vLLM does.
+        wanted = 1 if echo_only(request) else request.max_tokens
+        for prompt in prompts:
+            max_tokens = self.check_length(len(prompt.token_ids), wanted, prompt_param="prompt",
+                                           max_tokens_param="max_tokens",
+                                           max_tokens_defaulted="max_tokens" not in request.model_fields_set)
+            params.append(self.sampling_params(request, max_tokens=max_tokens, logprobs=request.logprobs,
+                                               prompt_logprobs=prompt_logprobs))
+        if params and params[0].bad_words:  # the same words for every prompt: tokenized once
+            first = await self.with_bad_words_ids(params[0])
+            params = [msgspec.structs.replace(p, bad_words_token_ids=first.bad_words_token_ids) for p in params]
+        base_id = random_request_id("cmpl")
+        request_ids = [f"{base_id}-{i}" for i in range(len(prompts))]
+        if request.stream:
+            return StreamingResponse(self._stream(request, prompts, params, base_id, request_ids),
+                                     media_type="text/event-stream", headers=SSE_HEADERS)
+        completed, response = await run_unless_disconnected(
+            raw_request, self._full(request, prompts, params, base_id, request_ids))
+        if not completed:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        return json_response(response)
+
+    async def _prompt_inputs(self, request: CompletionRequest) -> list[PromptInput]:
+        """Every prompt of the request as text and token ids; texts certainly too long are refused before
+        any is tokenized (check_text_length), so a huge prompt never holds the tokenizer thread.
+
+        Raises:
+            OpenAIError: 400 naming prompt (empty, out of vocabulary, too long).
+        """
+        prompt = request.prompt
+        if isinstance(prompt, str):
+            raw: list[str | list[int]] = [prompt]
+        elif prompt and all(isinstance(p, int) for p in prompt):
+            raw = [list(prompt)]
+        else:
+            raw = list(prompt)
+        if not raw:
+            raise OpenAIError.bad_param("prompt must not be empty", "prompt")
+        for item in raw:
+            if not item:
+                raise OpenAIError.bad_param("prompt must not be empty (nor hold an empty prompt)", "prompt")
+            if isinstance(item, str):
+                self.check_text_length(len(item), "prompt")
+        inputs = []
+        for item in raw:
+            if isinstance(item, str):
+                token_ids = await self.tokenize(item, add_special_tokens=request.add_special_tokens)
+                if not token_ids:
+                    raise OpenAIError.bad_param("prompt tokenizes to no tokens", "prompt")
+                inputs.append(PromptInput(item, token_ids))
+            else:
+                self.check_token_ids(item, "prompt")
+                inputs.append(PromptInput(None, list(item)))
+        return inputs
+
+    def _prompt_text(self, prompt: PromptInput) -> str:
+        return prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids)
+
+    def _logprobs(self, token_ids: list[int], logprobs: list[dict[int, Logprob] | None], num_top: int,
+                  text_offset: int) -> CompletionLogprobs:
+        """Legacy completions logprobs for a run of tokens starting at character ``text_offset``."""
+        out = CompletionLogprobs()
+        for token_id, candidates in zip(token_ids, logprobs):
+            token = self.decode_token(token_id, candidates.get(token_id) if candidates else None)
+            out.tokens.append(token)
+            out.text_offset.append(text_offset)
+            text_offset += len(token)
+            if not candidates:
+                out.token_logprobs.append(None)
+                out.top_logprobs.append(None)
+                continue
+            out.token_logprobs.append(candidates[token_id].logprob if token_id in candidates else None)
+            ranked = sorted(candidates.items(), key=lambda kv: (kv[1].rank or 0))
+            top = {self.decode_token(t, lp): lp.logprob for t, lp in ranked
+                   if t == token_id or (lp.rank is not None and lp.rank <= num_top)}
+            out.top_logprobs.append(top)
+        return out
+
+    def _echo_logprobs(self, prompt: PromptInput, result: PromptResult, num_top: int,
+                       generated: CompletionLogprobs) -> CompletionLogprobs:
+        """Logprobs of an echoed prompt (the first token has none), followed by ``generated``'s."""
+        part = self._logprobs(prompt.token_ids, result.prompt_logprobs or [None] * len(prompt.token_ids), num_top, 0)
+        return CompletionLogprobs(text_offset=part.text_offset + generated.text_offset,
+                                  token_logprobs=part.token_logprobs + generated.token_logprobs,
+                                  tokens=part.tokens + generated.tokens,
+                                  top_logprobs=part.top_logprobs + generated.top_logprobs)
+
+    def _prompt_logprobs(self, request: CompletionRequest, result: PromptResult) -> list | None:
+        """vLLM's ``prompt_logprobs`` field of a choice, when the request asked for it."""
+        if request.prompt_logprobs is None or result.prompt_logprobs is None:
+            return None
+        return [None if entry is None else
+                {tid: PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=self.decode_token(tid, lp))
+                 for tid, lp in entry.items()} for entry in result.prompt_logprobs]
+
+    async def _full(self, request: CompletionRequest, prompts: list[PromptInput], params: list[SamplingParams],
+                    base_id: str, request_ids: list[str]) -> CompletionResponse:
+        results = [PromptResult(p.token_ids) for p in prompts]
+        iterators = [self.generate(p.token_ids, sp, rid, request)
+                     for p, sp, rid in zip(prompts, params, request_ids)]
+        finished: set[int] = set()
+        try:
+            async for i, output in merge_async_iterators(iterators):
+                results[i].add(output)
+                if output.finished:
+                    finished.add(i)
+        except Exception as exc:  # becomes the client's error; nothing is swallowed
+            raise self.as_openai_error(exc) from exc
+        finally:
+            unfinished = [rid for i, rid in enumerate(request_ids) if i not in finished]
+            if unfinished:  # an error or a client disconnect: free the engine's KV blocks now
+                await shielded(lambda: self.abort(unfinished))
+        choices = []
+        for i, (prompt, result) in enumerate(zip(prompts, results)):
+            for j in range(request.n):
+                state = result.choices.get(j)
+                if state is None:
+                    raise OpenAIError(f"the engine returned no output for choice {j} of prompt {i}",
+                                      status_code=500, type="server_error")
+                prefix = self._prompt_text(prompt) if request.echo else ""
+                text, token_ids, token_logprobs = state.text, state.token_ids, state.logprobs
+                if echo_only(request):
+                    text, token_ids, token_logprobs = "", [], []
+                logprobs = None
+                if request.logprobs is not None:
+                    logprobs = self._logprobs(token_ids, token_logprobs, request.logprobs, len(prefix))
+                    if request.echo:
+                        logprobs = self._echo_logprobs(prompt, result, request.logprobs, logprobs)
+                choices.append(CompletionChoice(index=i * request.n + j, text=prefix + text, logprobs=logprobs,
+                                                prompt_logprobs=self._prompt_logprobs(request, result),
+                                                finish_reason=state.finish_reason, stop_reason=state.stop_reason))
+        usage = UsageInfo.from_counts(sum(len(p.token_ids) for p in prompts),
+                                      sum(r.num_generated_tokens() for r in results),
+                                      sum(r.num_cached_tokens for r in results))
+        return CompletionResponse(id=base_id, model=self.model_name(request), choices=choices, usage=usage)
+
+    async def _stream(self, request: CompletionRequest, prompts: list[PromptInput], params: list[SamplingParams],
+                      base_id: str, request_ids: list[str]) -> AsyncIterator[str]:
+        created = int(time.time())
+        exclude = None if request.include_usage() else {"usage"}
+        results = [PromptResult(p.token_ids) for p in prompts]
+        echoed: set[int] = set()  # choice indexes whose prompt echo was sent
+        offsets: dict[int, int] = {}  # choice index -> characters sent so far
+        finished: set[int] = set()
+        iterators = [self.generate(p.token_ids, sp, rid, request)
+                     for p, sp, rid in zip(prompts, params, request_ids)]
+        try:
+            async for i, output in merge_async_iterators(iterators):
+                for delta in results[i].add(output):
+                    if not (delta.text or delta.token_ids or delta.finish_reason):
+                        continue  # e.g. a prefill chunk that only brought prompt logprobs
+                    index = i * request.n + delta.index
+                    text, logprobs, prefix, prompt_logprobs = delta.text, None, "", None
+                    token_ids, token_logprobs = delta.token_ids, delta.logprobs or []
+                    if echo_only(request):
+                        text, token_ids, token_logprobs = "", [], []
+                    if index not in echoed:  # the choice's first chunk: the prompt is fully scored by now
+                        echoed.add(index)
+                        prefix = self._prompt_text(prompts[i]) if request.echo else ""
+                        prompt_logprobs = self._prompt_logprobs(request, results[i])
+                    offset = offsets.get(index, 0) + len(prefix)
+                    if request.logprobs is not None:
+                        logprobs = self._logprobs(token_ids, token_logprobs, request.logprobs, offset)
+                        if prefix:
+                            logprobs = self._echo_logprobs(prompts[i], results[i], request.logprobs, logprobs)
+                    offsets[index] = offset + len(text)
+                    choice = CompletionChoice(index=index, text=prefix + text, logprobs=logprobs,
+                                              prompt_logprobs=prompt_logprobs,
+                                              finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
+                    so_far = (UsageInfo.from_counts(len(prompts[i].token_ids), results[i].num_generated_tokens(),
+                                                    results[i].num_cached_tokens)
+                              if request.continuous_usage() else None)  # this prompt's usage so far
+                    yield sse_event(CompletionStreamResponse(id=base_id, created=created,
+                                                             model=self.model_name(request), choices=[choice],
+                                                             usage=so_far),
+                                    exclude=exclude)
+                if output.finished:
+                    finished.add(i)
+            if request.include_usage():
+                usage = UsageInfo.from_counts(sum(len(p.token_ids) for p in prompts),
+                                              sum(r.num_generated_tokens() for r in results),
+                                              sum(r.num_cached_tokens for r in results))
+                yield sse_event(CompletionStreamResponse(id=base_id, created=created, model=self.model_name(request),
+                                                         choices=[], usage=usage))
+        except Exception as exc:  # reported to the client as the stream's one error event
+            yield sse_error_event(self.as_openai_error(exc))
+        finally:
+            unfinished = [rid for i, rid in enumerate(request_ids) if i not in finished]
+            if unfinished:
+                await shielded(lambda: self.abort(unfinished))
+        yield DONE_EVENT
+

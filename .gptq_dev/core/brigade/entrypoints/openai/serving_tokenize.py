@@ -1,0 +1,39 @@
+"""POST /tokenize and POST /detokenize: the server's tokenizer and chat template, as vLLM exposes them."""
+
+from __future__ import annotations
+
+from brigade.entrypoints.openai.errors import OpenAIError
+from brigade.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
+from brigade.entrypoints.openai.responses import DetokenizeResponse, TokenizeResponse
+from brigade.entrypoints.openai.serving_chat import OpenAIServingChat
+
+
+class OpenAIServingTokenization:
+    """Tokenize a prompt (special tokens added by default) or chat messages (through the template), and
+    detokenize ids. Shares the chat handler's renderer so both routes see the same prompt ids."""
+
+    def __init__(self, chat: OpenAIServingChat):
+        self.chat = chat
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+        """Raises OpenAIError: 400 unless exactly one of prompt and messages is given; 404 for the model."""
+        await self.chat.check_request(request)
+        if (request.prompt is None) == (request.messages is None):
+            raise OpenAIError.bad_param("give exactly one of prompt and messages", "prompt")
+        if request.messages is not None:
+            token_ids = await self.chat.render_messages(request.messages,
+                                                        add_generation_prompt=request.add_generation_prompt,
+                                                        add_special_tokens=bool(request.add_special_tokens))
+        else:
+            add_special = True if request.add_special_tokens is None else request.add_special_tokens
+            token_ids = await self.chat.tokenize(request.prompt, add_special_tokens=add_special)
+        strs = self.chat.tokenizer.convert_ids_to_tokens(token_ids) if request.return_token_strs else None
+        return TokenizeResponse(count=len(token_ids), max_model_len=self.chat.max_model_len, tokens=token_ids,
+                                token_strs=strs)
+
+    async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+        """Raises OpenAIError: 400 for ids outside the vocabulary; 404 for the model."""
+        await self.chat.check_request(request)
+        self.chat.check_token_ids(request.tokens, "tokens")
+        text = await self.chat.run_tokenizer(self.chat.tokenizer.decode, request.tokens)
+        return DetokenizeResponse(prompt=text)

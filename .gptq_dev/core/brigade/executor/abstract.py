@@ -1,0 +1,67 @@
+"""The Executor interface: the EngineCore's only handle on the workers (book ch. 1, 8)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from brigade.config import BrigadeConfig
+from brigade.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+
+
+class Executor(ABC):
+    """Starts the workers, sizes the KV cache across them, and runs one step on all of them."""
+
+    def __init__(self, config: BrigadeConfig, hf_config):
+        self.config = config
+        self.hf_config = hf_config
+
+    @staticmethod
+    def get_class(config: BrigadeConfig) -> type[Executor]:
+        """uni for one device (or when asked), mp for several.
+
+        Raises:
+            ConfigError: settings this build cannot run (``BrigadeConfig.check_supported``).
+        """
+        config.check_supported()
+        backend = config.parallel_config.distributed_executor_backend
+        if backend is None:
+            backend = "uni" if config.parallel_config.world_size == 1 else "mp"
+        if backend == "uni":
+            if config.parallel_config.world_size != 1:
+                raise ValueError("--distributed-executor-backend uni runs one device; "
+                                 "use mp for tensor or pipeline parallelism")
+            from brigade.executor.uniproc import UniProcExecutor
+
+            return UniProcExecutor
+        if backend == "mp":
+            from brigade.executor.multiproc import MultiprocExecutor
+
+            return MultiprocExecutor
+        raise ValueError(f"--distributed-executor-backend {backend} is not available in this build; use uni or mp")
+
+    @abstractmethod
+    def determine_num_kv_blocks(self) -> int:
+        """The number of KV blocks every worker can hold (the minimum over workers)."""
+
+    @abstractmethod
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the KV cache on every worker."""
+
+    @abstractmethod
+    def execute_model(self, scheduler_output: SchedulerOutput, *, overlap: bool = False):
+        """Run one step; the output comes from the driver worker.
+
+        Returns a ModelRunnerOutput, or with ``overlap`` an object whose ``get()`` returns it once the
+        device is done (the call itself returns as soon as the work is queued).
+        """
+
+    def add_lora(self, lora_request) -> bool:
+        """Register a LoRA adapter (``brigade.lora.LoRARequest``) on every worker; False when its name is taken.
+
+        Raises:
+            LoRAError: the adapter cannot be served (or LoRA is off).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot add LoRA adapters")
+
+    def shutdown(self) -> None:
+        """Stop the workers."""

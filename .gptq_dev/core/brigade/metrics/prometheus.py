@@ -1,0 +1,152 @@
+"""PrometheusStatLogger: publishes engine statistics as ``brigade:`` metrics mirroring vLLM's names (API.md).
+
+Each logger owns its CollectorRegistry (no process-global registry), so several apps or tests in one
+process never collide. Counters follow Prometheus naming: ``brigade:prompt_tokens`` is exposed as
+``brigade:prompt_tokens_total``. Every series has a ``model_name`` label, as in vLLM, so existing
+dashboards carry over.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from brigade.engine.messages import SchedulerStats
+from brigade.metrics.stats import IterationStats, StatLoggerBase
+
+# Bucket edges in seconds: fine below a second, where interactive latencies live, then coarse.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0)
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+               240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+class PrometheusStatLogger(StatLoggerBase):
+    """Gauges from the latest SchedulerStats, counters and histograms from every IterationStats.
+
+    Args:
+        model_name: the served model name (the ``model_name`` label).
+        registry: where the metrics live; a fresh CollectorRegistry when None.
+        max_loras: ``--max-loras`` when LoRA is enabled: adds vLLM's info gauge ``brigade:lora_requests_info``
+            (labels ``max_lora``, ``running_lora_adapters``, ``waiting_lora_adapters``: comma-separated adapter
+            names; value: when it was last set, in Unix seconds). Only the latest label set is kept.
+        num_speculative_tokens: k of ``--speculative-config``: adds vLLM's speculative decoding counters
+            ``brigade:spec_decode_num_drafts``, ``..._num_draft_tokens``, ``..._num_accepted_tokens`` and
+            ``..._num_accepted_tokens_per_pos`` (label ``position``, 0 to k - 1).
+    """
+
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, max_loras: int | None = None,
+                 num_speculative_tokens: int | None = None):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        labels = ["model_name"]
+        reg = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(f"brigade:{name}", doc, labels, registry=reg).labels(model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(f"brigade:{name}", doc, labels, registry=reg).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(f"brigade:{name}", doc, labels, buckets=buckets, registry=reg).labels(model_name)
+
+        self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.")
+        self.num_requests_waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_cache_usage_perc = gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0 to 1).")
+        self.num_free_blocks = gauge("num_free_blocks", "KV cache blocks in the free pool (cached ones included).")
+        self.num_total_blocks = gauge("num_total_blocks", "KV cache blocks in the pool.")
+        self.prefix_cache_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
+        self.num_preemptions = counter("num_preemptions", "Requests preempted for lack of KV blocks.")
+        success = Counter("brigade:request_success", "Finished requests, by finish reason.",
+                          labels + ["finished_reason"], registry=reg)
+        # Create every reason up front so the series exist (at 0) before the first request finishes.
+        self.request_success = {reason: success.labels(model_name, reason) for reason in FINISH_REASONS}
+        self._success_family = success
+        self._model_name = model_name
+        self.time_to_first_token = histogram("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.inter_token_latency = histogram("inter_token_latency_seconds", "Time between output tokens.",
+                                             ITL_BUCKETS)
+        self.e2e_request_latency = histogram("e2e_request_latency_seconds", "Arrival to last token.", E2E_BUCKETS)
+        self.max_loras = max_loras
+        self.lora_info = None if max_loras is None else Gauge(
+            "brigade:lora_requests_info", "Running and waiting LoRA adapters (labels); value: last update time.",
+            ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=reg)
+        self._lora_labels: tuple[str, str, str] | None = None
+        self.spec_decode = None
+        if num_speculative_tokens is not None:
+            per_pos = Counter("brigade:spec_decode_num_accepted_tokens_per_pos",
+                              "Accepted draft tokens, by position in the drafts (0 = first).",
+                              labels + ["position"], registry=reg)
+            self.spec_decode = {
+                "num_drafts": counter("spec_decode_num_drafts", "Requests' drafts verified (one per request "
+                                      "per step with drafts)."),
+                "num_draft_tokens": counter("spec_decode_num_draft_tokens", "Draft tokens verified."),
+                "num_accepted_tokens": counter("spec_decode_num_accepted_tokens", "Draft tokens accepted."),
+                "per_pos": [per_pos.labels(model_name, str(i)) for i in range(num_speculative_tokens)]}
+        self.time_per_output_token = histogram("request_time_per_output_token_seconds",
+                                               "Mean time per output token after the first, per request.",
+                                               ITL_BUCKETS)
+
+    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
+        """Fold one step's statistics into the metrics (O(tokens of the step); never blocks)."""
+        if scheduler_stats is not None:
+            self.num_requests_running.set(scheduler_stats.num_running_reqs)
+            self.num_requests_waiting.set(scheduler_stats.num_waiting_reqs)
+            self.prefix_cache_queries.inc(scheduler_stats.prefix_cache_queries)
+            self.prefix_cache_hits.inc(scheduler_stats.prefix_cache_hits)
+            self.num_preemptions.inc(scheduler_stats.num_preemptions)
+            if scheduler_stats.num_total_blocks:
+                self.set_kv_cache_blocks(scheduler_stats.num_free_blocks, scheduler_stats.num_total_blocks)
+            else:
+                self.kv_cache_usage_perc.set(scheduler_stats.kv_cache_usage)
+            if self.lora_info is not None:
+                self._set_lora_info(scheduler_stats)
+            spec = scheduler_stats.spec_decoding
+            if self.spec_decode is not None and spec is not None:
+                self.spec_decode["num_drafts"].inc(spec.num_drafts)
+                self.spec_decode["num_draft_tokens"].inc(spec.num_draft_tokens)
+                self.spec_decode["num_accepted_tokens"].inc(spec.num_accepted_tokens)
+                for child, count in zip(self.spec_decode["per_pos"], spec.num_accepted_tokens_per_pos):
+                    child.inc(count)
+        self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)
+        self.generation_tokens.inc(iteration_stats.num_generation_tokens)
+        for ttft in iteration_stats.time_to_first_tokens_s:
+            self.time_to_first_token.observe(ttft)
+        for itl in iteration_stats.inter_token_latencies_s:
+            self.inter_token_latency.observe(itl)
+        for finished in iteration_stats.finished_requests:
+            self._success(finished.finish_reason).inc()
+            self.e2e_request_latency.observe(finished.e2e_latency_s)
+            if finished.tpot_s is not None:
+                self.time_per_output_token.observe(finished.tpot_s)
+
+    def _set_lora_info(self, stats: SchedulerStats) -> None:
+        labels = (str(self.max_loras), ",".join(sorted(stats.running_lora_adapters)),
+                  ",".join(sorted(stats.waiting_lora_adapters)))
+        if labels != self._lora_labels:
+            self.lora_info.clear()
+            self._lora_labels = labels
+        self.lora_info.labels(*labels).set_to_current_time()
+
+    def set_kv_cache_blocks(self, num_free_blocks: int, num_total_blocks: int) -> None:
+        """Refresh the KV gauges from a block count (a step's stats, or a direct query when idle)."""
+        self.num_free_blocks.set(num_free_blocks)
+        self.num_total_blocks.set(num_total_blocks)
+        used = num_total_blocks - num_free_blocks
+        self.kv_cache_usage_perc.set(used / num_total_blocks if num_total_blocks else 0.0)
+
+    def _success(self, reason: str):
+        child = self.request_success.get(reason)
+        if child is None:
+            child = self.request_success[reason] = self._success_family.labels(self._model_name, reason)
+        return child
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type, for GET /metrics."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

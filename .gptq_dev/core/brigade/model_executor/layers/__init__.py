@@ -1,0 +1,1 @@
+"""Model layers written against Brigade's interfaces: norms, rotary, activation, linear, vocab, attention."""

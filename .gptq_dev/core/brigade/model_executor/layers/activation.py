@@ -1,0 +1,25 @@
+"""SiluAndMul: the gated activation of SwiGLU MLPs (Shazeer 2020, "GLU Variants Improve Transformer").
+
+A ``CustomOp``: ``forward_native`` is the reference; a platform may register a fused kernel with
+``SiluAndMul.register_impl(device_type, fn)`` (see ``custom_op``). The op has no parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from brigade.model_executor.layers.custom_op import CustomOp
+
+
+class SiluAndMul(CustomOp):
+    """``silu(x[..., :d]) * x[..., d:]`` where the last dimension of ``x`` is ``2 * d``.
+
+    The first half is the gate projection and the second the up projection, the order in which
+    ``MergedColumnLinear`` packs ``gate_up_proj``.
+    """
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        """Args: x [num_tokens, 2 * d]. Returns [num_tokens, d] in x's dtype."""
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]

@@ -1,0 +1,74 @@
+"""The Attention layer: the model's handle on the paged-attention backend (book ch. 5, 6).
+
+The layer knows its index in the model and nothing about batching. Per step it reshapes the flat
+projections to heads and calls its backend with its own KV cache, ``ctx.kv_caches[layer_idx]``,
+and the step's shared metadata, both passed explicitly through ``AttentionContext`` rather than a
+module-level forward context. Given the model's rotary embedding and the positions, it leaves the Q/K
+rotation to the backend (``forward_rotary``), which may fuse it into its KV-cache write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from brigade.attention.backend import AttentionBackend, AttentionContext
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention over the paged KV cache, with grouped-query heads (Ainslie et al. 2023).
+
+    Invariant: ``num_heads`` is a multiple of ``num_kv_heads``; query head ``h`` reads KV head
+    ``h // (num_heads // num_kv_heads)``.
+    """
+
+    def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, *, scale: float, layer_idx: int,
+                 backend_cls: type[AttentionBackend]):
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.num_kv_heads = num_kv_heads
+        self.scale = scale
+        self.layer_idx = layer_idx
+        self.backend = backend_cls(num_heads, head_size, num_kv_heads, scale)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ctx: AttentionContext, *,
+                positions: torch.Tensor | None = None, rotary_emb: Callable[..., Any] | None = None
+                ) -> torch.Tensor:
+        """Write this step's K/V into the layer's cache and attend, rotating Q/K first when asked.
+
+        Args:
+            query: [num_tokens, num_heads * head_size]
+            key, value: [num_tokens, num_kv_heads * head_size]
+            ctx: the step's metadata and every layer's KV cache.
+            positions: [num_tokens] int64 absolute positions; with ``rotary_emb``, the backend applies
+                the rotation (``AttentionBackend.forward_rotary``, which may fuse it with the KV write).
+            rotary_emb: the model's ``RotaryEmbedding``, or None when query/key are already rotated.
+
+        Returns:
+            [num_tokens, num_heads * head_size] in query's dtype.
+
+        Raises:
+            ValueError: only one of ``positions`` and ``rotary_emb`` is given.
+        """
+        if (positions is None) != (rotary_emb is None):
+            raise ValueError("Attention.forward needs both positions and rotary_emb, or neither")
+        num_tokens = query.shape[0]
+        q = query.view(num_tokens, self.num_heads, self.head_size)
+        k = key.view(num_tokens, self.num_kv_heads, self.head_size)
+        v = value.view(num_tokens, self.num_kv_heads, self.head_size)
+        kv_cache = ctx.kv_caches[self.layer_idx]
+        if rotary_emb is None:
+            out = self.backend.forward(q, k, v, kv_cache, ctx.metadata)
+        else:
+            out = self.backend.forward_rotary(positions, q, k, v, kv_cache, ctx.metadata, rotary_emb)
+        return out.reshape(num_tokens, self.num_heads * self.head_size)
+
+    def extra_repr(self) -> str:
+        return (f"layer={self.layer_idx}, heads={self.num_heads}, kv_heads={self.num_kv_heads}, "
+                f"head_size={self.head_size}, backend={type(self.backend).__name__}")

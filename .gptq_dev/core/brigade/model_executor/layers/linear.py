@@ -1,0 +1,206 @@
+"""Linear layers: plain, merged (gate_up) and QKV, each loading HF's separate projections into one matrix.
+
+Merging q/k/v and gate/up into one matrix turns three (two) GEMMs into one per layer, the largest
+easy win of a decode step. HF checkpoints store the projections separately, so the merged layers'
+``weight_loader`` copies each one into its slice of the output dimension. The storage and the
+product itself belong to the layer's ``LinearMethod`` (see ``linear_method``), which quantization
+plugins replace. No tensor parallelism here: every layer holds the full matrix.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from brigade.model_executor.layers.linear_method import LinearMethod, UnquantizedLinearMethod
+from brigade.model_executor.weight_utils import default_weight_loader, set_weight_attrs
+
+
+class LinearBase(nn.Module):
+    """``y = x @ W.T + b`` with ``W`` stored however ``quant_method`` chooses.
+
+    Invariant: ``output_sizes`` lists the out_features of each merged shard; the output is their
+    concatenation, and shard ``i`` starts at ``sum(output_sizes[:i])``.
+    """
+
+    def __init__(self, input_size: int, output_sizes: list[int], *, bias: bool, dtype: torch.dtype,
+                 quant_method: LinearMethod | None, shard_ids: list[str] | list[int] | None):
+        super().__init__()
+        self.input_size = input_size
+        self.output_sizes = list(output_sizes)
+        self.output_size = sum(output_sizes)
+        self.shard_ids = shard_ids
+        self.quant_method = quant_method or UnquantizedLinearMethod()
+        # LoRA slots (brigade.lora.layers.LoRALinear), set by the LoRAManager when --enable-lora; with them,
+        # every product adds the delta and the fused variants below step aside for the plain path.
+        self.lora = None
+        self.quant_method.create_weights(self, input_size=input_size, output_sizes=self.output_sizes,
+                                         dtype=dtype)
+        if bias:
+            b = nn.Parameter(torch.empty(self.output_size, dtype=dtype), requires_grad=False)
+            set_weight_attrs(b, {"output_dim": 0})
+            self.register_parameter("bias", b)
+        else:
+            self.bias = None
+        for param in self.parameters(recurse=False):
+            attrs = {"weight_loader": self.weight_loader}
+            if shard_ids is not None:
+                attrs["shard_ids"] = tuple(shard_ids)
+            set_weight_attrs(param, attrs)
+
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor,
+                      shard_id: str | int | None = None) -> None:
+        """Copy a whole checkpoint tensor into ``param`` (plain layers have no shards)."""
+        if shard_id is not None:
+            raise ValueError(f"{type(self).__name__} has no shards, got shard {shard_id!r}")
+        default_weight_loader(param, loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Args: x [num_tokens, input_size]. Returns [num_tokens, output_size] in x's dtype (plus each token's
+        LoRA delta when the layer has LoRA slots)."""
+        out = self.quant_method.apply(self, x, self.bias)
+        return out if self.lora is None else self.lora.apply(x, out)
+
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The product of a branch that ends in a skip connection: ``(out, rest)`` with ``out + rest`` the new
+        residual stream (``rest`` None: ``out`` is the whole stream).
+
+        Where the method has a kernel that adds the residual in the GEMM's epilogue for this batch, the add is
+        done there and ``rest`` is None; otherwise the add is left to the next norm (``forward_normed``),
+        whose fused add-and-normalize kernel does it in the same pass.
+
+        Args: x [T, input_size]; residual [T, output_size] or None.
+        """
+        if residual is None:
+            return self.forward(x), None
+        if self.lora is not None:  # the epilogue kernel knows nothing of the delta: leave the add pending
+            return self.forward(x), residual
+        out = self.quant_method.apply_residual(self, x, self.bias, residual)
+        return (out, None) if out is not None else (self.forward(x), residual)
+
+    def forward_silu_mul(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """``forward_add(silu(x[:, :in]) * x[:, in:], residual)`` with the activation inside the GEMM, or None
+        when the layer's method has no such kernel for this input (the caller then runs the activation and
+        ``forward_add``).
+
+        Args: x [num_tokens, 2 * input_size], gate then up (a ``MergedColumnLinear`` gate_up output);
+        residual as in ``forward_add``. Always None for a layer with LoRA slots (the delta needs the activation's
+        output, which the fused kernel never writes).
+        """
+        if self.lora is not None:
+            return None
+        out = self.quant_method.apply_silu_mul(self, x, self.bias, residual=residual)
+        if out is None and residual is not None:  # the kernel may take the activation but not the add
+            out = self.quant_method.apply_silu_mul(self, x, self.bias)
+            return None if out is None else (out, residual)
+        return None if out is None else (out, None)
+
+    def forward_normed(self, x: torch.Tensor, rest: torch.Tensor | None, norm: nn.Module
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward(norm(x + rest))`` for an ``RMSNorm`` ``norm``; returns it and the stream ``x + rest``.
+
+        With ``rest`` (an add left by ``forward_add``) the norm's fused add-and-normalize kernel makes both.
+        Without it, when the norm's weight was folded into this layer (``fold_input_norm``) and the method has
+        a kernel for it, one GEMM normalizes while it reads ``x``.
+
+        Args: x, rest [num_tokens, input_size] (rest may be None). Returns ([num_tokens, output_size], stream).
+        """
+        if rest is not None:
+            normed, stream = norm(x, rest)
+            return self.forward(normed), stream
+        if getattr(norm, "weight_folded", False) and self.lora is None:
+            out = self.quant_method.apply_rms_norm(self, x, self.bias, norm.variance_epsilon)
+            if out is not None:
+                return out, x
+        return self.forward(norm(x)), x
+
+    def fold_input_norm(self, norm: nn.Module) -> bool:
+        """Fold ``norm.weight`` (an ``RMSNorm`` applied to this layer's input) into the weight, leaving the
+        norm's weight all ones and ``norm.weight_folded`` set; False when the method cannot (nothing changes).
+
+        ``W @ (w * n)`` equals ``(W diag(w)) @ n``: the same function, rounded once more in the weight. A layer
+        with LoRA slots refuses: its delta reads the normalized input with the norm's weight applied.
+        """
+        if self.lora is not None or not self.quant_method.fold_input_scale(self, norm.weight.data):
+            return False
+        norm.mark_weight_folded()
+        return True
+
+    def extra_repr(self) -> str:
+        return (f"in={self.input_size}, out={self.output_sizes}, bias={self.bias is not None}, "
+                f"method={type(self.quant_method).__name__}")
+
+
+class Linear(LinearBase):
+    """A single projection (o_proj, down_proj)."""
+
+    def __init__(self, input_size: int, output_size: int, *, bias: bool = False, dtype: torch.dtype,
+                 quant_method: LinearMethod | None = None):
+        super().__init__(input_size, [output_size], bias=bias, dtype=dtype, quant_method=quant_method,
+                         shard_ids=None)
+
+
+class MergedColumnLinear(LinearBase):
+    """Several projections of the same input stacked along the output dimension (gate_up_proj).
+
+    Shard ids are the integer positions 0, 1, ... of ``output_sizes``.
+    """
+
+    def __init__(self, input_size: int, output_sizes: list[int], *, bias: bool = False, dtype: torch.dtype,
+                 quant_method: LinearMethod | None = None):
+        super().__init__(input_size, output_sizes, bias=bias, dtype=dtype, quant_method=quant_method,
+                         shard_ids=list(range(len(output_sizes))))
+
+    def shard_index(self, shard_id: str | int) -> int:
+        """Position of ``shard_id`` in ``output_sizes``. Raises ValueError for an unknown id."""
+        if self.shard_ids is None or shard_id not in self.shard_ids:
+            raise ValueError(f"{type(self).__name__} has shards {self.shard_ids}, not {shard_id!r}")
+        return self.shard_ids.index(shard_id)
+
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor,
+                      shard_id: str | int | None = None) -> None:
+        """Copy one projection's checkpoint tensor into its slice of the merged parameter.
+
+        Raises:
+            ValueError: ``shard_id`` is missing or unknown, or the tensor does not fit the slice.
+        """
+        if shard_id is None:
+            # A checkpoint that already stores the merged matrix (e.g. re-saved by Brigade).
+            default_weight_loader(param, loaded_weight)
+            return
+        index = self.shard_index(shard_id)
+        output_dim = getattr(param, "output_dim", 0)
+        if output_dim is None:
+            # Per-shard scalars (a quantized method's per-tensor scales): stored [num_shards].
+            default_weight_loader(param.data[index], loaded_weight)
+            return
+        pack_factor = getattr(param, "pack_factor", 1)
+        offset = sum(self.output_sizes[:index]) // pack_factor
+        size = self.output_sizes[index] // pack_factor
+        target = param.data.narrow(output_dim, offset, size)
+        if tuple(target.shape) != tuple(loaded_weight.shape):
+            raise ValueError(f"shard {shard_id!r} of shape {tuple(loaded_weight.shape)} does not fit its "
+                             f"slice of shape {tuple(target.shape)}")
+        target.copy_(loaded_weight)
+
+
+class QKVLinear(MergedColumnLinear):
+    """Query, key and value projections in one matrix, shards ``"q"``, ``"k"``, ``"v"`` (GQA-aware).
+
+    Output layout: ``[num_heads * head_size | num_kv_heads * head_size | num_kv_heads * head_size]``.
+    """
+
+    def __init__(self, hidden_size: int, head_size: int, num_heads: int, num_kv_heads: int, *,
+                 bias: bool = False, dtype: torch.dtype, quant_method: LinearMethod | None = None):
+        sizes = [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size]
+        LinearBase.__init__(self, hidden_size, sizes, bias=bias, dtype=dtype, quant_method=quant_method,
+                            shard_ids=["q", "k", "v"])
+        self.head_size = head_size
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+
+    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Split the merged output [T, q + 2 * kv] into q [T, H*D], k [T, Hkv*D], v [T, Hkv*D] (views)."""
+        return qkv.split(self.output_sizes, dim=-1)

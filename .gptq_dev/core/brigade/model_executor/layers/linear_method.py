@@ -1,0 +1,232 @@
+"""LinearMethod and QuantizationConfig: the seam through which quantization plugins change linear layers (book ch. 11).
+
+A linear layer does not own its weight format. It asks its ``LinearMethod`` to create the parameters
+(``create_weights``), to finish them once the checkpoint is read (``process_weights_after_loading``:
+repacking, transposing, computing scales) and to compute the product (``apply``). The default,
+``UnquantizedLinearMethod``, keeps one ``[out_features, in_features]`` weight in the model dtype.
+
+A quantization plugin registers a ``QuantizationConfig`` subclass under its method name
+(``register_quantization_methods``). The loader builds it with ``from_hf_config`` and the model hands
+it to every linear layer, which calls ``get_linear_method(prefix)``. Parameters a method creates must
+carry the attributes listed in ``weight_utils`` (``output_dim``, ``pack_factor``) so the merged
+layers' weight loaders can place each checkpoint shard; their names are the checkpoint's names
+relative to the layer (``weight``, ``weight_scale``, ``qzeros``...), so HF names map onto them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from brigade.model_executor.weight_utils import set_weight_attrs
+
+
+class LinearMethod(ABC):
+    """How one linear layer stores its weight and computes ``x @ W.T + b``."""
+
+    @abstractmethod
+    def create_weights(self, layer: nn.Module, *, input_size: int, output_sizes: list[int],
+                       dtype: torch.dtype) -> None:
+        """Register the layer's parameters on ``layer`` (on the default device).
+
+        Args:
+            layer: the linear layer; set attributes with ``layer.register_parameter``.
+            input_size: in_features.
+            output_sizes: out_features of each merged shard (one entry for a plain linear layer);
+                the merged output is their concatenation in this order.
+            dtype: the model dtype (activations).
+        """
+
+    @abstractmethod
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """Args: x [num_tokens, input_size] in the model dtype. Returns [num_tokens, sum(output_sizes)]."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Turn checkpoint-format parameters into kernel format; called once after all weights are loaded."""
+
+    def apply_silu_mul(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, *,
+                       residual: torch.Tensor | None = None) -> torch.Tensor | None:
+        """``silu(x[:, :K]) * x[:, K:] @ W.T + b (+ residual)`` in one kernel, or None when this method has
+        none for ``x``.
+
+        Args: x [num_tokens, 2 * input_size] (gate then up); residual [num_tokens, output_size] or None. The
+        caller falls back to SiLU-and-mul then ``apply_residual`` on None, which is the default.
+        """
+        return None
+
+    def apply_residual(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                       residual: torch.Tensor) -> torch.Tensor | None:
+        """``residual + (x @ W.T + b)`` with the add in the GEMM's epilogue (a pre-norm block's skip
+        connection), or None when the method has no such kernel for ``x`` (the default): the caller then
+        leaves the add to the next norm's fused add-and-normalize kernel.
+
+        Args: x [T, input_size]; residual [T, output_size] in x's dtype. Returns a new [T, output_size]
+        tensor; the product is rounded to x's dtype before the add (HF's order).
+        """
+        return None
+
+    def apply_rms_norm(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                       eps: float) -> torch.Tensor | None:
+        """``(x / sqrt(mean(x**2, -1) + eps)) @ W.T + b`` in one kernel, or None when this method has none.
+
+        Only meaningful after ``fold_input_scale`` took the norm's weight into ``W``. Args: x [T, input_size].
+        """
+        return None
+
+    def fold_input_scale(self, layer: nn.Module, scale: torch.Tensor) -> bool:
+        """Make the weight ``W @ diag(scale)`` so that ``x @ W.T`` becomes ``(x * scale) @ W.T``; returns False
+        (and changes nothing) when the method's weight format cannot take it. The default cannot.
+
+        Args: scale [input_size], any float dtype.
+        """
+        return False
+
+
+DenseGemm = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+# (gate_up [T, 2K], weight [N, K], bias, *, residual=None) -> [T, N], or None for a shape it does not take
+SiluMulGemm = Callable[..., "torch.Tensor | None"]
+# (x [T, K], weight [N, K], bias, residual [T, N]) -> residual + x @ W.T + b, or None
+ResidualGemm = Callable[..., "torch.Tensor | None"]
+# (x [T, K], weight [N, K], bias, eps) -> rms_normalize(x) @ W.T + b, or None
+RmsNormGemm = Callable[..., "torch.Tensor | None"]
+_DENSE_GEMMS: dict[str, DenseGemm] = {}
+_SILU_MUL_GEMMS: dict[str, SiluMulGemm] = {}
+_RESIDUAL_GEMMS: dict[str, ResidualGemm] = {}
+_RMS_NORM_GEMMS: dict[str, RmsNormGemm] = {}
+_TABLES = ((_DENSE_GEMMS, "dense GEMM"), (_SILU_MUL_GEMMS, "SiLU-mul GEMM"), (_RESIDUAL_GEMMS, "residual GEMM"),
+           (_RMS_NORM_GEMMS, "RMS-norm GEMM"))
+
+
+def register_dense_gemm(device_type: str, gemm: DenseGemm, *, silu_mul_gemm: SiluMulGemm | None = None,
+                        residual_gemm: ResidualGemm | None = None, rms_norm_gemm: RmsNormGemm | None = None) -> None:
+    """Use ``gemm(x, weight, bias)`` instead of ``F.linear`` for dense weights built on ``device_type``.
+
+    Same contract as ``F.linear`` (x [T, K], weight [N, K], bias [N] or None -> [T, N]); a platform uses it
+    for shapes its own kernels do better (the CUDA platform: few-token decode). Like ``CustomOp``, each layer
+    binds at construction, in the process that builds the model, before ``load_model``.
+
+    The optional fused variants return None for shapes they do not take (the layer then runs the unfused ops):
+
+    * ``silu_mul_gemm(x, weight, bias, *, residual=None)`` computes ``silu(x[:, :K]) * x[:, K:]`` as the
+      product's input inside the GEMM (the SwiGLU down projection without its activation kernel), and adds
+      ``residual`` to the output when given; ``LinearMethod.apply_silu_mul`` reaches it.
+    * ``residual_gemm(x, weight, bias, residual)`` returns ``residual + x @ W.T + b`` (the skip connection
+      in the GEMM's epilogue); ``LinearMethod.apply_residual``.
+    * ``rms_norm_gemm(x, weight, bias, eps)`` returns ``(x / rms(x)) @ W.T + b``, the norm's statistics taken
+      while the GEMM reads ``x``; ``LinearMethod.apply_rms_norm``. Registering it also makes the loader fold
+      each RMSNorm's weight into the dense projection that follows it (``fold_norms_wanted``), because the
+      kernel leaves the weight multiply to the folded matrix.
+
+    Raises ValueError when ``device_type`` already has a different function.
+    """
+    fns = (gemm, silu_mul_gemm, residual_gemm, rms_norm_gemm)
+    for (table, what), fn in zip(_TABLES, fns):
+        existing = table.get(device_type)
+        if fn is not None and existing is not None and existing is not fn:
+            raise ValueError(f"a {what} is already registered for {device_type} "
+                             f"({existing.__module__}.{existing.__qualname__})")
+    for (table, _), fn in zip(_TABLES, fns):
+        if fn is not None:
+            table[device_type] = fn
+
+
+def unregister_dense_gemm(device_type: str) -> None:
+    """Forget the functions for ``device_type`` (layers built afterwards use ``F.linear``)."""
+    for table, _ in _TABLES:
+        table.pop(device_type, None)
+
+
+def fold_norms_wanted(device_type: str) -> bool:
+    """True when ``device_type`` has an ``rms_norm_gemm``: models built there should fold their RMSNorm
+    weights into the following dense projections (see ``register_dense_gemm``)."""
+    return device_type in _RMS_NORM_GEMMS
+
+
+def rms_norm_gemm_for_default_device() -> RmsNormGemm | None:
+    """The ``rms_norm_gemm`` registered for ``torch.get_default_device()``'s type, or None."""
+    return _RMS_NORM_GEMMS.get(torch.get_default_device().type)
+
+
+def fold_scale_into_weight(weight: torch.Tensor, scale: torch.Tensor) -> None:
+    """In place: ``weight[:, k] *= scale[k]``, computed in fp32 and rounded once to the weight's dtype.
+
+    Args: weight [N, K] float; scale [K].
+    """
+    weight.copy_(weight.float() * scale.float()[None, :])
+
+
+def dense_gemm_for_default_device() -> DenseGemm:
+    """The function registered for ``torch.get_default_device()``'s type, else ``F.linear``."""
+    return _DENSE_GEMMS.get(torch.get_default_device().type, F.linear)
+
+
+class UnquantizedLinearMethod(LinearMethod):
+    """A dense ``[sum(output_sizes), input_size]`` weight in the model dtype, applied with ``F.linear`` or the
+    platform's registered dense GEMM (``register_dense_gemm``)."""
+
+    def create_weights(self, layer: nn.Module, *, input_size: int, output_sizes: list[int],
+                       dtype: torch.dtype) -> None:
+        weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=dtype), requires_grad=False)
+        set_weight_attrs(weight, {"output_dim": 0})
+        layer.register_parameter("weight", weight)
+        device_type = torch.get_default_device().type
+        self.gemm = dense_gemm_for_default_device()
+        self.silu_mul_gemm = _SILU_MUL_GEMMS.get(device_type)
+        self.residual_gemm = _RESIDUAL_GEMMS.get(device_type)
+        self.rms_norm_gemm = _RMS_NORM_GEMMS.get(device_type)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return self.gemm(x, layer.weight, bias)
+
+    def apply_silu_mul(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, *,
+                       residual: torch.Tensor | None = None) -> torch.Tensor | None:
+        if self.silu_mul_gemm is None:
+            return None
+        return self.silu_mul_gemm(x, layer.weight, bias, residual=residual)
+
+    def apply_residual(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                       residual: torch.Tensor) -> torch.Tensor | None:
+        return None if self.residual_gemm is None else self.residual_gemm(x, layer.weight, bias, residual)
+
+    def apply_rms_norm(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                       eps: float) -> torch.Tensor | None:
+        return None if self.rms_norm_gemm is None else self.rms_norm_gemm(x, layer.weight, bias, eps)
+
+    def fold_input_scale(self, layer: nn.Module, scale: torch.Tensor) -> bool:
+        fold_scale_into_weight(layer.weight.data, scale)
+        return True
+
+
+class QuantizationConfig(ABC):
+    """A quantization method's settings for one model; plugins subclass it and register the class."""
+
+    name: str = "unspecified"
+
+    @classmethod
+    @abstractmethod
+    def from_hf_config(cls, hf_config: Any) -> QuantizationConfig:
+        """Build from the model's HF config (its ``quantization_config`` dict, when the checkpoint has one).
+
+        Raises ValueError when the checkpoint cannot be run with this method.
+        """
+
+    @abstractmethod
+    def get_linear_method(self, prefix: str) -> LinearMethod | None:
+        """The method for the linear layer named ``prefix`` (e.g. ``model.layers.0.mlp.down_proj``).
+
+        Merged layers are named by their merged module (``...self_attn.qkv_proj``,
+        ``...mlp.gate_up_proj``); the model class's ``packed_modules_mapping`` lists the HF
+        projections each one holds. Returns None to leave that layer unquantized.
+        """
+
+
+def get_linear_method(quant_config: QuantizationConfig | None, prefix: str) -> LinearMethod:
+    """The quantization config's method for ``prefix``, falling back to ``UnquantizedLinearMethod``."""
+    if quant_config is None:
+        return UnquantizedLinearMethod()
+    return quant_config.get_linear_method(prefix) or UnquantizedLinearMethod()

@@ -1,0 +1,163 @@
+"""Rotary position embedding (Su et al. 2021, "RoFormer"), with Llama 3.1's frequency scaling.
+
+The cos/sin table is built once for every position up to ``max_position`` and indexed by each token's
+absolute position, so the model never needs to know how a batch is laid out.
+
+A ``CustomOp``: ``forward_native`` is the reference; a platform may register a fused kernel with
+``RotaryEmbedding.register_impl(device_type, fn)`` (see ``custom_op``). A kernel reads
+``layer.cos_sin_cache`` ([max_position, rotary_dim] fp32, cos in the first half of the last dimension,
+sin in the second), ``layer.head_size``, ``layer.rotary_dim`` and ``layer.is_neox_style``, and may
+rotate ``query`` and ``key`` in place.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from brigade.model_executor.layers.custom_op import CustomOp
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeParameters:
+    """The RoPE settings of one model, normalized across transformers 4 and 5 config layouts."""
+
+    rope_theta: float  # base of the geometric frequency ladder
+    rope_type: str = "default"  # one of SUPPORTED_ROPE_TYPES
+    partial_rotary_factor: float = 1.0  # fraction of head_size that is rotated
+    scaling: dict[str, Any] = field(default_factory=dict)  # type-specific keys (factor, ...)
+
+
+def get_rope_parameters(hf_config: Any) -> RopeParameters:
+    """Read RoPE settings from an HF config.
+
+    transformers 5 keeps everything in ``rope_parameters`` (including ``rope_theta``); transformers 4
+    has a top-level ``rope_theta`` and an optional ``rope_scaling`` dict whose type key is ``rope_type``
+    or, in older files, ``type``.
+
+    Raises:
+        ValueError: the rope type is not one Brigade implements.
+    """
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    legacy_scaling = getattr(hf_config, "rope_scaling", None)
+    if isinstance(legacy_scaling, dict):
+        params = {**legacy_scaling, **params}
+    theta = params.pop("rope_theta", None)
+    if theta is None:
+        theta = getattr(hf_config, "rope_theta", None)
+    if theta is None:
+        theta = 10000.0  # the RoFormer/Llama default when a config states nothing
+    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    params.pop("type", None)
+    partial = params.pop("partial_rotary_factor", None)
+    if partial is None:
+        partial = getattr(hf_config, "partial_rotary_factor", 1.0)
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"rope type {rope_type!r} is not supported; Brigade implements "
+                         f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+    return RopeParameters(rope_theta=float(theta), rope_type=rope_type, partial_rotary_factor=float(partial),
+                          scaling=params)
+
+
+def compute_inv_freq(rotary_dim: int, rope: RopeParameters) -> torch.Tensor:
+    """Inverse frequencies ``theta ** (-2i / rotary_dim)``, rescaled for the rope type.
+
+    Returns: [rotary_dim // 2] fp32 on the default device.
+
+    "linear" divides every frequency by ``factor`` (position interpolation, Chen et al. 2023).
+    "llama3" follows Meta's Llama 3.1 reference ``apply_scaling``: wavelengths shorter than
+    ``original_max_position_embeddings / high_freq_factor`` are kept, longer than
+    ``... / low_freq_factor`` are divided by ``factor``, and those in between are blended linearly.
+    """
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    inv_freq = 1.0 / (rope.rope_theta ** exponents)
+    if rope.rope_type == "linear":
+        return inv_freq / float(rope.scaling["factor"])
+    if rope.rope_type == "llama3":
+        return _llama3_scale(inv_freq, rope.scaling)
+    return inv_freq
+
+
+def _llama3_scale(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    try:
+        factor = float(scaling["factor"])
+        low_freq_factor = float(scaling["low_freq_factor"])
+        high_freq_factor = float(scaling["high_freq_factor"])
+        old_context_len = float(scaling["original_max_position_embeddings"])
+    except KeyError as missing:
+        raise ValueError(f"llama3 rope scaling needs {missing.args[0]!r} in rope_parameters") from None
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, blended, scaled)
+
+
+class RotaryEmbedding(CustomOp):
+    """Rotates the first ``rotary_dim`` channels of every query and key head by ``position * inv_freq``.
+
+    Invariant: ``cos_sin_cache[p]`` holds ``cos(p * inv_freq)`` then ``sin(p * inv_freq)`` for every
+    position ``0 <= p < max_position``. Neox style (Llama, Mistral, Qwen2) pairs channel ``i`` with
+    ``i + rotary_dim / 2``; GPT-J style pairs ``2i`` with ``2i + 1``.
+    """
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position: int, rope: RopeParameters, *,
+                 is_neox_style: bool = True):
+        super().__init__()
+        if rotary_dim % 2 or rotary_dim > head_size:
+            raise ValueError(f"rotary_dim must be even and at most head_size {head_size}, got {rotary_dim}")
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim
+        self.max_position = max_position
+        self.is_neox_style = is_neox_style
+        self.rope = rope
+        inv_freq = compute_inv_freq(rotary_dim, rope)
+        t = torch.arange(max_position, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)  # [max_position, rotary_dim // 2]
+        # fp32 even for bf16 models: angles at large positions need the mantissa.
+        self.register_buffer("cos_sin_cache", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
+
+    def forward_native(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Apply the rotation at each token's position.
+
+        Args:
+            positions: [num_tokens] int64 absolute positions (< max_position).
+            query: [num_tokens, num_heads * head_size] (or [num_tokens, num_heads, head_size]).
+            key: [num_tokens, num_kv_heads * head_size] (or 3-D likewise).
+
+        Returns:
+            (query, key) with the input shapes and dtypes; computed in fp32.
+        """
+        cos_sin = self.cos_sin_cache.index_select(0, positions)  # [T, rotary_dim]
+        cos, sin = cos_sin.chunk(2, dim=-1)  # [T, rotary_dim // 2] each
+        cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over heads
+        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        shape, dtype = x.shape, x.dtype
+        x = x.reshape(shape[0], -1, self.head_size).float()  # [T, heads, head_size]
+        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim:]
+        if self.is_neox_style:
+            x1, x2 = rot.chunk(2, dim=-1)
+        else:
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        out1 = x1 * cos - x2 * sin
+        out2 = x2 * cos + x1 * sin
+        if self.is_neox_style:
+            rot = torch.cat([out1, out2], dim=-1)
+        else:
+            rot = torch.stack([out1, out2], dim=-1).flatten(-2)
+        return torch.cat([rot, rest], dim=-1).to(dtype).reshape(shape)
+
+    def extra_repr(self) -> str:
+        return (f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, max_position={self.max_position}, "
+                f"theta={self.rope.rope_theta}, type={self.rope.rope_type}, impl={self.impl_name}")

@@ -1,0 +1,1 @@
+"""Model architectures; each is registered by name through the register_models hook."""

@@ -1,0 +1,297 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2) over the paged-attention interface (book ch. 5).
+
+One code path serves the three architectures; they differ only in config values:
+
+* Qwen2 has biases on q/k/v (and never on o_proj); Llama has ``attention_bias`` (all four) and
+  ``mlp_bias``; Mistral has neither.
+* ``head_dim`` is read from the config when present (Mistral-Nemo, Qwen), else hidden / heads.
+* ``sliding_window`` (Mistral v0.1, some Qwen2) is ignored: attention is full. Outputs are exact for
+  sequences no longer than the window; a warning says so when a config asks for a window.
+
+Tokens of all requests of a step are concatenated in one dimension (``[num_tokens, ...]``); the
+attention backend alone knows where each request starts, through ``ctx.metadata``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from brigade.attention.backend import AttentionBackend, AttentionContext
+from brigade.model_executor.layers.activation import SiluAndMul
+from brigade.model_executor.layers.attention import Attention
+from brigade.model_executor.layers.layernorm import RMSNorm
+from brigade.model_executor.layers.linear import Linear, MergedColumnLinear, QKVLinear
+from brigade.model_executor.layers.linear_method import QuantizationConfig, get_linear_method
+from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope_parameters
+from brigade.model_executor.layers.vocab import LMHead, VocabEmbedding
+from brigade.model_executor.weight_utils import default_weight_loader
+
+logger = logging.getLogger(__name__)
+
+# HF projection name -> (Brigade merged parameter's module, shard id)
+_STACKED_PARAMS: tuple[tuple[str, str, str | int], ...] = (
+    (".q_proj.", ".qkv_proj.", "q"),
+    (".k_proj.", ".qkv_proj.", "k"),
+    (".v_proj.", ".qkv_proj.", "v"),
+    (".gate_proj.", ".gate_up_proj.", 0),
+    (".up_proj.", ".gate_up_proj.", 1),
+)
+# Checkpoint tensors that are not weights: precomputed RoPE tables some exporters save.
+_SKIPPED = re.compile(r"rotary_emb\.(inv_freq|cos_cached|sin_cached)$")
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))`` with gate and up in one GEMM."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, *, bias: bool, dtype: torch.dtype,
+                 quant_config: QuantizationConfig | None, prefix: str):
+        super().__init__()
+        self.gate_up_proj = MergedColumnLinear(
+            hidden_size, [intermediate_size, intermediate_size], bias=bias, dtype=dtype,
+            quant_method=get_linear_method(quant_config, f"{prefix}.gate_up_proj"))
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype,
+                                quant_method=get_linear_method(quant_config, f"{prefix}.down_proj"))
+        self.act_fn = SiluAndMul()
+
+    def forward(self, h: torch.Tensor, rest: torch.Tensor | None, norm: RMSNorm
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``stream + mlp(norm(stream))`` for the residual stream ``h + rest`` (rest None: ``h``).
+
+        Args: h, rest [T, hidden]. Returns the new stream as ``(h, rest)`` the same way. Where the platform
+        has the kernels for this batch (the CUDA platform at one token), the norm runs inside the gate/up GEMM,
+        SiLU-and-mul inside the down GEMM and the residual add in its epilogue; otherwise the norm kernel makes
+        the pending add, and the add after the down projection is left pending for the next norm.
+        """
+        gate_up, stream = self.gate_up_proj.forward_normed(h, rest, norm)
+        out = self.down_proj.forward_silu_mul(gate_up, residual=stream)
+        return out if out is not None else self.down_proj.forward_add(self.act_fn(gate_up), stream)
+
+
+class LlamaAttention(nn.Module):
+    """Self-attention block: fused QKV projection, rotary embedding, paged attention, output projection."""
+
+    def __init__(self, config: Any, *, layer_idx: int, rotary_emb: RotaryEmbedding, head_size: int,
+                 dtype: torch.dtype, attn_backend: type[AttentionBackend],
+                 quant_config: QuantizationConfig | None, prefix: str):
+        super().__init__()
+        hidden_size = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_size = head_size
+        qkv_bias, o_bias = _attention_biases(config)
+        self.qkv_proj = QKVLinear(hidden_size, head_size, self.num_heads, self.num_kv_heads, bias=qkv_bias,
+                                  dtype=dtype, quant_method=get_linear_method(quant_config, f"{prefix}.qkv_proj"))
+        self.o_proj = Linear(self.num_heads * head_size, hidden_size, bias=o_bias, dtype=dtype,
+                             quant_method=get_linear_method(quant_config, f"{prefix}.o_proj"))
+        self.rotary_emb = rotary_emb  # shared by all layers: one cos/sin table per model
+        self.attn = Attention(self.num_heads, head_size, self.num_kv_heads, scale=head_size ** -0.5,
+                              layer_idx=layer_idx, backend_cls=attn_backend)
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, rest: torch.Tensor | None, ctx: AttentionContext,
+                norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``stream + attn(norm(stream))`` for the residual stream ``h + rest`` (rest None: ``h``).
+
+        Args: positions [T] int64; h, rest [T, hidden]. Returns the new stream as ``(h, rest)``: the norm may
+        run inside the qkv GEMM and the add in o_proj's epilogue, or the add is left for the next norm.
+        """
+        qkv, stream = self.qkv_proj.forward_normed(h, rest, norm)
+        q, k, v = self.qkv_proj.split(qkv)  # [T, H*D], [T, Hkv*D], [T, Hkv*D]
+        # The backend applies the rotation (and may fuse it into its KV-cache write).
+        attn = self.attn(q, k, v, ctx, positions=positions, rotary_emb=self.rotary_emb)
+        return self.o_proj.forward_add(attn, stream)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``.
+
+    The residual stream travels as a pair ``(h, rest)`` whose sum is the stream: each add is done either in
+    the epilogue of the projection that ends its branch (o_proj, down_proj; ``rest`` is then None) or by the
+    next norm's fused add-and-normalize kernel, whichever the platform has for the batch."""
+
+    def __init__(self, config: Any, *, layer_idx: int, rotary_emb: RotaryEmbedding, head_size: int,
+                 dtype: torch.dtype, attn_backend: type[AttentionBackend],
+                 quant_config: QuantizationConfig | None, prefix: str):
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
+        self.self_attn = LlamaAttention(config, layer_idx=layer_idx, rotary_emb=rotary_emb, head_size=head_size,
+                                        dtype=dtype, attn_backend=attn_backend, quant_config=quant_config,
+                                        prefix=f"{prefix}.self_attn")
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, bias=bool(getattr(config, "mlp_bias", False)),
+                            dtype=dtype, quant_config=quant_config, prefix=f"{prefix}.mlp")
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, rest: torch.Tensor | None,
+                ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Args: (h, rest) [T, hidden], the HF layer's input as a pair (see the class docstring). Returns the
+        HF layer's output the same way."""
+        h, rest = self.self_attn(positions, h, rest, ctx, self.input_layernorm)
+        return self.mlp(h, rest, self.post_attention_layernorm)
+
+    def fold_norms(self) -> int:
+        """Fold both norms' weights into the projections that read them (``LinearBase.fold_input_norm``);
+        returns how many were folded (a quantized projection keeps its norm)."""
+        return (int(self.self_attn.qkv_proj.fold_input_norm(self.input_layernorm))
+                + int(self.mlp.gate_up_proj.fold_input_norm(self.post_attention_layernorm)))
+
+
+class LlamaModel(nn.Module):
+    """Embedding and decoder layers; the final norm is applied by ``LlamaForCausalLM.compute_logits`` to the
+    rows it scores only, which lets a platform fuse it into the LM head."""
+
+    def __init__(self, config: Any, *, dtype: torch.dtype, attn_backend: type[AttentionBackend],
+                 quant_config: QuantizationConfig | None, prefix: str = "model"):
+        super().__init__()
+        head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        rope = get_rope_parameters(config)
+        rotary_emb = RotaryEmbedding(head_size, int(head_size * rope.partial_rotary_factor),
+                                     config.max_position_embeddings, rope, is_neox_style=True)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList([
+            LlamaDecoderLayer(config, layer_idx=i, rotary_emb=rotary_emb, head_size=head_size, dtype=dtype,
+                              attn_backend=attn_backend, quant_config=quant_config, prefix=f"{prefix}.layers.{i}")
+            for i in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        h, rest = self.embed_tokens(input_ids), None  # [T, hidden]
+        for layer in self.layers:
+            h, rest = layer(positions, h, rest, ctx)
+        return h if rest is None else h + rest
+
+
+class LlamaForCausalLM(nn.Module):
+    """A Llama-family causal LM (also registered as MistralForCausalLM and Qwen2ForCausalLM).
+
+    Parameter names follow HF's with q/k/v merged into ``qkv_proj`` and gate/up into ``gate_up_proj``;
+    ``load_weights`` does the mapping. Layer ``i`` uses ``ctx.kv_caches[i]``.
+    """
+
+    # Merged layer -> the HF projections inside it, in shard order. Quantization configs receive the
+    # merged prefix (``...self_attn.qkv_proj``) and use this to match checkpoint names and ignore lists.
+    packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+
+    def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type[AttentionBackend],
+                 quant_config: QuantizationConfig | None = None):
+        super().__init__()
+        self.config = hf_config
+        self.dtype = dtype
+        _warn_sliding_window(hf_config)
+        self.model = LlamaModel(hf_config, dtype=dtype, attn_backend=attn_backend, quant_config=quant_config)
+        self.lm_head = LMHead(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype)
+        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.tie_to(self.model.embed_tokens)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """Run every layer on the step's tokens.
+
+        Args:
+            input_ids: [T] int64 token ids of all scheduled tokens, requests back to back.
+            positions: [T] int64 absolute position of each token in its request.
+            ctx: the step's attention metadata and one KV cache per layer.
+
+        Returns:
+            [T, hidden_size] hidden states in the model dtype: the last layer's output, before the final norm
+            (``compute_logits`` applies it).
+        """
+        return self.model(input_ids, positions, ctx)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head. Args: hidden_states [N, hidden] rows of ``forward``'s output (usually each
+        request's last token). Returns [N, vocab] in the model dtype."""
+        return self.lm_head.forward_normed(hidden_states, self.model.norm)
+
+    def fold_norm_weights(self) -> int:
+        """Fold every RMSNorm's weight into the projection that reads its output (the platform asked, see
+        ``linear_method.fold_norms_wanted``): the same function, the norm then a plain ``x / rms(x)`` a GEMM
+        can apply while it reads ``x``. Returns the number of norms folded (the final norm stays when the LM
+        head is tied to the embedding, and a quantized projection keeps its norm). Call once, after loading.
+        """
+        folded = sum(layer.fold_norms() for layer in self.model.layers)
+        return folded + int(self.lm_head.fold_input_norm(self.model.norm))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load HF-named checkpoint tensors into the merged parameters.
+
+        Skips precomputed RoPE tables and, with tied embeddings, ``lm_head.weight`` (the head shares
+        the embedding). Returns the set of checkpoint names that were loaded.
+
+        Raises:
+            ValueError: a checkpoint tensor matches no parameter, does not fit its parameter, or a
+                parameter (or one shard of a merged one) received no tensor at all.
+        """
+        params = dict(self.named_parameters())
+        loaded_names: set[str] = set()
+        filled: dict[str, set[str | int | None]] = {}
+        for hf_name, tensor in weights:
+            if _SKIPPED.search(hf_name) or (self.tie_word_embeddings and hf_name == "lm_head.weight"):
+                continue
+            name, shard_id = _to_brigade_name(hf_name)
+            param = params.get(name)
+            if param is None:
+                raise ValueError(f"checkpoint tensor {hf_name!r} matches no parameter of {type(self).__name__} "
+                                 f"(looked for {name!r}); is this checkpoint for another architecture?")
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            try:
+                if shard_id is None:
+                    loader(param, tensor)
+                else:
+                    loader(param, tensor, shard_id)
+            except ValueError as e:
+                raise ValueError(f"cannot load {hf_name!r}: {e}") from None
+            loaded_names.add(hf_name)
+            filled.setdefault(name, set()).add(shard_id)
+        _check_complete(params, filled)
+        return loaded_names
+
+
+def _to_brigade_name(hf_name: str) -> tuple[str, str | int | None]:
+    for hf_part, merged_part, shard_id in _STACKED_PARAMS:
+        if hf_part in hf_name:
+            return hf_name.replace(hf_part, merged_part), shard_id
+    return hf_name, None
+
+
+def _check_complete(params: dict[str, nn.Parameter], filled: dict[str, set[str | int | None]]) -> None:
+    missing = []
+    for name, param in params.items():
+        seen = filled.get(name)
+        if seen is None and getattr(param, "required_in_checkpoint", True) is False:
+            continue
+        if seen is None:
+            missing.append(name)
+            continue
+        expected = getattr(param, "shard_ids", None)
+        if expected is not None and None not in seen:
+            missing.extend(f"{name} (shard {s!r})" for s in expected if s not in seen)
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise ValueError(f"the checkpoint lacks {len(missing)} weight(s): {shown}")
+
+
+def _attention_biases(config: Any) -> tuple[bool, bool]:
+    """(q/k/v bias, o_proj bias). Qwen2 configs have no attention_bias but always bias q/k/v."""
+    if getattr(config, "model_type", None) == "qwen2":
+        return True, False
+    bias = bool(getattr(config, "attention_bias", False))
+    return bias, bias
+
+
+def _warn_sliding_window(config: Any) -> None:
+    window = getattr(config, "sliding_window", None)
+    if window is None or getattr(config, "use_sliding_window", True) is False:
+        return
+    if window < config.max_position_embeddings:
+        logger.warning("%s asks for sliding-window attention (window %d); Brigade attends to the full "
+                       "context, so outputs differ from the reference past %d tokens",
+                       type(config).__name__, window, window)

@@ -1,0 +1,47 @@
+"""The core's own plugin: the CPU platform, the reference attention backend, the Llama-family models and
+the built-in logits processors, registered through the same hooks as any outside package.
+
+Everything is registered as a lazy ``"module:Attr"`` path, so loading this plugin imports nothing heavy
+and does not depend on the import order of the core's modules.
+"""
+
+from __future__ import annotations
+
+from brigade.plugins.hookspecs import HOOKSPEC_VERSION, RegisterComponent, RegisterPlatform, hookimpl
+
+BRIGADE_HOOKSPEC_VERSION = HOOKSPEC_VERSION
+
+LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+"""HF architectures served by brigade.model_executor.models.llama (same block, different configs)."""
+
+BUILTIN_LOGITS_PROCESSORS = {
+    # name -> class in brigade.sample.logits_processors (each class's ``name`` attribute says the same).
+    "allowed_token_ids": "brigade.sample.logits_processors:AllowedTokenIdsLogitsProcessor",
+    "bad_words": "brigade.sample.logits_processors:BadWordsLogitsProcessor",
+    "logit_bias": "brigade.sample.logits_processors:LogitBiasLogitsProcessor",
+    "min_tokens": "brigade.sample.logits_processors:MinTokensLogitsProcessor",
+    "min_p": "brigade.sample.logits_processors:MinPLogitsProcessor",
+}
+
+
+@hookimpl(trylast=True)
+def register_platforms(register: RegisterPlatform) -> None:
+    register("cpu", "brigade.platforms.cpu:detect_cpu")
+
+
+@hookimpl(trylast=True)
+def register_attention_backends(register: RegisterComponent) -> None:
+    register("reference", "brigade.attention.reference:ReferenceAttentionBackend")
+    register("cpu", "brigade.attention.cpu:CpuAttentionBackend")
+
+
+@hookimpl(trylast=True)
+def register_models(register: RegisterComponent) -> None:
+    for architecture in LLAMA_FAMILY:
+        register(architecture, "brigade.model_executor.models.llama:LlamaForCausalLM")
+
+
+@hookimpl(trylast=True)
+def register_logits_processors(register: RegisterComponent) -> None:
+    for name, path in BUILTIN_LOGITS_PROCESSORS.items():
+        register(name, path)

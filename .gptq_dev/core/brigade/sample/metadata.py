@@ -1,0 +1,159 @@
+"""SamplingMetadata: the batched, per-step sampling state the stateless Sampler reads (book ch. 7).
+
+The Sampler is created once per engine while the batch changes every step, so all per-batch state is
+built here, outside it (vLLM v1's "stateless Sampler + external metadata"). Building runs every step:
+a feature that no row uses costs one Python comparison per row and no tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from brigade.sample.penalties import Penalties, build_padded_token_ids, build_token_counts
+from brigade.sampling_params import SamplingParams
+
+__all__ = ["SamplingRequestState", "SamplingMetadata", "build_sampling_metadata"]
+
+
+@dataclass(slots=True)
+class SamplingRequestState:
+    """One row of the batch, owned by the model runner.
+
+    Attributes:
+        params: the request's sampling parameters.
+        prompt_token_ids: the prompt ids (repetition penalty looks at them).
+        output_token_ids: the live list of sampled ids; the runner appends after each step.
+        generator: the request's own generator when it has a seed (on the sampling device), else None.
+        eos_token_id: the tokenizer's EOS id, masked by min_tokens (unless ignore_eos).
+    """
+
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    generator: torch.Generator | None
+    eos_token_id: int | None
+
+
+@dataclass(slots=True)
+class SamplingMetadata:
+    """Batched sampling state for one step; B rows in the order of the logits.
+
+    Attributes:
+        temperature: [B] f32; greedy rows hold 1.0 so dividing by it is a no-op. None when no row needs
+            scaling (all greedy, or every random row at temperature 1.0).
+        all_greedy: every row is greedy (temperature < 1e-5): the Sampler only takes the argmax.
+        all_random: no row is greedy.
+        is_greedy: [B] bool, only in a mixed batch (neither all_greedy nor all_random), else None.
+        top_p: [B] f32 (1.0 = off), None when no random row uses top-p.
+        top_k: [B] int64 in [1, V] (V = off), None when no random row uses top-k.
+        min_p: [B] f32 (0.0 = off), None when no random row uses min-p.
+        generators: row -> the row's own generator, for seeded random rows only.
+        max_num_logprobs: the largest ``logprobs`` any row asked for, or None if none asked.
+        penalties: penalty tensors, or None when no row uses a penalty.
+        params: the rows' SamplingParams, for logits processors to build their state from.
+        output_token_ids: the rows' live output id lists (bad words and min_tokens read them).
+        eos_token_ids: the rows' EOS id (or None).
+        vocab_size: V, the logits' last dimension.
+        device: where the logits live.
+        grammar_bitmask: [B, ceil(V/32)] int32 as xgrammar fills it (bit set = allowed), or None.
+            The runner sets it after building; unconstrained rows hold -1 (all bits set).
+    """
+
+    temperature: torch.Tensor | None
+    all_greedy: bool
+    all_random: bool
+    is_greedy: torch.Tensor | None
+    top_p: torch.Tensor | None
+    top_k: torch.Tensor | None
+    min_p: torch.Tensor | None
+    generators: dict[int, torch.Generator]
+    max_num_logprobs: int | None
+    penalties: Penalties | None
+    params: list[SamplingParams]
+    output_token_ids: list[list[int]]
+    eos_token_ids: list[int | None]
+    vocab_size: int
+    device: torch.device
+    grammar_bitmask: torch.Tensor | None = None
+
+    @property
+    def num_rows(self) -> int:
+        """B, the number of rows (requests) in the batch."""
+        return len(self.params)
+
+
+def build_sampling_metadata(reqs: list[SamplingRequestState], *, vocab_size: int,
+                            device: torch.device) -> SamplingMetadata:
+    """Batch the rows' sampling parameters into tensors on ``device``.
+
+    Args:
+        reqs: one state per row, in the order of the logits' rows.
+        vocab_size: V, the width of the logits.
+        device: the logits' device; generators of seeded rows must live there too.
+
+    Returns: a SamplingMetadata whose unused features are None (no tensor built).
+    """
+    params = [r.params for r in reqs]
+    greedy = [p.greedy for p in params]
+    all_greedy = all(greedy)
+    all_random = not any(greedy)
+    random_params = [p for p, g in zip(params, greedy) if not g]
+
+    def row_tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
+        host = torch.tensor(values, dtype=dtype)
+        if device.type == "cuda":
+            # A pageable host-to-device copy waits for the whole stream; a pinned one does not, which keeps
+            # overlapped scheduling overlapped.
+            return host.pin_memory().to(device, non_blocking=True)
+        return host.to(device)
+
+    temperature = None
+    if any(p.temperature != 1.0 for p in random_params):
+        temperature = row_tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32)
+    is_greedy = None if (all_greedy or all_random) else row_tensor(greedy, torch.bool)
+
+    # Sampling truncations matter only to random rows; greedy rows get the "off" value.
+    top_p = top_k = min_p = None
+    if any(p.top_p < 1.0 for p in random_params):
+        top_p = row_tensor([1.0 if g else p.top_p for p, g in zip(params, greedy)], torch.float32)
+    if any(0 < p.top_k < vocab_size for p in random_params):
+        top_k = row_tensor([vocab_size if g or p.top_k <= 0 else min(p.top_k, vocab_size)
+                            for p, g in zip(params, greedy)], torch.int64)
+    if any(p.min_p > 0.0 for p in random_params):
+        min_p = row_tensor([0.0 if g else p.min_p for p, g in zip(params, greedy)], torch.float32)
+
+    generators = {i: r.generator for i, (r, g) in enumerate(zip(reqs, greedy))
+                  if r.generator is not None and not g}
+    asked = [p.logprobs for p in params if p.logprobs is not None]
+    max_num_logprobs = max(asked) if asked else None
+
+    return SamplingMetadata(
+        temperature=temperature, all_greedy=all_greedy, all_random=all_random, is_greedy=is_greedy,
+        top_p=top_p, top_k=top_k, min_p=min_p, generators=generators, max_num_logprobs=max_num_logprobs,
+        penalties=_maybe_build_penalties(reqs, vocab_size=vocab_size, device=device),
+        params=params, output_token_ids=[r.output_token_ids for r in reqs],
+        eos_token_ids=[r.eos_token_id for r in reqs], vocab_size=vocab_size, device=device)
+
+
+def _maybe_build_penalties(reqs: list[SamplingRequestState], *, vocab_size: int,
+                           device: torch.device) -> Penalties | None:
+    """Build the penalty tensors only if some row uses a penalty; only the kinds that are used."""
+    params = [r.params for r in reqs]
+    use_additive = any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params)
+    use_repetition = any(p.repetition_penalty != 1.0 for p in params)
+    if not (use_additive or use_repetition):
+        return None
+    presence = frequency = repetition = prompt_ids = None
+    if use_additive:
+        presence = torch.tensor([p.presence_penalty for p in params], dtype=torch.float32).to(device)
+        frequency = torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32).to(device)
+    if use_repetition:
+        repetition = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32).to(device)
+        prompt_ids = build_padded_token_ids([r.prompt_token_ids for r in reqs], pad_id=vocab_size,
+                                            device=device)
+    counts = build_token_counts([r.output_token_ids for r in reqs], vocab_size=vocab_size, device=device)
+    return Penalties(presence_penalties=presence, frequency_penalties=frequency,
+                     repetition_penalties=repetition, prompt_token_ids=prompt_ids,
+                     output_token_counts=counts)

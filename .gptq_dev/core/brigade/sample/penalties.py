@@ -1,0 +1,91 @@
+"""Penalties: the repetition (CTRL) and presence/frequency (OpenAI) adjustments of the logits (book ch. 7).
+
+Both run before the greedy shortcut and before temperature, so that a penalty means the same thing at
+every temperature and greedy requests honour it too (book ch. 7, Q1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+
+import torch
+
+__all__ = ["Penalties", "apply_penalties", "build_token_counts", "build_padded_token_ids"]
+
+
+@dataclass(slots=True)
+class Penalties:
+    """Per-row penalty parameters of one batch, present only when at least one row uses a penalty.
+
+    Attributes:
+        presence_penalties: [B] f32, OpenAI presence penalty, or None when no row uses presence/frequency.
+        frequency_penalties: [B] f32, OpenAI frequency penalty, or None together with presence_penalties.
+        repetition_penalties: [B] f32, CTRL penalty (1.0 = off), or None when no row uses it.
+        prompt_token_ids: [B, P] int64 prompt ids right-padded with ``vocab_size``; only with repetition.
+        output_token_counts: [B, V] int32, how often each token occurs in the row's output so far.
+    """
+
+    presence_penalties: torch.Tensor | None
+    frequency_penalties: torch.Tensor | None
+    repetition_penalties: torch.Tensor | None
+    prompt_token_ids: torch.Tensor | None
+    output_token_counts: torch.Tensor
+
+
+def build_token_counts(token_ids: list[list[int]], *, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """Count each row's tokens without padding: one flat index_put_ with accumulate.
+
+    Returns: [B, vocab_size] int32 on ``device``.
+    """
+    counts = torch.zeros(len(token_ids), vocab_size, dtype=torch.int32, device=device)
+    lengths = [len(ids) for ids in token_ids]
+    if sum(lengths) == 0:
+        return counts
+    flat = torch.tensor(list(chain.from_iterable(token_ids)), dtype=torch.int64)
+    rows = torch.repeat_interleave(torch.arange(len(token_ids)), torch.tensor(lengths))
+    ones = torch.ones(flat.numel(), dtype=torch.int32, device=device)
+    counts.index_put_((rows.to(device), flat.to(device)), ones, accumulate=True)
+    return counts
+
+
+def build_padded_token_ids(token_ids: list[list[int]], *, pad_id: int, device: torch.device) -> torch.Tensor:
+    """Right-pad ragged id lists into one tensor.
+
+    Returns: [B, max_len] int64 on ``device``, padded with ``pad_id`` (at least one column).
+    """
+    max_len = max((len(ids) for ids in token_ids), default=0)
+    padded = [ids + [pad_id] * (max_len - len(ids)) for ids in token_ids]
+    if max_len == 0:
+        padded = [[pad_id] for _ in token_ids]
+    return torch.tensor(padded, dtype=torch.int64).to(device)
+
+
+def apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
+    """Apply the penalties and return the penalised logits (possibly a new tensor).
+
+    Args:
+        logits: [B, V] f32.
+        penalties: the batch's penalty tensors.
+
+    Repetition (CTRL, Keskar et al. 2019, as vLLM applies it): for every token that occurs in the
+    prompt or the output, a positive logit is divided by the penalty and a negative one multiplied.
+    Presence and frequency (OpenAI): ``logit -= frequency * count + presence * (count > 0)`` over
+    output tokens only.
+    """
+    vocab_size = logits.shape[-1]
+    counts = penalties.output_token_counts  # [B, V] int32
+    if penalties.repetition_penalties is not None:
+        assert penalties.prompt_token_ids is not None
+        # One spare column takes the padding id, then it is dropped.
+        seen = torch.zeros(logits.shape[0], vocab_size + 1, dtype=torch.bool, device=logits.device)
+        seen.scatter_(1, penalties.prompt_token_ids, True)
+        seen = seen[:, :vocab_size] | (counts > 0)
+        rep = penalties.repetition_penalties.unsqueeze(1)  # [B, 1]
+        penalised = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(seen, penalised, logits)
+    if penalties.frequency_penalties is not None:
+        assert penalties.presence_penalties is not None
+        logits -= penalties.frequency_penalties.unsqueeze(1) * counts
+        logits -= penalties.presence_penalties.unsqueeze(1) * (counts > 0)
+    return logits

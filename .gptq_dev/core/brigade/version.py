@@ -1,0 +1,3 @@
+"""Brigade's version string."""
+
+__version__ = "0.1.0"

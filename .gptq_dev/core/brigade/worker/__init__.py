@@ -1,0 +1,1 @@
+"""Workers: one per device. Each owns a model runner; the executor drives them."""

@@ -1,0 +1,206 @@
+"""The model runner's per-request state and the flat inputs it builds for one step (book ch. 5).
+
+Requests are laid out back to back in the token dimension, decodes (one new token) first, so the
+attention metadata can split decode and prefill work by a single count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from brigade.attention.backend import AttentionMetadata
+from brigade.sample.metadata import SamplingRequestState
+
+
+@dataclass(slots=True)
+class CachedRequestState:
+    """The runner's copy of one request. ``token_ids`` grows as the runner samples."""
+
+    req_id: str
+    token_ids: list[int]  # prompt + output; the runner appends each sampled token
+    num_prompt_tokens: int
+    block_ids: list[int]
+    num_computed_tokens: int  # tokens whose KV is in the cache before this step
+    sampling: SamplingRequestState
+    num_pending: int = 0  # sampled by a step in flight: on the device, not yet in token_ids
+    lora_name: str | None = None  # the LoRA adapter it runs with; None: the base model
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids) + self.num_pending
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """Everything one forward pass reads, already on the device."""
+
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    metadata: AttentionMetadata
+    # [num_logits] int64: the last token row of each request that samples, and with draft tokens the rows of
+    # its last sampled token and drafts too (1 + k rows, in order).
+    logits_indices: torch.Tensor
+    req_ids: list[str]  # batch order
+    sampling_req_ids: list[str]  # requests that finish their prompt (or decode) this step, batch order
+    # Input rows whose token is the previous step's sample, still on the device (overlapped scheduling).
+    pending_rows: list[int]
+    pending_req_ids: list[str]
+
+
+class Transfer(Protocol):
+    """Moves a step's named host arrays to the device: ``input_ids``, ``positions``, ``slot_mapping``,
+    ``logits_indices`` (int64) and ``query_start_loc``, ``seq_lens``, ``block_table`` (int32). Returns
+    device tensors of the same shapes and values by name (``HostToDevice``; the decode graphs' own buffers,
+    ``DecodeGraphs.transfer``)."""
+
+    def __call__(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]: ...
+
+
+def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int], *, block_size: int,
+                      device: torch.device, transfer: Transfer | None = None,
+                      spec_token_ids: list[list[int]] | None = None) -> StepInputs:
+    """Flatten the scheduled requests into one batch.
+
+    Args:
+        states: the scheduled requests, decodes first (num_scheduled == 1).
+        num_scheduled: new tokens of each request this step (same order).
+        block_size: tokens per KV block.
+        transfer: the host-to-device mover (a throwaway ``HostToDevice`` when None).
+        spec_token_ids: per request (same order), draft tokens d1..dk (speculative decoding), or None for
+            none. A request with k drafts is scheduled for 1 + k tokens: its last sampled token then the
+            drafts, at positions num_tokens - 1 .. num_tokens - 1 + k; its attention is that of a prefill chunk
+            with cached context, and it gets 1 + k logits rows.
+    Returns:
+        StepInputs with slot_mapping[t] = block_ids[pos // block_size] * block_size + pos % block_size.
+    """
+    num_reqs = len(states)
+    query_lens = np.asarray(num_scheduled, dtype=np.int32)
+    computed = np.fromiter((s.num_computed_tokens for s in states), dtype=np.int32, count=num_reqs)
+    seq_lens = computed + query_lens
+    query_start = np.zeros(num_reqs + 1, dtype=np.int32)
+    np.cumsum(query_lens, out=query_start[1:])
+    num_tokens = int(query_start[-1])
+
+    # Positions: for request r, computed[r] .. seq_lens[r]-1, concatenated.
+    req_of_token = np.repeat(np.arange(num_reqs), query_lens)
+    positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(query_start[:-1], query_lens) \
+        + np.repeat(computed, query_lens)
+
+    max_blocks = max(len(s.block_ids) for s in states)
+    block_table = np.zeros((num_reqs, max_blocks), dtype=np.int32)
+    for r, s in enumerate(states):
+        block_table[r, :len(s.block_ids)] = s.block_ids
+    slot_mapping = block_table[req_of_token, positions // block_size].astype(np.int64) * block_size \
+        + positions % block_size
+
+    input_ids = np.zeros(num_tokens, dtype=np.int64)
+    pending_rows: list[int] = []
+    pending_req_ids: list[str] = []
+    for r, s in enumerate(states):
+        start = int(query_start[r])
+        drafts = spec_token_ids[r] if spec_token_ids is not None else ()
+        known = s.token_ids[int(computed[r]):int(seq_lens[r]) - len(drafts)]
+        input_ids[start:start + len(known)] = known
+        if drafts:
+            input_ids[start + len(known):start + len(known) + len(drafts)] = drafts
+        if len(known) + len(drafts) < int(query_lens[r]):  # the last input is the sample of the step in flight
+            pending_rows.append(start + len(known))
+            pending_req_ids.append(s.req_id)
+
+    sampling = [r for r, s in enumerate(states) if int(seq_lens[r]) >= s.num_tokens]
+    logits_indices = query_start[1:][sampling] - 1
+    if spec_token_ids is not None and any(spec_token_ids[r] for r in sampling):
+        logits_indices = np.concatenate([np.arange(end - len(spec_token_ids[r]), end + 1)
+                                         for r, end in zip(sampling, logits_indices.tolist())])
+    is_prefill = query_lens != 1
+    num_decodes = int(np.argmax(is_prefill)) if is_prefill.any() else num_reqs
+
+    if transfer is None:
+        transfer = HostToDevice(device)
+    dev = transfer({"input_ids": input_ids, "positions": positions, "slot_mapping": slot_mapping,
+                    "logits_indices": logits_indices.astype(np.int64), "query_start_loc": query_start,
+                    "seq_lens": seq_lens, "block_table": block_table})
+    ids_d, pos_d, slots_d, logits_d = dev["input_ids"], dev["positions"], dev["slot_mapping"], dev["logits_indices"]
+    qsl_d, seq_d, bt_d = dev["query_start_loc"], dev["seq_lens"], dev["block_table"]
+    metadata = AttentionMetadata(
+        num_reqs=num_reqs, num_actual_tokens=num_tokens, max_query_len=int(query_lens.max()),
+        max_seq_len=int(seq_lens.max()), num_decodes=num_decodes,
+        query_start_loc=qsl_d, seq_lens=seq_d, block_table=bt_d, slot_mapping=slots_d,
+        query_start_loc_cpu=torch.from_numpy(query_start), seq_lens_cpu=torch.from_numpy(seq_lens))
+    return StepInputs(input_ids=ids_d, positions=pos_d, metadata=metadata, logits_indices=logits_d,
+                      req_ids=[s.req_id for s in states],
+                      sampling_req_ids=[states[r].req_id for r in sampling],
+                      pending_rows=pending_rows, pending_req_ids=pending_req_ids)
+
+
+class HostToDevice:
+    """Moves a step's integer arrays to the device in one copy per dtype, through reused pinned buffers.
+
+    Small separate copies (and pinning fresh memory each step) cost more host time than the decode step
+    itself on a fast GPU, so the arrays are packed into one pinned int64 and one pinned int32 buffer. An
+    event guards reuse: a buffer is rewritten only after the previous step's copy out of it has run.
+
+    Each array starts at a multiple of ``ALIGN_BYTES`` in its buffer. Triton specializes a kernel on
+    whether each pointer is 16-byte aligned, so offsets that followed the step's token and request counts
+    compiled new kernel variants in the middle of serving (an inter-token stall of about a second for every
+    running request, seen in the H200 serve benchmark of session 6).
+    """
+
+    ALIGN_BYTES = 64
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._host: dict[torch.dtype, torch.Tensor] = {}
+        self._event = torch.cuda.Event() if device.type == "cuda" else None
+
+    def _buffer(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        buf = self._host.get(dtype)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(max(numel, 2 * (buf.numel() if buf is not None else 4096)), dtype=dtype,
+                              pin_memory=True)
+            self._host[dtype] = buf
+        return buf
+
+    def __call__(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """Return device tensors with the arrays' shapes, by name (int64 and int32 arrays only)."""
+        other = sorted((n, str(a.dtype)) for n, a in arrays.items() if a.dtype not in (np.int64, np.int32))
+        if other:
+            raise TypeError(f"HostToDevice moves int64 and int32 arrays only, got {other}")
+        if self.device.type == "cpu":
+            return {name: torch.from_numpy(a) for name, a in arrays.items()}
+        if self._event is not None:
+            self._event.synchronize()
+        out = {}
+        for dtype, np_dtype in ((torch.int64, np.int64), (torch.int32, np.int32)):
+            group = {name: a for name, a in arrays.items() if a.dtype == np_dtype}
+            offsets, total = packed_offsets([a.size for a in group.values()],
+                                            self.ALIGN_BYTES // np.dtype(np_dtype).itemsize)
+            host = self._buffer(dtype, total)
+            host_np = host.numpy()
+            for offset, a in zip(offsets, group.values()):
+                host_np[offset:offset + a.size] = a.ravel()
+            dev = host[:total].to(self.device, non_blocking=True)
+            for offset, (name, a) in zip(offsets, group.items()):
+                out[name] = dev[offset:offset + a.size].view(a.shape)
+        self._event.record()
+        return out
+
+
+def align_up(count: int, align: int) -> int:
+    """The smallest multiple of ``align`` not below ``count``."""
+    return -(-count // align) * align
+
+
+def packed_offsets(sizes: list[int], align: int) -> tuple[list[int], int]:
+    """Where arrays of ``sizes`` elements start when packed one after another, each at a multiple of
+    ``align`` elements, and the total length (elements) that holds them all."""
+    offsets, end = [], 0
+    for size in sizes:
+        start = align_up(end, align)
+        offsets.append(start)
+        end = start + size
+    return offsets, end

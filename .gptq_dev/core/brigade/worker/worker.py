@@ -1,0 +1,100 @@
+"""Worker: one device's process-side owner of a model runner (book ch. 5).
+
+It sets up the device, loads the model, sizes the KV pool from a memory budget, and runs steps.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from brigade.config import BrigadeConfig
+from brigade.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from brigade.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+_GIB = 1 << 30
+DEFAULT_CPU_KV_CACHE_GIB = 1.0
+
+
+class Worker:
+    """Runs on one device. ``local_rank`` picks the device; ``rank`` is its place in the world."""
+
+    def __init__(self, config: BrigadeConfig, local_rank: int = 0, rank: int = 0):
+        from brigade.plugins import current_platform, registries
+
+        self.config = config
+        self.local_rank = local_rank
+        self.rank = rank
+        self.platform = current_platform()
+        self.device = self.platform.device_for_rank(local_rank)
+        self.attn_backend = registries.attention_backends.get(config.attention_backend or
+                                                              self.platform.default_attention_backend)
+        self.model_runner: ModelRunner | None = None
+
+    def init_device(self, hf_config) -> None:
+        """Bind the device, seed the RNGs, validate the attention backend, and create the runner."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        torch.manual_seed(self.config.model_config.seed)
+        # "dtype" first: reading "torch_dtype" warns (deprecated) in transformers 5.
+        config_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        if isinstance(config_dtype, str):
+            config_dtype = getattr(torch, config_dtype, None)
+        dtype = self.platform.resolve_dtype(self.config.model_config.dtype, config_dtype)
+        head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+        reason = self.attn_backend.validate(head_size=head_size, dtype=dtype,
+                                            block_size=self.config.cache_config.block_size,
+                                            device_type=self.device.type)
+        if reason is not None:
+            raise ValueError(f"attention backend {self.attn_backend.name!r} cannot run this model: {reason}")
+        self.model_runner = ModelRunner(self.config, self.device, dtype, self.attn_backend, hf_config)
+
+    def load_model(self) -> None:
+        self.model_runner.load_model()
+
+    def determine_num_kv_blocks(self) -> int:
+        """Size the KV pool: --num-gpu-blocks-override, else --kv-cache-memory, else profile the device."""
+        cache = self.config.cache_config
+        per_block = self.model_runner.kv_cache_bytes_per_block()
+        if cache.num_gpu_blocks_override is not None:
+            return cache.num_gpu_blocks_override
+        if cache.kv_cache_memory_gib is not None:
+            return int(cache.kv_cache_memory_gib * _GIB // per_block)
+        if self.device.type == "cpu":
+            return int(DEFAULT_CPU_KV_CACHE_GIB * _GIB // per_block)
+        return self._profile_num_blocks(per_block)
+
+    def _profile_num_blocks(self, per_block: int) -> int:
+        """Run the largest step once and give the KV pool what is left of the memory budget."""
+        sched = self.config.scheduler_config
+        num_tokens = sched.max_num_batched_tokens or 8192
+        self.platform.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.model_runner.profile_run(num_tokens, sched.max_num_seqs)
+        self.platform.synchronize()
+        peak = torch.cuda.max_memory_allocated(self.device)
+        free, total = self.platform.mem_get_info()
+        # Memory outside PyTorch's allocator (other processes, NCCL, the CUDA context) still counts.
+        non_torch = total - free - torch.cuda.memory_reserved(self.device)
+        budget = total * self.config.cache_config.gpu_memory_utilization - peak - max(non_torch, 0)
+        self.platform.empty_cache()
+        num_blocks = int(budget // per_block)
+        if num_blocks < 2:
+            raise RuntimeError(f"no memory left for the KV cache: budget {budget / _GIB:.2f} GiB after "
+                               f"weights and activations (peak {peak / _GIB:.2f} GiB); raise "
+                               "--gpu-memory-utilization or lower --max-num-batched-tokens")
+        logger.info("profiled peak %.2f GiB; KV cache gets %.2f GiB", peak / _GIB, num_blocks * per_block / _GIB)
+        return num_blocks
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.model_runner.initialize_kv_cache(num_blocks)
+
+    def add_lora(self, lora_request) -> bool:
+        """Register a LoRA adapter (``brigade.lora.LoRARequest``) with the runner; False when the name is taken."""
+        return self.model_runner.add_lora(lora_request)
+
+    def execute_model(self, scheduler_output: SchedulerOutput, *, overlap: bool = False):
+        return self.model_runner.execute_model(scheduler_output, overlap=overlap)

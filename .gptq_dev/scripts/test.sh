@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# test.sh: set up (scripts/setup.sh), then run the whole test suite with pytest.
+# Extra arguments go to pytest (e.g. ./scripts/test.sh -x tests/core runs only that folder).
+# Exits with pytest's code, except that "no tests collected" (5) counts as a failure.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+"$ROOT/scripts/setup.sh"
+
+# Nothing comes from a model hub at run time (DESIGN.md); fail fast instead of waiting on the network.
+export HF_HUB_OFFLINE=1
+
+# The whole tests/ folder, unless the arguments name test paths of their own.
+TARGETS=(tests)
+for arg in "$@"; do
+    if [[ "$arg" != -* && -e "${arg%%::*}" ]]; then
+        TARGETS=()
+        break
+    fi
+done
+
+echo "[test] .venv/bin/python -m pytest -q ${TARGETS[*]} $*"
+set +e
+"$ROOT/.venv/bin/python" -m pytest -q "${TARGETS[@]}" "$@"
+rc=$?
+set -e
+if [[ $rc -eq 5 ]]; then
+    echo "[test] error: pytest collected no tests" >&2
+    exit 1
+fi
+exit $rc

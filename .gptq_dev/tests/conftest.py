@@ -1,0 +1,141 @@
+"""Shared test fixtures: the real SmolLM2 model directory, a transformers reference on it, a free port.
+
+The model directory is built offline by ``scripts/fetch_model.py`` (run by ``scripts/setup.sh``).
+The reference is HF transformers in fp32 on the CPU on the same files, which DESIGN.md names as
+the correctness oracle: greedy tokens must match exactly and logprobs closely. Sub-folders add
+their own fixtures in their own ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NUM_TOP_LOGPROBS = 20  # how many alternatives the reference keeps per generated position
+
+
+def _fetch_model_module():
+    """Import scripts/fetch_model.py by path, so the cache-location rule lives in one place."""
+    spec = importlib.util.spec_from_file_location("brigade_fetch_model", REPO_ROOT / "scripts" / "fetch_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The converted SmolLM2-135M-Instruct HF directory (bf16 safetensors, tokenizer, chat template)."""
+    fetch_model = _fetch_model_module()
+    path = fetch_model.model_dir()
+    if not fetch_model.is_complete(path):
+        pytest.fail(
+            f"SmolLM2-135M-Instruct is not at {path} (cache root: $BRIGADE_CACHE_DIR or ~/.cache/brigade). "
+            "Run ./scripts/setup.sh (or .venv/bin/python scripts/fetch_model.py) first.",
+            pytrace=False,
+        )
+    return path
+
+
+@dataclass(frozen=True)
+class GreedyResult:
+    """One prompt's greedy continuation by transformers.
+
+    token_ids: generated ids (stops after EOS unless ``ignore_eos``), at most ``max_new_tokens``.
+    logprobs: per generated token, its log-probability = log_softmax of the raw fp32 logits.
+    top_logprobs: per generated position, the ``NUM_TOP_LOGPROBS`` best ``{token_id: logprob}``.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[dict[int, float]]
+
+    def truncated(self, max_new_tokens: int) -> "GreedyResult":
+        return GreedyResult(self.token_ids[:max_new_tokens], self.logprobs[:max_new_tokens],
+                            self.top_logprobs[:max_new_tokens])
+
+
+class HFReference:
+    """transformers ``LlamaForCausalLM`` in fp32 on the CPU, with per-(prompt, length) result caching.
+
+    Each prompt runs alone (no padding, so no pad-induced drift), ``do_sample=False``; logprobs come
+    from ``output_logits`` (raw logits, before any logits processor), like Brigade's sampler.
+    Greedy decoding is prefix-consistent, so a cached longer run answers a shorter request.
+    """
+
+    def __init__(self, model_path: Path):
+        import torch
+        from transformers import AutoTokenizer, LlamaForCausalLM
+
+        self._torch = torch
+        self.model_path = model_path
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        self.model = LlamaForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
+        self.eos_token_id: int = self.model.generation_config.eos_token_id
+        self._cache: dict[tuple[tuple[int, ...], bool], tuple[int, GreedyResult]] = {}
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, *,
+                 ignore_eos: bool = False) -> list[GreedyResult]:
+        """Greedy-decode each prompt (list of token ids) for up to ``max_new_tokens`` tokens."""
+        return [self._generate_one(list(p), max_new_tokens, ignore_eos) for p in prompts]
+
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int, *, ignore_eos: bool = False) -> list[list[int]]:
+        """Generated token ids per prompt."""
+        return [r.token_ids for r in self.generate(prompts, max_new_tokens, ignore_eos=ignore_eos)]
+
+    def greedy_logprobs(self, prompts: list[list[int]], max_new_tokens: int, *,
+                        ignore_eos: bool = False) -> list[list[float]]:
+        """Log-probability of each generated (chosen) token, per prompt."""
+        return [r.logprobs for r in self.generate(prompts, max_new_tokens, ignore_eos=ignore_eos)]
+
+    def prompt_logprobs(self, prompt: list[int]) -> list[float | None]:
+        """Log-probability of each prompt token given the ones before it (``None`` for the first)."""
+        torch = self._torch
+        with torch.inference_mode():
+            logits = self.model(torch.tensor([prompt])).logits[0].float()  # [T, vocab]
+        logprobs = torch.log_softmax(logits[:-1], dim=-1)
+        chosen = logprobs.gather(1, torch.tensor(prompt[1:]).unsqueeze(1)).squeeze(1)
+        return [None] + chosen.tolist()
+
+    def _generate_one(self, prompt: list[int], max_new_tokens: int, ignore_eos: bool) -> GreedyResult:
+        key = (tuple(prompt), ignore_eos)
+        cached = self._cache.get(key)
+        # A cached run answers if it was at least as long, or if it already stopped at EOS.
+        if cached and (cached[0] >= max_new_tokens or len(cached[1].token_ids) < cached[0]):
+            return cached[1].truncated(max_new_tokens)
+        torch = self._torch
+        stop = {"eos_token_id": []} if ignore_eos else {}
+        with torch.inference_mode():
+            out = self.model.generate(
+                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False,
+                output_logits=True, return_dict_in_generate=True, pad_token_id=self.eos_token_id, **stop,
+            )
+        token_ids = out.sequences[0, len(prompt):].tolist()
+        logprobs, top = [], []
+        for token_id, step_logits in zip(token_ids, out.logits):
+            step = torch.log_softmax(step_logits[0].float(), dim=-1)  # [vocab]
+            logprobs.append(step[token_id].item())
+            values, ids = step.topk(NUM_TOP_LOGPROBS)
+            top.append(dict(zip(ids.tolist(), values.tolist())))
+        result = GreedyResult(token_ids, logprobs, top)
+        self._cache[key] = (max_new_tokens, result)
+        return result
+
+
+@pytest.fixture(scope="session")
+def hf_reference(smollm2_path: Path) -> HFReference:
+    """Session-wide transformers fp32 reference on the SmolLM2 files (loaded once, results cached)."""
+    return HFReference(smollm2_path)
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,22 @@
+"""Start-up leaves a heap of long-lived objects that every full garbage collection would walk again (about
+250 ms on this machine: a stall of every running request). The engine freezes it once started, and a full
+collection afterwards skips it: the objects alive after start-up are in the permanent generation."""
+
+from __future__ import annotations
+
+import gc
+
+from brigade import LLM, SamplingParams
+
+
+def test_the_engine_freezes_its_start_up_heap(smollm2_path):
+    gc.unfreeze()  # whatever an earlier test's engine froze
+    assert gc.get_freeze_count() == 0
+    llm = LLM(str(smollm2_path), dtype="float32", max_model_len=256)
+    frozen = gc.get_freeze_count()
+    assert frozen > 50_000  # modules, the model's and tokenizer's Python objects
+    model = llm.engine.core.executor.worker.model_runner.model
+    assert gc.is_tracked(model)
+    assert not any(obj is model for obj in gc.get_objects())  # the collector's generations no longer hold it
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 2

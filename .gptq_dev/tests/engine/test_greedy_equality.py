@@ -1,0 +1,88 @@
+"""Brigade's greedy tokens equal HF transformers' on the real SmolLM2 weights, in fp32 on the CPU.
+
+All prompts go in at once, 48 new tokens each, under four engine configurations that exercise chunked
+prefill, preemption and prefix caching; every KV block must be back in the pool afterwards.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from brigade import LLM, SamplingParams
+
+MAX_NEW_TOKENS = 48
+
+RAW_PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "In 1969, the first humans",
+    "Water boils at",
+    "A haiku about autumn:\n",
+    "The quick brown fox jumps over the lazy dog. " * 6 + "Then the dog",
+]
+CHAT_PROMPTS = [
+    "What is the capital of France?",
+    "Write a short poem about the moon.",
+    "Explain what a hash table is in two sentences.",
+    "List three fruits that are red.",
+]
+
+
+@pytest.fixture(scope="module")
+def prompt_token_ids(hf_reference) -> list[list[int]]:
+    tok = hf_reference.tokenizer
+    raw = [tok.encode(p) for p in RAW_PROMPTS]
+    chat = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                               add_generation_prompt=True), add_special_tokens=False)
+            for p in CHAT_PROMPTS]
+    return raw + chat
+
+
+@pytest.fixture(scope="module")
+def expected(hf_reference, prompt_token_ids):
+    return hf_reference.generate(prompt_token_ids, MAX_NEW_TOKENS)
+
+
+CONFIGS = {
+    "default": {},
+    "chunked_prefill": {"max_num_batched_tokens": 16},
+    # 24 blocks of 16 tokens: one request of max_model_len fits, a few of them together do not.
+    "preemption": {"num_gpu_blocks_override": 24, "block_size": 16, "max_model_len": 368},
+    "no_prefix_caching": {"enable_prefix_caching": False},
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_greedy_tokens_equal_transformers(name, smollm2_path, prompt_token_ids, expected):
+    llm = LLM(str(smollm2_path), dtype="float32", **{"max_model_len": 512, **CONFIGS[name]})
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, logprobs=0)
+    outputs = llm.generate(prompt_token_ids, params, use_tqdm=False)
+    for i, (out, ref) in enumerate(zip(outputs, expected)):
+        assert out.outputs[0].token_ids == ref.token_ids, f"prompt {i} differs under {name}"
+        # logprobs of the chosen tokens come from the raw logits and match transformers'
+        got = [next(iter(pos.values())).logprob for pos in out.outputs[0].logprobs]
+        assert got == pytest.approx(ref.logprobs, abs=1e-4), f"prompt {i} logprobs under {name}"
+    scheduler = llm.engine.core.scheduler
+    if name == "preemption":
+        assert scheduler.num_preemptions_total > 0, "the small KV pool should have forced preemption"
+    if name == "chunked_prefill":
+        assert max(len(p) for p in prompt_token_ids) > 16, "some prompt must need several chunks"
+    stats = llm.get_kv_cache_stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"], "KV blocks leaked"
+
+
+def test_prefix_cache_hits_do_not_change_outputs(smollm2_path, prompt_token_ids, expected):
+    # Greedy decoding is prefix-consistent, so 16 tokens of transformers' 48 are the reference here.
+    num_new = 16
+    llm = LLM(str(smollm2_path), dtype="float32", max_model_len=512, block_size=16)
+    params = SamplingParams(temperature=0.0, max_tokens=num_new)
+    first = llm.generate(prompt_token_ids, params, use_tqdm=False)
+    second = llm.generate(prompt_token_ids, params, use_tqdm=False)
+    long_prompts = [i for i, p in enumerate(prompt_token_ids) if len(p) > 16]
+    assert all(second[i].num_cached_tokens > 0 for i in long_prompts), "the second pass should hit the cache"
+    for a, b, ref in zip(first, second, expected):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids == ref.token_ids[:num_new]
+    stats = llm.get_kv_cache_stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]

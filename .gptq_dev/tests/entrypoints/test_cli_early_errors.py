@@ -1,0 +1,194 @@
+"""Bad ``brigade serve`` / ``brigade bench`` flags are one line from the subcommand that got them, exit 2, found
+before anything loads or binds (review fixes: --base-url with /v1, negative counts and timeouts, the bench
+subcommand's name, a busy port hiding a config error, a folder with no tokenizer, an empty served name)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+
+import pytest
+from remote_server import brigade_command
+
+from brigade.config import ConfigError
+from brigade.entrypoints.cli import serve
+from brigade.entrypoints.cli.engine_args import config_from_args
+
+
+def run_cli(*argv: str) -> subprocess.CompletedProcess:
+    """``brigade ARGV`` at the default log level (no BRIGADE_LOGGING_LEVEL), as a user runs it."""
+    env = {k: v for k, v in os.environ.items() if k != "BRIGADE_LOGGING_LEVEL"}
+    return subprocess.run([*brigade_command(), *argv], capture_output=True, text=True, timeout=120, env=env)
+
+
+def assert_one_line(proc: subprocess.CompletedProcess, prefix: str, needle: str) -> None:
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith(prefix + ": error: ") and needle in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr and "usage:" not in proc.stderr
+
+
+@pytest.mark.parametrize("argv,prefix,needle", [
+    # 2: counts and timeouts are refused while parsing
+    (["bench", "serve", "{model}", "--launch", "--launch-timeout", "-5"], "brigade bench serve",
+     "argument --launch-timeout: must be a positive number of seconds, got '-5'"),
+    (["bench", "serve", "{model}", "--launch-timeout", "0"], "brigade bench serve",
+     "argument --launch-timeout: must be a positive number of seconds"),
+    (["bench", "latency", "{model}", "--num-iters-warmup", "-1"], "brigade bench latency",
+     "argument --num-iters-warmup: must be at least 0, got -1"),
+    (["bench", "latency", "{model}", "--num-iters", "0"], "brigade bench latency",
+     "argument --num-iters: must be at least 1, got 0"),
+    (["bench", "latency", "{model}", "--batch-size", "two"], "brigade bench latency",
+     "argument --batch-size: expected a whole number of at least 1, got 'two'"),
+    (["bench", "throughput", "{model}", "--num-prompts", "0"], "brigade bench throughput",
+     "argument --num-prompts: must be at least 1, got 0"),
+    (["bench", "throughput", "{model}", "--hf-batch-size", "-2"], "brigade bench throughput",
+     "argument --hf-batch-size: must be at least 1, got -2"),
+    (["bench", "throughput", "{model}", "--input-len", "0"], "brigade bench throughput",
+     "argument --input-len: must be at least 1, got 0"),
+    (["bench", "serve", "{model}", "--output-len", "-1"], "brigade bench serve",
+     "argument --output-len: must be at least 1, got -1"),
+    (["bench", "serve", "{model}", "--request-rate", "0"], "brigade bench serve",
+     "argument --request-rate: must be a positive number of requests/s or inf, got '0'"),
+    (["bench", "serve", "{model}", "--request-rate=-inf"], "brigade bench serve",
+     "argument --request-rate: must be a positive number of requests/s or inf"),
+    (["bench", "serve", "{model}", "--max-concurrency", "0"], "brigade bench serve",
+     "argument --max-concurrency: must be at least 1, got 0"),
+    # 1: --base-url takes the server's root; a trailing /v1 is dropped, other paths are refused
+    (["bench", "serve", "{model}", "--base-url", "http://127.0.0.1:8000/v1/completions"], "brigade bench serve",
+     "argument --base-url: 'http://127.0.0.1:8000/v1/completions' has a path; give http(s)://HOST:PORT"),
+    (["bench", "serve", "{model}", "--base-url", "127.0.0.1:8000"], "brigade bench serve",
+     "argument --base-url: '127.0.0.1:8000' is not an http(s) URL"),
+    (["bench", "serve", "{model}", "--launch", "--base-url", "https://127.0.0.1:8000"], "brigade bench serve",
+     "--launch starts a plain-HTTP server; give an http:// --base-url"),
+    # 3: model errors come from the bench subcommand, with its own usage
+    (["bench", "latency", "/nope"], "brigade bench latency", "MODEL '/nope' does not exist"),
+    (["bench", "throughput", "/nope"], "brigade bench throughput", "MODEL '/nope' does not exist"),
+    (["bench", "serve", "/nope"], "brigade bench serve", "MODEL '/nope' does not exist"),
+    (["bench", "latency"], "brigade bench latency", "no model given; pass an HF-format model directory: "
+                                                    "brigade bench latency MODEL"),
+    # 5: a folder with no tokenizer files, before any tokenizer loads
+    (["serve", "{model}", "--tokenizer", "{empty}"], "brigade serve",
+     "--tokenizer '{empty}': no tokenizer files (tokenizer.json, tokenizer_config.json, "),
+    (["bench", "serve", "{model}", "--tokenizer", "{empty}", "--base-url", "http://127.0.0.1:9"],
+     "brigade bench serve", "--tokenizer '{empty}': no tokenizer files (tokenizer.json, "),
+    # 6: an empty served name
+    (["serve", "{model}", "--served-model-name", ""], "brigade serve", "--served-model-name '' is empty"),
+    (["serve", "{model}", "--served-model-name", "  "], "brigade serve", "--served-model-name '  ' is empty"),
+])
+def test_bad_flags_are_one_line_from_the_subcommand(smollm2_path, tmp_path, argv, prefix, needle):
+    fill = {"model": str(smollm2_path), "empty": str(tmp_path)}
+    proc = run_cli(*[a.format(**fill) for a in argv])
+    assert_one_line(proc, prefix, needle.format(**fill))
+    assert "tensors from" not in proc.stderr and "launching:" not in proc.stdout
+
+
+def _bench_serve_args(*argv: str) -> argparse.Namespace:
+    from brigade.entrypoints.cli.main import build_parser
+
+    return build_parser({}).parse_args(["bench", "serve", *argv])
+
+
+@pytest.mark.parametrize("given,kept", [
+    ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
+    ("http://127.0.0.1:8000/v1/", "http://127.0.0.1:8000"),
+    ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+    ("https://bench.example:443", "https://bench.example:443"),
+    ("http://[::1]:8000/v1", "http://[::1]:8000"),
+])
+def test_base_url_drops_a_trailing_v1(given, kept):
+    """The usual OpenAI base URL (…/v1) is accepted: the benchmark appends /v1/models and /v1/completions."""
+    assert _bench_serve_args("--base-url", given).base_url == kept
+    assert _bench_serve_args().base_url == "http://127.0.0.1:8000"
+
+
+def test_zero_warmup_and_inf_rate_are_still_accepted():
+    from brigade.entrypoints.cli.main import build_parser
+
+    parser = build_parser({})
+    assert parser.parse_args(["bench", "latency", "--num-iters-warmup", "0"]).num_iters_warmup == 0
+    assert _bench_serve_args("--request-rate", "inf", "--launch-timeout", "0.5").launch_timeout == 0.5
+
+
+def test_a_busy_port_does_not_hide_a_config_error(smollm2_path):
+    """serve's config checks (here the CPU's --kv-cache-memory against the RAM) run before the port is bound:
+    with the port taken, the answer is still the config's one line and exit 2, not 'Address already in use'."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run_cli("serve", str(smollm2_path), "--kv-cache-memory", "100000", "--host", "127.0.0.1",
+                       "--port", str(port))
+        assert_one_line(proc, "brigade serve", "--kv-cache-memory 100000 GiB is more than this machine's")
+        flag = run_cli("serve", str(smollm2_path), "--served-model-name", "", "--host", "127.0.0.1", "--port", str(port))
+        assert_one_line(flag, "brigade serve", "--served-model-name '' is empty")
+
+
+def test_serve_run_checks_before_binding_when_called_directly(smollm2_path, capsys):
+    """``serve.run`` without brigade's main (which runs ``check`` first) still refuses before binding."""
+    parser = argparse.ArgumentParser(prog="brigade")
+    serve.add_parser(parser.add_subparsers(dest="command"), {})
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:  # were the check skipped: exit 1, no server
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        args = parser.parse_args(["serve", str(smollm2_path), "--kv-cache-memory", "100000", "--host", "127.0.0.1",
+                                  "--port", str(busy.getsockname()[1])])
+        with pytest.raises(SystemExit) as info:
+            serve.run(args)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("brigade serve: error: --kv-cache-memory 100000 GiB") and "cannot listen" not in err
+
+
+def _serve_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="brigade")
+    serve.add_parser(parser.add_subparsers(dest="command"), {})
+    return parser.parse_args(["serve", *argv])
+
+
+def test_tokenizer_folder_check(smollm2_path, tmp_path):
+    """A folder with any tokenizer file passes the cheap check; --skip-tokenizer-init loads none, so none is needed."""
+    config = config_from_args(_serve_args(str(smollm2_path), "--tokenizer", str(smollm2_path)))
+    assert config.model_config.tokenizer == str(smollm2_path)
+    (tmp_path / "tokenizer.model").write_bytes(b"")
+    assert config_from_args(_serve_args(str(smollm2_path), "--tokenizer", str(tmp_path))).model_config.tokenizer
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert config_from_args(_serve_args(str(smollm2_path), "--tokenizer", str(empty), "--skip-tokenizer-init"))
+    with pytest.raises(ConfigError, match="no tokenizer files"):
+        config_from_args(_serve_args(str(smollm2_path), "--tokenizer", str(empty)))
+
+
+def test_served_model_name_is_kept(smollm2_path):
+    assert config_from_args(_serve_args(str(smollm2_path), "--served-model-name", "smol")).model_config.name == "smol"
+
+
+def test_a_chat_template_that_does_not_compile_is_one_line_at_start(smollm2_path, tmp_path):
+    # It used to start, then answer every chat request with a 400 blaming the client's messages.
+    assert_one_line(run_cli("serve", str(smollm2_path), "--chat-template", "{% if %}"), "brigade serve",
+                    "--chat-template does not compile: Expected an expression")
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{{ messages[0]['content'] }}\n{% for m in messages %}\n")
+    assert_one_line(run_cli("generate", "hi", "--model", str(smollm2_path), "--chat-template", str(broken)),
+                    "brigade generate", f"--chat-template {broken} does not compile:")
+    good = tmp_path / "good.jinja"
+    good.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    from brigade.entrypoints.cli.engine_args import check_chat_template
+
+    check_chat_template(str(good))  # compiles: no error
+
+
+def test_a_broken_tokenizer_file_is_one_error_line_not_a_traceback(smollm2_path, tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")  # transformers raises KeyError('added_tokens') on it
+    proc = run_cli("generate", "hi", "--model", str(smollm2_path), "--tokenizer", str(tmp_path))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"brigade generate: error: cannot load a tokenizer from {str(tmp_path)!r}: KeyError: 'added_tokens'")
+
+
+def test_an_empty_api_key_is_refused(smollm2_path):
+    assert_one_line(run_cli("serve", str(smollm2_path), "--api-key", ""), "brigade serve",
+                    "--api-key is empty, which would serve without any key")

@@ -1,0 +1,68 @@
+"""A real ``brigade serve`` whose EngineCore process is killed mid-stream: every request in flight fails
+(a stream ends with one error event and [DONE], a non-streamed request is a 503) and none hangs; then
+/health and every /v1 route answer 503 in OpenAI's shape (new streams too, before any chunk), while the
+API process itself stays up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+from remote_server import RemoteServer
+
+
+def engine_core_pid(server_pid: int) -> int:
+    """The spawned EngineCore child (the other child is multiprocessing's resource tracker)."""
+    children = " ".join(Path(f"/proc/{server_pid}/task/{t}/children").read_text()
+                        for t in os.listdir(f"/proc/{server_pid}/task")).split()
+    cores = [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    assert len(cores) == 1, children
+    return cores[0]
+
+
+def test_killed_engine_ends_stream_then_503(smollm2_path):
+    server = RemoteServer(smollm2_path, ["--max-model-len", "256", "--num-gpu-blocks-override", "32"])
+    try:
+        body = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
+        assert httpx.post(server.url("/v1/completions"), json=body, timeout=60).status_code == 200
+        long_body = {"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with ThreadPoolExecutor(3) as pool, \
+                httpx.stream("POST", server.url("/v1/completions"), json=long_body, timeout=60) as stream:
+            lines = (line for line in stream.iter_lines() if line.startswith("data: "))
+            assert "error" not in next(lines)
+            # More requests in flight when the engine dies: a non-streamed batch of two prompts, and a
+            # streamed chat with n=2. Each must get an error, none may hang (the timeouts would fail them).
+            unary = pool.submit(httpx.post, server.url("/v1/completions"), timeout=60,
+                                json={**long_body, "stream": False, "prompt": ["Once", "Twice upon a time"]})
+            chat = pool.submit(lambda: httpx.post(server.url("/v1/chat/completions"), timeout=60, json={
+                "messages": [{"role": "user", "content": "Tell a story"}], "n": 2, "max_tokens": 200,
+                "ignore_eos": True, "stream": True}).text)
+            next(lines)
+            time.sleep(0.5)  # the other requests reach the engine
+            os.kill(engine_core_pid(server.proc.pid), signal.SIGKILL)
+            rest = list(lines)
+            unary_response, chat_text = unary.result(), chat.result()
+        assert unary_response.status_code == 503, unary_response.text
+        assert unary_response.json()["error"]["code"] == "engine_unavailable"
+        chat_events = [line for line in chat_text.splitlines() if line.startswith("data: ")]
+        assert chat_events[-1] == "data: [DONE]" and '"engine_unavailable"' in chat_events[-2]
+        # The stream ends with one error event, then [DONE].
+        assert rest[-1] == "data: [DONE]" and '"engine_unavailable"' in rest[-2]
+        assert all('"error"' not in line for line in rest[:-2])
+        deadline = time.monotonic() + 10
+        while httpx.get(server.url("/health")).status_code != 503:
+            assert time.monotonic() < deadline, "/health never reported the dead engine"
+            time.sleep(0.2)
+        for response in (httpx.post(server.url("/v1/completions"), json=body),
+                         httpx.post(server.url("/v1/completions"), json={**body, "stream": True}),
+                         httpx.post(server.url("/v1/chat/completions"),
+                                    json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})):
+            assert response.status_code == 503
+            assert response.json()["error"]["type"] == "server_error"
+        assert httpx.get(server.url("/version")).status_code == 200  # the API process is still serving
+    finally:
+        server.stop()
