@@ -1,1 +1,0 @@
-"""brigade-rocm: the AMD GPU platform for Brigade. The entry point is ``brigade_rocm.plugin``."""

@@ -1,1 +1,0 @@
-"""Engine-side state: requests, the KV block pool and its manager, and the scheduler (book ch. 2, 4)."""

@@ -1,1 +1,0 @@
-"""Model execution: layers, model definitions and the loader that builds a model and fills its weights."""

@@ -1,1 +1,0 @@
-"""Model architectures; each is registered by name through the register_models hook."""

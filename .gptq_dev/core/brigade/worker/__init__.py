@@ -1,1 +1,0 @@
-"""Workers: one per device. Each owns a model runner; the executor drives them."""

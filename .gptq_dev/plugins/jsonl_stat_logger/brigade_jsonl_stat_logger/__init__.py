@@ -1,1 +1,0 @@
-"""brigade-jsonl-stat-logger: writes every step's SchedulerStats and IterationStats as one JSON line."""

@@ -1,1 +1,0 @@
-"""brigade-oot-platform: an example out-of-tree Brigade platform that runs on the CPU."""
