@@ -57,7 +57,7 @@ class GPTQSpec:
 
 @dataclass
 class QuantizedLinear:
-    """One layer's GPTQ quantization. q [in, out] int64 codes; zeros [groups, out] int64 (true zero points);
+    """One layer's GPTQ quantization. q [in, out] uint8 codes; zeros [groups, out] int64 (true zero points);
     scales [groups, out] float16; g_idx [in] int32."""
 
     q: torch.Tensor
@@ -68,7 +68,7 @@ class QuantizedLinear:
     def dequantized(self) -> torch.Tensor:
         """The weight as the checkpoint means it: [out, in] float32, ``(q - zero) * scale`` per row's group."""
         g = self.g_idx.long()
-        return ((self.q - self.zeros[g]).float() * self.scales.float()[g]).T.contiguous()
+        return ((self.q.long() - self.zeros[g]).float() * self.scales.float()[g]).T.contiguous()
 
 
 def quantize_rtn(weight: torch.Tensor, spec: GPTQSpec, perm: torch.Tensor | None = None) -> QuantizedLinear:
@@ -87,7 +87,7 @@ def quantize_rtn(weight: torch.Tensor, spec: GPTQSpec, perm: torch.Tensor | None
     groups = -(-rows // gs)
     zeros = torch.empty(groups, w.shape[1], dtype=torch.int64)
     scales = torch.empty(groups, w.shape[1], dtype=torch.float16)
-    q = torch.empty(rows, w.shape[1], dtype=torch.int64)
+    q = torch.empty(rows, w.shape[1], dtype=torch.uint8)
     for g in range(groups):
         sel = (g_idx == g).nonzero().squeeze(1)
         block = w[sel]  # [rows of the group, out]
@@ -108,7 +108,7 @@ def quantize_rtn(weight: torch.Tensor, spec: GPTQSpec, perm: torch.Tensor | None
                 # fields, so a v1 checkpoint cannot hold zero 0 (a group with no negative weight): use 1.
                 zero = zero.clamp(1, maxq)
         zeros[g], scales[g] = zero, scale
-        q[sel] = torch.clamp(torch.round(block / scale.float()) + zero, 0, maxq).to(torch.int64)
+        q[sel] = torch.clamp(torch.round(block / scale.float()) + zero, 0, maxq).to(torch.uint8)
     return QuantizedLinear(q=q, zeros=zeros, scales=scales, g_idx=g_idx)
 
 
@@ -116,6 +116,8 @@ def autogptq_pack(layer: QuantizedLinear, spec: GPTQSpec) -> dict[str, torch.Ten
     """``qweight``, ``qzeros``, ``scales``, ``g_idx`` packed as AutoGPTQ's ``QuantLinear.pack`` does."""
     bits, per_word = spec.bits, 32 // spec.bits
     intweight = layer.q.numpy().astype(np.uint32)  # [in, out]
+    # AutoGPTQ's QuantLinear refuses other sizes; its ``shape // 32 * bits`` word counts rely on it.
+    assert intweight.shape[0] % 32 == 0 and intweight.shape[1] % 32 == 0, intweight.shape
     qweight = np.zeros((intweight.shape[0] // 32 * bits, intweight.shape[1]), dtype=np.uint32)
     i = row = 0
     while row < qweight.shape[0]:

@@ -40,6 +40,7 @@ from brigade.model_executor.layers.linear_method import LinearMethod
 from brigade.model_executor.weight_utils import set_weight_attrs
 
 from brigade_gptq.config import SUPPORTED, GPTQConfig
+from brigade_gptq import packing
 from brigade_gptq.packing import column_chunks, unpack_cols, unpack_rows
 
 logger = logging.getLogger(__name__)
@@ -236,7 +237,8 @@ class GPTQLinearMethod(LinearMethod):
         single = len(self.segments) == 1
         for seg in self.segments:
             xs = x if seg.perm is None else x.index_select(1, seg.perm)
-            chunks = column_chunks(seg.start, seg.end, layer.input_size, pack=cfg.pack_factor)
+            chunks = column_chunks(seg.start, seg.end, layer.input_size, pack=cfg.pack_factor,
+                                   budget_bytes=packing.DEQUANT_CHUNK_BYTES)
             single = single and len(chunks) == 1
             if out is None and not single:
                 out = x.new_empty(x.shape[0], layer.output_size)
