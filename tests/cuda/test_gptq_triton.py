@@ -24,7 +24,10 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("triton")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "quant"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "quant"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
+from bench_gptq_gemm import TILES  # noqa: E402
 from gptq_checkpoint import GPTQSpec, quantize_model, write_dequantized_checkpoint, write_gptq_checkpoint  # noqa: E402
 
 from brigade.model_executor.layers.linear import QKVLinear  # noqa: E402
@@ -67,6 +70,20 @@ def test_kernel_matches_the_dequantized_product(m, n, k, layout, dtype, rel_err)
                     group_size=k if group_size == -1 else group_size, trivial_g_idx=not act_order, bias=bias)
     assert got.shape == (m, n) and got.dtype == dtype
     assert not got.isnan().any() and rel_err(got, want) < LIMIT[dtype]
+
+
+@pytest.mark.parametrize("tile", TILES, ids=str)
+def test_every_benchmarked_tile_is_correct(tile, rel_err):
+    """Every tile benchmarks/kernels/bench_gptq_gemm.py times (``choose_tile`` picks among them)."""
+    k, n = 1024 + 128, 1000  # a ragged last N tile
+    qweight, qzeros, scales, g_idx = _random_gptq(k, n, 4, 128, False, seed=4)
+    for m in (1, 40):
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        w = dequantize(qweight, qzeros, scales, g_idx, bits=4, dtype=torch.bfloat16)
+        for trivial in (True, False):
+            got = gptq_gemm(x, qweight, qzeros, scales, g_idx, bits=4, zero_offset=1, group_size=128,
+                            trivial_g_idx=trivial, tile=tile)
+            assert rel_err(got, x.float() @ w.float()) < 1e-2, (m, trivial)
 
 
 def test_column_slices_write_into_an_output_slice(rel_err):

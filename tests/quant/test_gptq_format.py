@@ -263,13 +263,40 @@ for bits, gs, act, zero_offset, dtype, m in [(4, 32, False, 1, torch.float32, 3)
     rel = ((out.double() - ref).norm() / ref.norm()).item()
     limit = 1e-3 if dtype == torch.float32 else 1e-2
     assert out.shape == (m, N) and not out.isnan().any() and rel < limit, (bits, gs, act, dtype, rel)
+
+# Through a layer: act-order rows re-stored in group order at load, x permuted, per-projection g_idx.
+from brigade.model_executor.layers.linear import QKVLinear
+from brigade_gptq.config import GPTQConfig
+
+for own in (False, True):
+    cfg = GPTQConfig(4, 32, desc_act=True, sym=False)
+    layer = QKVLinear(64, 16, 4, 2, dtype=torch.float32, quant_method=cfg.get_linear_method("l.qkv_proj"))
+    layer.quant_method.gemm = gptq_gemm  # what a CUDA device binds
+    perm = torch.randperm(64, generator=gen)
+    dense = []
+    for sid, n in zip("qkv", (64, 32, 32)):
+        g = (torch.arange(64) // 32).int()[torch.randperm(64, generator=gen) if own else perm]
+        q = torch.randint(0, 16, (64, n), generator=gen)
+        z = torch.randint(0, 15, (2, n), generator=gen)
+        s = (torch.rand(2, n, generator=gen) * 0.01 + 1e-3).half()
+        for name, t in (("qweight", pack_rows(q, 4)), ("qzeros", pack_cols(z, 4)), ("scales", s), ("g_idx", g)):
+            getattr(layer, name).weight_loader(getattr(layer, name), t, sid)
+        dense.append(dequantize(pack_rows(q, 4), pack_cols(z, 4), s, g, bits=4))
+    layer.quant_method.process_weights_after_loading(layer)
+    segments = layer.quant_method.segments
+    assert len(segments) == (3 if own else 1) and all(seg.trivial and seg.perm is not None for seg in segments)
+    x = torch.randn(3, 64, generator=gen)
+    ref = x.double() @ torch.cat(dense, dim=1).double()
+    rel = ((layer(x).double() - ref).norm() / ref.norm()).item()
+    assert rel < 1e-5, (own, rel)
 print("ok")
 """
 
 
 def test_triton_kernel_logic_under_the_cpu_interpreter():
-    """The kernel's indexing (packing, groups, act-order gathers, tails, bias) under ``TRITON_INTERPRET=1``, in a
-    subprocess so the interpreter mode stays out of this one. bf16 is left out: the interpreter computes bf16
+    """The kernel's indexing (packing, groups, act-order gathers, tails, bias), and a q/k/v layer bound to it
+    (act-order rows re-stored in group order, x permuted), under ``TRITON_INTERPRET=1``, in a subprocess so the
+    interpreter mode stays out of this one. bf16 is left out: the interpreter computes bf16
     dots wrongly (a plain 16x16 bf16 ``tl.dot`` is off by 1e10 under Triton 3.9), so it runs on CUDA only
     (tests/cuda/test_gptq_triton.py)."""
     pytest.importorskip("triton")

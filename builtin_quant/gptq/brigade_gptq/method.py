@@ -18,9 +18,13 @@ that dequantizes inside its K loop (``brigade_gptq.triton_gemm``; ``BRIGADE_GPTQ
 elsewhere, and on CUDA without Triton, the portable PyTorch path: each forward dequantizes the layer to the
 activation dtype, a column block of at most ``packing.DEQUANT_CHUNK_BYTES`` at a time, multiplies, and drops it.
 Nothing dequantized outlives the call, so the weights stay at ``bits / 16`` of their fp16 size in memory. That
-path dequantizes group by group (one zero and scale row broadcast over the group's rows, no per-element
-gather); for act-order it reads the rows in group order (``perm``, the stable argsort of ``g_idx``, computed
-once at load) and multiplies ``x[:, perm]`` by them, which is the same product.
+path dequantizes group by group (one zero and scale row broadcast over the group's rows, no per-element gather).
+
+Act-order (``desc_act``) layers are re-stored row-sorted once at load (exllama's trick): ``perm`` is the stable
+argsort of ``g_idx``, the packed rows of ``qweight`` are rewritten in that order and ``g_idx`` sorted, so each
+group's rows are contiguous again, and every forward multiplies ``x[:, perm]`` by the sorted matrix (the same
+sum, in another order). Both paths then take one zero/scale row per group instead of gathering one per row
+(on the H200 the Triton kernel's per-row gather made act-order layers 5 to 7 times slower).
 
 No tensor parallelism: Brigade runs ``-tp 1`` (``BrigadeConfig.check_supported``), so each layer holds its
 whole matrix. The fused variants of ``LinearMethod`` (norm, SiLU-and-mul, residual inside the GEMM) are not
@@ -39,8 +43,8 @@ from torch import nn
 from brigade.model_executor.layers.linear_method import LinearMethod
 from brigade.model_executor.weight_utils import set_weight_attrs
 
-from brigade_gptq.config import SUPPORTED, GPTQConfig
 from brigade_gptq import packing
+from brigade_gptq.config import SUPPORTED, GPTQConfig
 from brigade_gptq.packing import column_chunks, unpack_cols, unpack_rows
 
 logger = logging.getLogger(__name__)
@@ -68,9 +72,11 @@ class Segment:
     """Output columns ``[start, end)`` of a layer that share one ``g_idx`` [K] int32 (the whole layer, or one
     projection of a merged layer whose projections differ).
 
-    ``trivial``: ``g_idx`` is ``k // group_size`` (contiguous groups). ``perm``: int64 [K], the stable argsort of
-    ``g_idx``, or None when it is already sorted. ``group_rows``: ``(group, r0, r1)`` for each non-empty group,
-    the group's rows being ``perm[r0:r1]`` (rows ``r0:r1`` without ``perm``).
+    ``g_idx``: each stored row's group, in the stored (sorted) order. ``trivial``: ``g_idx`` is ``k // group_size``
+    (every group complete and in place, which the kernel's one-row-per-block path needs). ``perm``: int64 [K], the
+    checkpoint's row order of the stored rows (the stable argsort of the checkpoint's ``g_idx``): the input is
+    ``x[:, perm]``; None when the checkpoint's rows were already in group order. ``group_rows``: ``(group, r0,
+    r1)`` for each non-empty group, its stored rows ``r0:r1``.
     """
 
     start: int
@@ -146,8 +152,8 @@ class GPTQLinearMethod(LinearMethod):
         self.gemm = kernel_for_device(torch.get_default_device().type)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Check ``g_idx`` against the groups, collapse a merged layer's equal rows, and build ``segments``.
-        The packed tensors are left exactly as the checkpoint stored them.
+        """Check ``g_idx`` against the groups, collapse a merged layer's equal rows, re-store act-order rows in
+        group order (``qweight`` repacked, ``g_idx`` sorted; see the module docstring) and build ``segments``.
 
         Raises:
             ValueError (one line): a ``g_idx`` entry lies outside ``[0, groups)`` (the checkpoint's g_idx does
@@ -163,24 +169,33 @@ class GPTQLinearMethod(LinearMethod):
         g = g.to(torch.int32)
         if g.dim() == 2 and bool((g == g[:1]).all()):
             g = g[0].contiguous()
-        layer.g_idx = nn.Parameter(g, requires_grad=False)
         if g.dim() == 1:
-            self.segments = [self._segment(0, layer.output_size, g, groups)]
+            bounds, rows = [0, layer.output_size], [g]
         else:
             bounds = [0]
             for size in layer.output_sizes:
                 bounds.append(bounds[-1] + size)
-            self.segments = [self._segment(bounds[i], bounds[i + 1], g[i], groups)
-                             for i in range(len(layer.output_sizes))]
+            rows = list(g)
+        self.segments = [self._sorted_segment(layer, bounds[i], bounds[i + 1], rows[i], groups)
+                         for i in range(len(rows))]
+        stored = torch.stack([seg.g_idx for seg in self.segments]) if g.dim() == 2 else self.segments[0].g_idx
+        layer.g_idx = nn.Parameter(stored, requires_grad=False)
 
-    def _segment(self, start: int, end: int, g: torch.Tensor, groups: int) -> Segment:
-        trivial = bool(torch.equal(g, self.default_g_idx(g.shape[0], device=g.device)))
+    def _sorted_segment(self, layer: nn.Module, start: int, end: int, g: torch.Tensor, groups: int) -> Segment:
+        """The segment of columns ``[start, end)`` with checkpoint ``g_idx`` ``g``; rewrites those columns of
+        ``qweight`` in group order when ``g`` is not sorted."""
         perm = None
-        ordered = g
-        if not trivial and g.shape[0] > 1 and bool((g[1:] < g[:-1]).any()):
+        if g.shape[0] > 1 and bool((g[1:] < g[:-1]).any()):
             perm = torch.sort(g.long(), stable=True).indices
-            ordered = g[perm]
-        counts = torch.bincount(ordered.long(), minlength=groups).tolist()
+            g = g[perm].contiguous()
+            bits, k = self.config.bits, g.shape[0]
+            for c0, c1 in column_chunks(start, end, 2 * k, pack=self.config.pack_factor,
+                                        budget_bytes=packing.DEQUANT_CHUNK_BYTES):  # int64 inside pack_rows
+                codes = unpack_rows(layer.qweight.data[:, c0:c1], bits).index_select(0, perm)
+                layer.qweight.data[:, c0:c1] = packing.pack_rows(codes, bits)
+                del codes
+        trivial = bool(torch.equal(g, self.default_g_idx(g.shape[0], device=g.device)))
+        counts = torch.bincount(g.long(), minlength=groups).tolist()
         rows, r0 = [], 0
         for group, count in enumerate(counts):
             if count:
@@ -201,27 +216,27 @@ class GPTQLinearMethod(LinearMethod):
         gs = cfg.group_size if cfg.group_size != -1 else layer.input_size
         if len(self.segments) == 1:
             seg = self.segments[0]
-            return self.gemm(x, layer.qweight, layer.qzeros, layer.scales, seg.g_idx, bits=cfg.bits,
+            xs = x if seg.perm is None else x.index_select(1, seg.perm)
+            return self.gemm(xs, layer.qweight, layer.qzeros, layer.scales, seg.g_idx, bits=cfg.bits,
                              zero_offset=cfg.zero_offset, group_size=gs, trivial_g_idx=seg.trivial, bias=bias)
         out = torch.empty(x.shape[0], layer.output_size, dtype=x.dtype, device=x.device)
         pack = cfg.pack_factor
         for seg in self.segments:
             a, b = seg.start, seg.end
-            self.gemm(x, layer.qweight[:, a:b], layer.qzeros[:, a // pack:b // pack], layer.scales[:, a:b],
+            xs = x if seg.perm is None else x.index_select(1, seg.perm)
+            self.gemm(xs, layer.qweight[:, a:b], layer.qzeros[:, a // pack:b // pack], layer.scales[:, a:b],
                       seg.g_idx, bits=cfg.bits, zero_offset=cfg.zero_offset, group_size=gs,
                       trivial_g_idx=seg.trivial, bias=None if bias is None else bias[a:b], out=out[:, a:b])
         return out
 
     def dequantize_block(self, layer: nn.Module, seg: Segment, c0: int, c1: int, dtype: torch.dtype
                          ) -> torch.Tensor:
-        """Columns ``[c0, c1)`` (inside ``seg``; ``c0`` a multiple of pack) of ``W.T``, rows in ``seg.perm``'s
-        order: [K, c1 - c0] in ``dtype``, computed in float32 as ``(q - zero) * scale`` one group at a time
-        (bit for bit ``packing.dequantize`` with its rows permuted)."""
+        """Columns ``[c0, c1)`` (inside ``seg``; ``c0`` a multiple of pack) of the stored ``W.T`` (rows in group
+        order): [K, c1 - c0] in ``dtype``, computed in float32 as ``(q - zero) * scale`` one group at a time (bit
+        for bit ``packing.dequantize`` of the stored tensors)."""
         cfg = self.config
         pack = cfg.pack_factor
         codes = unpack_rows(layer.qweight[:, c0:c1], cfg.bits)  # [K, cols] int32
-        if seg.perm is not None:
-            codes = codes.index_select(0, seg.perm)
         zeros = unpack_cols(layer.qzeros[:, c0 // pack:-(-c1 // pack)], cfg.bits)[:, :c1 - c0] + cfg.zero_offset
         scales = layer.scales[:, c0:c1].to(torch.float32)
         w = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)

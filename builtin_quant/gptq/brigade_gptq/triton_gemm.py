@@ -85,7 +85,8 @@ def choose_tile(m: int, n: int, dtype: torch.dtype) -> tuple[int, int, int, int,
 
 def gptq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
               g_idx: torch.Tensor, *, bits: int, zero_offset: int, group_size: int, trivial_g_idx: bool,
-              bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+              bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
+              tile: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for the GPTQ weight ``W.T[k, n] = (q[k, n] - zero[g_idx[k], n]) * scales[g_idx[k], n]``.
 
     Args:
@@ -96,6 +97,8 @@ def gptq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
         group_size: rows per group (K when the checkpoint's is -1). trivial_g_idx: g_idx is ``k // group_size``,
             which allows one zero/scale row per K block when the block size divides ``group_size``.
         bias: [N] or None. out: [M, N] in x's dtype with unit stride along N, or None to allocate.
+        tile: ``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` instead of ``choose_tile``'s (tests and
+            benchmarks/kernels/bench_gptq_gemm.py); BLOCK_K a multiple of 32.
 
     Returns:
         [M, N] in x's dtype (``out`` when given).
@@ -126,10 +129,10 @@ def gptq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
         raise ValueError(f"out must be [{m}, {n}] {x.dtype} with unit stride along N")
     if m == 0:
         return out
-    block_m, block_n, block_k, num_warps, num_stages = choose_tile(m, n, x.dtype)
+    block_m, block_n, block_k, num_warps, num_stages = tile or choose_tile(m, n, x.dtype)
     per_row = True
     if trivial_g_idx:
-        for bk in (block_k, 64, 32):
+        for bk in sorted({block_k, min(block_k, 64), min(block_k, 32)}, reverse=True):
             if groups == 1 or group_size % bk == 0:
                 block_k, per_row = bk, False
                 break
