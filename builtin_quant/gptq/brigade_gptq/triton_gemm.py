@@ -72,15 +72,17 @@ def choose_tile(m: int, n: int, dtype: torch.dtype) -> tuple[int, int, int, int,
     """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` for ``m`` rows of ``x`` and ``n`` output columns.
 
     Decode-sized batches (at most 16 rows) take narrow N tiles so that more programs stream the weight; larger
-    batches reuse each dequantized tile over more rows. fp32 (IEEE dot) takes smaller tiles (registers).
+    batches reuse each dequantized tile over more rows, wide outputs (gate_up) with wider N tiles. Chosen from
+    the tile sweep of ``benchmarks/kernels/bench_gptq_gemm.py`` on an H200 (Llama-3.1-8B shapes, 4-bit g128;
+    ``benchmarks/kernels/results/h200_bench_gptq_gemm_sweep.json``). fp32 (IEEE dot) takes smaller tiles.
     """
     if dtype == torch.float32:
         return (16 if m <= 16 else 64), 64, 32, 4, 2
     if m <= 16:
-        return 16, (32 if n <= 8192 else 64), 128, 4, 3
+        return 16, 32, 128, 4, 3
     if m <= 64:
         return 64, 64, 64, 4, 3
-    return 128, 128, 64, 8, 3
+    return (128, 256, 64, 8, 3) if n >= 16384 else (128, 128, 64, 8, 3)
 
 
 def gptq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
