@@ -38,7 +38,9 @@ def test_word_layout_is_little_end_first_along_the_input_rows():
 def test_pack_unpack_round_trip(bits):
     gen = torch.Generator().manual_seed(bits)
     q = torch.randint(0, 2 ** bits, (96, 40), generator=gen)
+    before = q.clone()
     words = pack_rows(q, bits)
+    assert torch.equal(q, before)  # the input is not packed in place
     assert words.dtype == torch.int32 and words.shape == (96 * bits // 32, 40)
     assert torch.equal(unpack_rows(words, bits), q.to(torch.int32))
     z = torch.randint(0, 2 ** bits, (3, 40), generator=gen)

@@ -46,11 +46,6 @@ def _shifts(bits: int, device: torch.device) -> torch.Tensor:
     return torch.arange(0, 32, bits, dtype=torch.int32, device=device)  # [pack]
 
 
-def _to_int32_words(words: torch.Tensor) -> torch.Tensor:
-    """int64 values in [0, 2**32) -> the int32 with the same bits (two's complement)."""
-    return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
-
-
 def pack_rows(q: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack codes along dimension 0 (``qweight``): [in, out] integers in [0, 2**bits) -> int32 [in / pack, out].
 
@@ -60,12 +55,16 @@ def pack_rows(q: torch.Tensor, bits: int) -> torch.Tensor:
     pack = pack_factor(bits)
     if q.dim() != 2 or q.shape[0] % pack:
         raise ValueError(f"cannot pack {tuple(q.shape)} codes along dim 0 by {pack}")
-    q64 = q.to(torch.int64)
-    if q64.numel() and (q64.min() < 0 or q64.max() >= 2 ** bits):
-        raise ValueError(f"codes must lie in [0, {2 ** bits - 1}] for {bits}-bit packing")
-    shifts = _shifts(bits, q.device).to(torch.int64)
-    words = (q64.view(q.shape[0] // pack, pack, q.shape[1]) << shifts[None, :, None]).sum(dim=1)
-    return _to_int32_words(words)
+    wide = q if q.dtype == torch.int64 else q.to(torch.int32)  # no wrap before the range check
+    if wide.numel():
+        low, high = torch.aminmax(wide)
+        if int(low) < 0 or int(high) >= 2 ** bits:
+            raise ValueError(f"codes must lie in [0, {2 ** bits - 1}] for {bits}-bit packing")
+    codes = wide.view(q.shape[0] // pack, pack, q.shape[1])
+    words = codes[:, 0].to(torch.int64, copy=True)  # [in / pack, out], built in int64: no signed overflow
+    for j in range(1, pack):
+        words |= codes[:, j].to(torch.int64) << (bits * j)
+    return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)  # the same 32 bits as int32
 
 
 def unpack_rows(qweight: torch.Tensor, bits: int) -> torch.Tensor:
