@@ -94,12 +94,13 @@ def get_quant_config(model_config: ModelConfig, hf_config: Any) -> Any | None:
     if name not in methods.names():
         package = QUANT_METHOD_PACKAGES.get(name)
         installed = ", ".join(sorted(methods.names())) or "none"
-        where = (f"the checkpoint is quantized with {name!r} (config.json quantization_config.quant_method)"
-                 if from_checkpoint else f"quantization method {name!r} is not installed")
+        where = (f"the checkpoint is quantized with {name!r} (config.json quantization_config.quant_method), but "
+                 "no loaded plugin provides that method" if from_checkpoint
+                 else f"quantization method {name!r} is not provided by any loaded plugin")
         hint = (f"install {package} (pip install {package})" if package
                 else "install the plugin package that provides it")
-        raise ConfigError(f"{where}, but no loaded plugin provides it; {hint}, or check BRIGADE_PLUGINS if it is "
-                          f"installed; installed methods: {installed}")
+        raise ConfigError(f"{where}; {hint}, or check BRIGADE_PLUGINS if it is installed; installed methods: "
+                          f"{installed}")
     try:
         return methods.get(name).from_hf_config(hf_config)
     except ConfigError:
