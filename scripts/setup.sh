@@ -28,6 +28,7 @@ LOCAL_PACKAGES=(
     builtin_platforms/cuda
     builtin_platforms/rocm
     builtin_quant/fp8
+    builtin_quant/gptq
     plugins/*
 )
 # <<<

@@ -63,23 +63,77 @@ def get_model_class(hf_config: Any) -> type[nn.Module]:
                       f"{', '.join(sorted(models.names()))}")
 
 
+# Quantization methods of Brigade's own plugin packages (builtin_quant/), so that a checkpoint whose method is not
+# installed can name the package to install. Only names: the core never imports a plugin.
+QUANT_METHOD_PACKAGES = {"fp8": "brigade-fp8", "awq": "brigade-awq", "gptq": "brigade-gptq"}
+
+
 def get_quant_config(model_config: ModelConfig, hf_config: Any) -> Any | None:
     """The quantization config object for this model, or None.
 
     The method is ``--quantization`` when given, else the checkpoint's own
     ``quantization_config["quant_method"]``. Its registered class builds itself with
     ``from_hf_config(hf_config)`` (see ``layers/linear_method.QuantizationConfig``).
+
+    Raises:
+        ConfigError (one line): no loaded plugin provides the method (naming the package to install when it is
+            one of Brigade's, e.g. ``brigade-gptq`` for a GPTQ checkpoint), or the method's ``from_hf_config``
+            refused the checkpoint (its ValueError's message, e.g. ``--quantization gptq`` on an unquantized one).
     """
     name = model_config.quantization
     checkpoint_quant = getattr(hf_config, "quantization_config", None)
-    if name is None and isinstance(checkpoint_quant, dict):
+    from_checkpoint = name is None and isinstance(checkpoint_quant, dict)
+    if from_checkpoint:
         name = checkpoint_quant.get("quant_method")
     if name is None:
         return None
     from brigade.plugins import load_plugins, registries
 
     load_plugins("engine")
-    return registries.quantization_methods.get(name).from_hf_config(hf_config)
+    methods = registries.quantization_methods
+    if name not in methods.names():
+        package = QUANT_METHOD_PACKAGES.get(name)
+        installed = ", ".join(sorted(methods.names())) or "none"
+        where = (f"the checkpoint is quantized with {name!r} (config.json quantization_config.quant_method), but "
+                 "no loaded plugin provides that method" if from_checkpoint
+                 else f"quantization method {name!r} is not provided by any loaded plugin")
+        hint = (f"install {package} (pip install {package})" if package
+                else "install the plugin package that provides it")
+        raise ConfigError(f"{where}; {hint}, or check BRIGADE_PLUGINS if it is installed; installed methods: "
+                          f"{installed}")
+    try:
+        return methods.get(name).from_hf_config(hf_config)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
+def check_quantized_layers(model_config: ModelConfig, hf_config: Any) -> None:
+    """Build the quantized model on the ``meta`` device (no memory, no weights, no kernels) so that a
+    quantization method refuses a layer it cannot hold (``LinearMethod.create_weights`` raising ValueError, e.g.
+    a GPTQ layer whose width does not divide into packed words) before any engine starts. Does nothing for an
+    unquantized model. A model class that cannot be built on ``meta`` is skipped here (the real build checks).
+
+    Raises:
+        ConfigError (one line): from ``get_quant_config``, or the method's ValueError for a layer.
+    """
+    quant_config = get_quant_config(model_config, hf_config)
+    if quant_config is None:
+        return
+    from brigade.attention.reference import ReferenceAttentionBackend
+
+    model_cls = get_model_class(hf_config)
+    try:
+        with torch.device("meta"):
+            model_cls(hf_config, dtype=torch.float16, attn_backend=ReferenceAttentionBackend,
+                      quant_config=quant_config)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    except Exception as e:  # noqa: BLE001 - a model not meant for meta tensors: the engine's own build will tell
+        logger.debug("skipped the meta-device check of %s: %s: %s", model_cls.__name__, type(e).__name__, e)
 
 
 def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype, device: torch.device,

@@ -35,7 +35,9 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
 def check(args: argparse.Namespace) -> None:
     """Every check that needs no engine: the flags, then the platform's and the model's limits on them
     (``prepare_config`` on a copy: ``--kv-cache-memory`` against the RAM on the CPU, ``--max-model-len``
-    against config.json, the architecture, the ``--lora-modules`` adapters). ``brigade``'s main runs it before the start-up log begins, and
+    against config.json, the architecture, the quantization method and the layers it must hold
+    (``check_quantized_layers``: a GPTQ checkpoint without brigade-gptq, ``--quantization gptq`` on an unquantized
+    one, 3-bit...), the ``--lora-modules`` adapters). ``brigade``'s main runs it before the start-up log begins, and
     ``run`` before the port is bound, so a bad flag prints one line and a busy port never hides it.
 
     Raises:
@@ -44,12 +46,13 @@ def check(args: argparse.Namespace) -> None:
     import copy
 
     from brigade.engine.core import prepare_config
-    from brigade.model_executor.loader import get_model_class
+    from brigade.model_executor.loader import check_quantized_layers, get_model_class
 
     config = runnable_config_from_args(args)
     settings_from_args(args)
     hf_config = prepare_config(copy.deepcopy(config))
     get_model_class(hf_config)
+    check_quantized_layers(config.model_config, hf_config)
     if config.lora_config is not None:  # each adapter read and checked against the model, one line if bad
         from brigade.lora.adapter import check_adapters
 

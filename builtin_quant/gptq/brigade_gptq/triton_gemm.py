@@ -1,0 +1,148 @@
+"""Triton GEMM on GPTQ-packed weights: ``y = x @ dequant(qweight).T (+ b)``, the weight dequantized in the K loop.
+
+Each program owns a ``[BLOCK_M, BLOCK_N]`` tile of ``y`` and walks K in steps of ``BLOCK_K`` rows: it loads
+``BLOCK_K / pack`` int32 words per column of ``qweight`` (``pack = 32 / bits`` codes each, little end first:
+row ``k`` sits in word ``k // pack`` at bit ``bits * (k % pack)``), shifts and masks them to the codes, loads the
+zero and scale of each row's group (the zero unpacked from ``qzeros`` the same way along N, plus ``zero_offset``:
+1 for AutoGPTQ's v1 zeros), forms ``(q - zero) * scale`` in fp32, rounds it once to x's dtype and feeds it to a
+tensor-core ``tl.dot`` with an fp32 accumulator. The dequantized weight never reaches memory: the kernel reads
+``bits / 16`` of an fp16 weight's bytes, which is the point of weight-only quantization in a memory-bound
+decode step (design after AutoGPTQ's ``triton`` QuantLinear and vLLM's GPTQ kernels).
+
+Groups: with act-order (``desc_act``) checkpoints a row's group is ``g_idx[k]``, loaded per row, and the zeros and
+scales are gathered per row (``[BLOCK_K, BLOCK_N]``). When ``g_idx`` is ``k // group_size`` and a K block never
+straddles two groups, the group is one scalar per block and one ``[BLOCK_N]`` row of zeros and scales serves it.
+
+fp32 activations use ``input_precision="ieee"`` (no TF32), so fp32 results match a float32 matmul closely.
+Imported only on CUDA hosts (``method.kernel_for_device``), but importable anywhere Triton is installed.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["M"])  # batch sizes must not compile variants mid-serving
+def _gptq_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, M, N, K, group_size,
+                      stride_xm, stride_qwk, stride_qzg, stride_sg, stride_ym,
+                      BITS: tl.constexpr, PACK: tl.constexpr, MAXQ: tl.constexpr, ZERO_OFFSET: tl.constexpr,
+                      PER_ROW_GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
+    qw_ptrs = qw_ptr + (offs_k[:, None] // PACK).to(tl.int64) * stride_qwk + offs_n[None, :]
+    shift_k = ((offs_k % PACK) * BITS)[:, None]  # [BLOCK_K, 1]: each row's field in its word
+    shift_n = ((offs_n % PACK) * BITS)[None, :]  # [1, BLOCK_N]: each column's field in its qzeros word
+    qz_cols = (offs_n // PACK)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = (k0 + offs_k) < K
+        if PER_ROW_GROUPS:
+            g = tl.load(g_ptr + k0 + offs_k, mask=k_ok, other=0)[:, None]  # [BLOCK_K, 1]
+        else:
+            g = k0 // group_size  # the block lies inside one group
+        s = tl.load(s_ptr + g * stride_sg + offs_n[None, :], mask=n_ok[None, :], other=0.0).to(tl.float32)
+        z = tl.load(qz_ptr + g * stride_qzg + qz_cols, mask=n_ok[None, :], other=0)
+        z = ((z >> shift_n) & MAXQ) + ZERO_OFFSET
+        q = tl.load(qw_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0)
+        q = (q >> shift_k) & MAXQ
+        w = ((q - z).to(tl.float32) * s).to(x_ptr.dtype.element_ty)  # [BLOCK_K, BLOCK_N]
+        a = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(a, w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, w, acc)
+        x_ptrs += BLOCK_K
+        qw_ptrs += (BLOCK_K // PACK) * stride_qwk
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def choose_tile(m: int, n: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` for ``m`` rows of ``x`` and ``n`` output columns.
+
+    Decode-sized batches (at most 16 rows) take narrow N tiles so that more programs stream the weight; larger
+    batches reuse each dequantized tile over more rows, wide outputs (gate_up) with wider N tiles. Chosen from
+    the tile sweep of ``benchmarks/kernels/bench_gptq_gemm.py`` on an H200 (Llama-3.1-8B shapes, 4-bit g128;
+    ``benchmarks/kernels/results/h200_bench_gptq_gemm_sweep.json``). fp32 (IEEE dot) takes smaller tiles.
+    """
+    if dtype == torch.float32:
+        return (16 if m <= 16 else 64), 64, 32, 4, 2
+    if m <= 16:
+        return 16, 32, 128, 4, 3
+    if m <= 64:
+        return 64, 64, 64, 4, 3
+    return (128, 256, 64, 8, 3) if n >= 16384 else (128, 128, 64, 8, 3)
+
+
+def gptq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+              g_idx: torch.Tensor, *, bits: int, zero_offset: int, group_size: int, trivial_g_idx: bool,
+              bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
+              tile: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """``x @ W.T (+ bias)`` for the GPTQ weight ``W.T[k, n] = (q[k, n] - zero[g_idx[k], n]) * scales[g_idx[k], n]``.
+
+    Args:
+        x: [M, K] float16, bfloat16 or float32 on CUDA.
+        qweight: int32 [K / pack, N]; qzeros: int32 [groups, N / pack]; scales: [groups, N] float (fp16 in
+            checkpoints). Column slices of larger tensors are fine (unit stride along N).
+        g_idx: int32 [K], each row's group. bits: 4 or 8. zero_offset: added to each stored zero (1: v1).
+        group_size: rows per group (K when the checkpoint's is -1). trivial_g_idx: g_idx is ``k // group_size``,
+            which allows one zero/scale row per K block when the block size divides ``group_size``.
+        bias: [N] or None. out: [M, N] in x's dtype with unit stride along N, or None to allocate.
+        tile: ``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` instead of ``choose_tile``'s (tests and
+            benchmarks/kernels/bench_gptq_gemm.py); BLOCK_K a multiple of 32.
+
+    Returns:
+        [M, N] in x's dtype (``out`` when given).
+
+    Raises:
+        ValueError: shapes that do not describe one GPTQ layer, or unsupported bits/dtype.
+    """
+    if bits not in (4, 8):
+        raise ValueError(f"gptq_gemm takes 4- or 8-bit weights, not {bits}-bit")
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"gptq_gemm takes float16, bfloat16 or float32 activations, not {x.dtype}")
+    pack = 32 // bits
+    m, k = x.shape
+    n = qweight.shape[1]
+    groups = scales.shape[0]
+    if qweight.shape[0] * pack != k or scales.shape[1] != n or qzeros.shape != (groups, n // pack) \
+            or g_idx.shape != (k,) or n % pack:
+        raise ValueError(f"GPTQ shapes do not match: x {tuple(x.shape)}, qweight {tuple(qweight.shape)}, qzeros "
+                         f"{tuple(qzeros.shape)}, scales {tuple(scales.shape)}, g_idx {tuple(g_idx.shape)}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    for name, t in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
+        if t.stride(1) != 1:
+            raise ValueError(f"{name} must have unit stride along N")
+    if out is None:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be [{m}, {n}] {x.dtype} with unit stride along N")
+    if m == 0:
+        return out
+    block_m, block_n, block_k, num_warps, num_stages = tile or choose_tile(m, n, x.dtype)
+    per_row = True
+    if trivial_g_idx:
+        for bk in sorted({block_k, min(block_k, 64), min(block_k, 32)}, reverse=True):
+            if groups == 1 or group_size % bk == 0:
+                block_k, per_row = bk, False
+                break
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
+    _gptq_gemm_kernel[grid](
+        x, qweight, qzeros, scales, g_idx, bias if bias is not None else scales, out, m, n, k, group_size,
+        x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0),
+        BITS=bits, PACK=pack, MAXQ=(1 << bits) - 1, ZERO_OFFSET=zero_offset, PER_ROW_GROUPS=per_row,
+        HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+    return out
