@@ -244,6 +244,9 @@ class SpeculativeConfig:
         if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise ConfigError(f"{flag} num_speculative_tokens must be from 1 to {MAX_SPECULATIVE_TOKENS}, got "
                               f"{self.num_speculative_tokens}")
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):  # the values given, before defaults fill in
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{flag} {name} must be at least 1, got {getattr(self, name)}")
         if self.prompt_lookup_max is None and self.prompt_lookup_min is None:
             self.prompt_lookup_max = self.prompt_lookup_min = 5  # vLLM's defaults
         elif self.prompt_lookup_min is None:
@@ -269,6 +272,13 @@ class SpeculativeConfig:
         if not isinstance(data, dict):
             raise ConfigError('--speculative-config must be a JSON object such as {"method": "ngram", '
                               '"num_speculative_tokens": 4, "prompt_lookup_max": 4}')
+        data = dict(data)
+        if "method" not in data and data.get("model") in ("ngram", "[ngram]"):  # vLLM's older spelling
+            data.pop("model")
+            data["method"] = "ngram"
+        if "method" in data and data["method"] not in SPECULATIVE_METHODS:  # before its keys (model, ...)
+            raise ConfigError(f"--speculative-config method {data['method']!r} is not supported; supported: "
+                              f"{', '.join(SPECULATIVE_METHODS)} (eagle, medusa, mtp and draft models are not)")
         unknown = sorted(set(data) - set(SPECULATIVE_KEYS))
         if unknown:
             raise ConfigError(f"--speculative-config has unknown keys {unknown}; allowed: {', '.join(SPECULATIVE_KEYS)}")

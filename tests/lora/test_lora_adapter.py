@@ -87,6 +87,21 @@ def test_peft_string_target_modules(tmp_path, smollm2_config):
     (lambda p: _edit_config(p, target_modules=".*\\.(q_proj"), "is not a valid regular expression"),
     (lambda p: _edit_config(p, target_modules=".*\\.k_proj"),
      f"tensor '{KEY}.lora_A.weight' adapts a module that target_modules '.*\\\\.k_proj' does not match"),
+    # Hostile or malformed files (found by a fresh-user review: each used to kill the engine on a runtime load)
+    (lambda p: _edit_config(p, target_modules=5), "'target_modules' must be a list of module names or a string"),
+    (lambda p: _edit_config(p, target_modules=[["q_proj"]]), "'target_modules' must be a list of module names"),
+    (lambda p: _edit_config(p, lora_alpha=10 ** 400), "'lora_alpha' must be a finite number"),
+    (lambda p: (p / "adapter_config.json").write_text('{"r": ' + "9" * 5001 + "}"), "cannot read adapter_config.json"),
+    (lambda p: (p / "adapter_config.json").write_text('{"x": ' + "[" * 200000 + "]" * 200000 + "}"),
+     "cannot read adapter_config.json"),
+    (lambda p: _edit_config(p, peft_type="PROMPT_TUNING"), "peft_type is 'PROMPT_TUNING'; only LORA adapters"),
+    (lambda p: _edit_tensors(p, lambda t: t.update({f"{KEY}.lora_A.weight": t[f"{KEY}.lora_A.weight"].to(
+        torch.float8_e4m3fn)})), "is torch.float8_e4m3fn; LoRA weights must be float32, float16 or bfloat16"),
+    (lambda p: _edit_tensors(p, lambda t: t.update({f"{KEY}.lora_A.weight": t[f"{KEY}.lora_A.weight"].to(
+        torch.int32)})), "is torch.int32; LoRA weights must be"),
+    (lambda p: _edit_tensors(p, lambda t: t.update({
+        "base_model.model.model.layers." + "9" * 5000 + ".self_attn.q_proj.lora_A.weight": torch.zeros(8, 576)})),
+     "cannot be loaded: ValueError"),
 ])
 def test_bad_adapters_fail_in_one_line(tmp_path, smollm2_config, breakage, needle):
     path = write_adapter(tmp_path / "bad", smollm2_config, seed=0, rank=8, targets=("q_proj", "v_proj"), layers=[0])
@@ -148,3 +163,10 @@ def test_scheduler_never_runs_more_adapters_than_slots():
         sched.update_from_output(out, ModelRunnerOutput(ids, [[7] for _ in ids]))
     assert steps[0] == {"a", "b", "d", "e"}, "z waits; the base request and x's second request go"
     assert "c" in steps[2] and "c" not in steps[1], "z runs once x's requests have finished"
+
+
+def test_a_config_with_a_byte_order_mark_loads(tmp_path, smollm2_config):
+    path = write_adapter(tmp_path / "bom", smollm2_config, seed=0, rank=8, targets=("q_proj",), layers=[0])
+    cfg = (path / "adapter_config.json").read_text()
+    (path / "adapter_config.json").write_text("\ufeff" + cfg, encoding="utf-8")
+    assert load_adapter("bom", str(path), smollm2_config, max_rank=16).rank == 8

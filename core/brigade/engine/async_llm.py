@@ -20,7 +20,7 @@ from brigade.engine.input_processor import InputProcessor, eos_token_id
 from brigade.engine.messages import UtilityMethod
 from brigade.engine.output_processor import OutputProcessor
 from brigade.lora.adapter import LoRAError, LoRANameError, UnknownLoRAError
-from brigade.lora.request import LoRARequest, lora_module_requests
+from brigade.lora.request import LoRARequest, lora_module_requests, name_list
 from brigade.metrics.stats import StatLoggerBase
 from brigade.outputs import RequestOutput
 from brigade.sampling_params import InvalidParamError, SamplingParams
@@ -224,19 +224,19 @@ class AsyncLLM:
 
         Args:
             lora_name: the adapter's name.
-            lora_int_id: when given, the adapter's id must be this one (vLLM's optional field).
+            lora_int_id: vLLM's optional field, accepted and not checked: the server assigns its adapters' ids
+                itself (as vLLM, which unloads by name).
         Returns:
             The LoRARequest no longer served.
         Raises:
-            UnknownLoRAError: no adapter of that name (and id) is served.
+            UnknownLoRAError: no adapter of that name is served.
             EngineDeadError: the engine is gone.
         """
         await self.check_health()
         served = self.lora_requests.get(lora_name)
-        if served is None or (lora_int_id is not None and lora_int_id != served.lora_int_id):
-            with_id = "" if lora_int_id is None else f" with lora_int_id {lora_int_id}"
-            raise UnknownLoRAError(f"LoRA adapter {lora_name!r}{with_id} is not loaded; loaded: "
-                                   f"{', '.join(repr(n) for n in self.lora_requests) or 'none'}")
+        if served is None:
+            raise UnknownLoRAError(f"LoRA adapter {lora_name!r} is not loaded; loaded: "
+                                   f"{name_list(self.lora_requests) or 'none'}")
         del self.lora_requests[lora_name]
         self._ensure_output_task()
         await self.client.call_utility(UtilityMethod.REMOVE_LORA, served)

@@ -92,16 +92,41 @@ def _read_config(name: str, path: str) -> dict[str, Any]:
                 if needed == WEIGHTS_FILE and os.path.isfile(os.path.join(path, "adapter_model.bin")) else ""
             raise fail(f"no {needed} in the folder{extra}")
     try:
-        with open(os.path.join(path, CONFIG_FILE), encoding="utf-8") as f:
+        with open(os.path.join(path, CONFIG_FILE), encoding="utf-8-sig") as f:
             cfg = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise fail(f"cannot read {CONFIG_FILE}: {exc}") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: bad JSON, huge ints
+        raise fail(f"cannot read {CONFIG_FILE}: {_short(exc)}") from None
     if not isinstance(cfg, dict):
         raise fail(f"{CONFIG_FILE} is not a JSON object")
     return cfg
 
 
+def _short(exc: BaseException, limit: int = 200) -> str:
+    """An exception's message, cut to ``limit`` characters (a hostile file can make it megabytes long)."""
+    text = str(exc)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def load_adapter(name: str, path: str, hf_config: Any, *, max_rank: int) -> LoRAAdapter:
+    """Read and check a PEFT adapter for a model with ``hf_config``; see ``_load_adapter``.
+
+    Raises:
+        LoRAError: for every problem of the folder, its config or its tensors, whatever the cause: an adapter
+            that fails in an unforeseen way is refused in one line, never a crash of the engine that loads it.
+    """
+    try:
+        return _load_adapter(name, path, hf_config, max_rank=max_rank)
+    except LoRAError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - files from a client (runtime loading): refuse, never crash
+        raise LoRAError(f"LoRA adapter {name!r} ({path}): cannot be loaded: {type(exc).__name__}: "
+                        f"{_short(exc)}") from None
+
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _load_adapter(name: str, path: str, hf_config: Any, *, max_rank: int) -> LoRAAdapter:
     """Read and check a PEFT adapter for a model with ``hf_config``.
 
     Args:
@@ -124,11 +149,15 @@ def load_adapter(name: str, path: str, hf_config: Any, *, max_rank: int) -> LoRA
         return LoRAError(f"LoRA adapter {name!r} ({path}): {reason}")
 
     cfg = _read_config(name, path)
+    peft_type = cfg.get("peft_type", "LORA")
+    if peft_type != "LORA":
+        raise fail(f"adapter_config.json peft_type is {_short(repr(peft_type), 60)}; only LORA adapters are served")
     rank, alpha = cfg.get("r"), cfg.get("lora_alpha", cfg.get("r"))
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise fail(f"adapter_config.json 'r' must be a positive integer, got {rank!r}")
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
-        raise fail(f"adapter_config.json 'lora_alpha' must be a finite number, got {alpha!r}")
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= 1 << 20:
+        raise fail(f"adapter_config.json 'r' must be a positive integer, got {_short(repr(rank), 60)}")
+    if (not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or abs(alpha) > 1e30
+            or not math.isfinite(alpha)):
+        raise fail(f"adapter_config.json 'lora_alpha' must be a finite number, got {_short(repr(alpha), 60)}")
     if rank > max_rank:
         raise fail(f"rank {rank} is above --max-lora-rank {max_rank}; raise --max-lora-rank to at least {rank}")
     bias = cfg.get("bias", "none")
@@ -139,6 +168,10 @@ def load_adapter(name: str, path: str, hf_config: Any, *, max_rank: int) -> LoRA
             raise fail(f"{option} is not supported (got {cfg[option]!r})")
     shapes = target_shapes(hf_config)
     targets = cfg.get("target_modules")
+    if not (targets is None or isinstance(targets, str)
+            or (isinstance(targets, list) and all(isinstance(t, str) for t in targets))):
+        raise fail("adapter_config.json 'target_modules' must be a list of module names or a string (\"all-linear\" "
+                   f"or a regular expression), got {_short(repr(targets), 60)}")
     pattern = None  # PEFT: a string is "all-linear" or a regex the module's full name must match
     if isinstance(targets, str):
         if targets not in shapes:
@@ -172,6 +205,8 @@ def load_adapter(name: str, path: str, hf_config: Any, *, max_rank: int) -> LoRA
             raise fail(f"tensor {key!r} adapts {module}, which is not in target_modules {targets}")
         if pattern is not None and not pattern.fullmatch(f"model.layers.{layer}.{match.group(2)}.{module}"):
             raise fail(f"tensor {key!r} adapts a module that target_modules {pattern.pattern!r} does not match")
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise fail(f"tensor {key!r} is {tensor.dtype}; LoRA weights must be float32, float16 or bfloat16")
         if not torch.isfinite(tensor).all():
             raise fail(f"tensor {key!r} holds NaN or infinite values")
         in_f, out_f = shapes[module]

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from brigade.entrypoints.openai.responses import ErrorInfo, ErrorResponse
+from brigade.lora.request import name_list
 from brigade.sampling_params import InvalidParamError
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class OpenAIError(Exception):
     @classmethod
     def model_not_found(cls, model: str, served: str, adapters: Sequence[str] = ()) -> "OpenAIError":
         """404 ``model_not_found``, naming the served model and its LoRA adapters."""
-        also = f" and the LoRA adapters {', '.join(repr(a) for a in adapters)}" if adapters else ""
+        also = f" and the LoRA adapters {name_list(adapters)}" if adapters else ""
         return cls(f"The model {model!r} does not exist; this server serves {served!r}{also}", status_code=404,
                    param="model", code="model_not_found")
 

@@ -259,11 +259,15 @@ NonEmptyStr = Annotated[str, Strict(), Field(min_length=1)]
 """A string field that must be given and not be empty (a JSON string only, not a number)."""
 
 
+LoRAName = Annotated[str, Strict(), Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
+"""An adapter name to load: 1 to 256 characters, no control characters (it is echoed in /v1/models and logs)."""
+
+
 class LoadLoRAAdapterRequest(OpenAIBaseModel):
     """POST /v1/load_lora_adapter (vLLM's, with BRIGADE_ALLOW_RUNTIME_LORA_UPDATING): load the PEFT adapter
     folder ``lora_path`` (on the server's machine) and serve it as the model ``lora_name``."""
 
-    lora_name: NonEmptyStr
+    lora_name: LoRAName
     lora_path: NonEmptyStr
 
 
