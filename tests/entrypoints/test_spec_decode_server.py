@@ -77,7 +77,7 @@ def parse(*argv: str) -> argparse.Namespace:
     ('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 4, "prompt_lookup_max": 2}',
      "--speculative-config prompt_lookup_min 4 is above prompt_lookup_max 2"),
     ('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 0}',
-     "--speculative-config prompt_lookup_min must be at least 1, got 0"),
+     "--speculative-config prompt_lookup_max must be at least 1, got 0"),
     ('{"method": "ngram", "num_speculative_tokens": "3"}', "num_speculative_tokens must be a whole number, got '3'"),
     ('{"method": "ngram", "num_speculative_tokens": 3, "model": "x"}',
      "--speculative-config has unknown keys ['model']; allowed: method, num_speculative_tokens"),

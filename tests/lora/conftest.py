@@ -9,11 +9,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "entrypoints"))  # remote_server, for the server tests
 
-from lora_utils import hf_greedy, merged_lora, write_adapter  # noqa: E402
+from lora_utils import (ALL_MODULES, MAX_NEW_TOKENS, PROMPTS, hf_greedy, merged_lora,  # noqa: E402
+                        write_adapter)
 
-ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-MAX_NEW_TOKENS = 12
-PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea,"]
 
 
 @pytest.fixture(scope="session")

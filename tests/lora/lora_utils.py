@@ -11,6 +11,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+MAX_NEW_TOKENS = 12  # greedy tokens compared with transformers in the LoRA tests
+PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea,"]
+
 MODULE_BLOCK = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
                 "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
 

@@ -5,7 +5,7 @@ in batches that mix the base model and several adapters, also with fewer slots t
 from __future__ import annotations
 
 import pytest
-from conftest import MAX_NEW_TOKENS
+from lora_utils import MAX_NEW_TOKENS
 
 from brigade import LLM, SamplingParams
 from brigade.lora import LoRARequest

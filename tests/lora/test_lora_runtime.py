@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import MAX_NEW_TOKENS, PROMPTS
+from lora_utils import MAX_NEW_TOKENS, PROMPTS
 from lora_utils import write_adapter
 from remote_server import RemoteServer
 from safetensors.torch import load_file, save_file

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from conftest import MAX_NEW_TOKENS, PROMPTS
+from lora_utils import MAX_NEW_TOKENS, PROMPTS
 from remote_server import RemoteServer
 from test_cli_early_errors import assert_one_line, run_cli
 

@@ -16,8 +16,6 @@ from gptq_checkpoint import (GPTQSpec, quantize_model, write_dequantized_checkpo
 # The end-to-end flavours: between them group sizes 128 and -1, desc_act true (permuted g_idx) and false, asym and
 # sym, 4 and 8 bits, at two engine start-ups (about 12 s each on two cores). Every other combination runs at the
 # layer level in test_gptq_format.py, where the same code paths are checked against a float64 product.
-E2E_SPECS = (GPTQSpec(bits=4, group_size=128, desc_act=True, sym=False),
-             GPTQSpec(bits=8, group_size=-1, desc_act=False, sym=True))
 
 
 @pytest.fixture(scope="session")

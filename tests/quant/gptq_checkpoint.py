@@ -212,3 +212,9 @@ def write_dequantized_checkpoint(model_dir: Path, out_dir: Path,
     save_file(out, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     shutil.copy(model_dir / "config.json", out_dir / "config.json")
     return out_dir
+
+
+# The two end-to-end flavours of test_gptq_model.py (between them: 4 and 8 bits, group 128 and -1, act-order on and
+# off, asymmetric and symmetric).
+E2E_SPECS = (GPTQSpec(bits=4, group_size=128, desc_act=True, sym=False),
+             GPTQSpec(bits=8, group_size=-1, desc_act=False, sym=True))

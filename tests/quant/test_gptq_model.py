@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import E2E_SPECS
+from gptq_checkpoint import E2E_SPECS
 from remote_server import RemoteServer, brigade_command
 from test_cli_early_errors import _serve_args, assert_one_line, run_cli
 
