@@ -192,3 +192,19 @@ def test_a_broken_tokenizer_file_is_one_error_line_not_a_traceback(smollm2_path,
 def test_an_empty_api_key_is_refused(smollm2_path):
     assert_one_line(run_cli("serve", str(smollm2_path), "--api-key", ""), "brigade serve",
                     "--api-key is empty, which would serve without any key")
+
+
+def test_underscore_flags_mean_the_dashed_ones():
+    """vLLM users write --max_model_len and --speculative_config: the name part is normalized, values are not."""
+    from brigade.entrypoints.cli.main import normalize_flag_spelling
+
+    argv = ["serve", "m", "--max_model_len", "64", "--speculative_config={\"method\": \"ngram\"}",
+            "--lora-modules", "my_adapter=/a/b_c", "--", "--not_a_flag"]
+    assert normalize_flag_spelling(argv) == [
+        "serve", "m", "--max-model-len", "64", "--speculative-config={\"method\": \"ngram\"}",
+        "--lora-modules", "my_adapter=/a/b_c", "--", "--not_a_flag"]
+
+
+def test_an_underscore_flag_reaches_its_check(smollm2_path):
+    proc = run_cli("serve", str(smollm2_path), "--max_model_len", "0")
+    assert_one_line(proc, "brigade serve", "max-model-len")

@@ -69,6 +69,20 @@ def _deepest_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser = actions[0].choices[chosen]
 
 
+def normalize_flag_spelling(argv: list[str]) -> list[str]:
+    """``--max_model_len`` means ``--max-model-len``, as in vLLM's command line: underscores in an option's
+    name (before any ``=``) become dashes. Values and everything after a bare ``--`` are left as they are."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return out + argv[i:]
+        if arg.startswith("--") and "_" in arg.split("=", 1)[0]:
+            name, sep, value = arg.partition("=")
+            arg = name.replace("_", "-") + sep + value
+        out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``brigade`` console script; returns the exit status.
 
@@ -83,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from brigade.plugins import PluginLoadError, load_plugins, plugin_choices, process_plugin_manager
     from brigade.plugins.manager import SERVER_ONLY_NOTICE
 
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = normalize_flag_spelling(sys.argv[1:] if argv is None else list(argv))
     plugin_log = logging.getLogger("brigade.plugins")
     held, propagate = _HeldRecords(), plugin_log.propagate
     plugin_log.addHandler(held)
