@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_llama import tiny_llama_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -17,13 +18,10 @@ NUM_NEW = 32
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=512, max_position_embeddings=1024,
-                         initializer_range=0.1, rms_norm_eps=1e-5, rope_theta=10000.0, eos_token_id=None,
-                         bos_token_id=None, tie_word_embeddings=False)
+    config = tiny_llama_config()
     model = LlamaForCausalLM(config).eval()
     path = tmp_path_factory.mktemp("tiny-llama")
     model.save_pretrained(path)

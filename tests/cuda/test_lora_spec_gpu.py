@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "lora"))
 from lora_utils import merged_lora, write_adapter  # noqa: E402
+from tiny_llama import tiny_llama_config  # noqa: E402
 
 NUM_NEW = 48
 ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -26,13 +27,10 @@ ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(model path, adapter paths, prompts, greedy tokens of HF per adapter name, None being the base)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=512, max_position_embeddings=1024,
-                         initializer_range=0.05, rms_norm_eps=1e-5, rope_theta=10000.0, eos_token_id=None,
-                         bos_token_id=None, tie_word_embeddings=False)
+    config = tiny_llama_config(initializer_range=0.05)
     model = LlamaForCausalLM(config).eval()
     root = tmp_path_factory.mktemp("tiny-lora")
     model.save_pretrained(root / "model")

@@ -86,3 +86,23 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                              do_sample=False, pad_token_id=0)
     return out[0, len(prompt_ids):].tolist()
+
+
+# A tensor of every test adapter written with layers=[0] (the tests break it on purpose).
+KEY = "base_model.model.model.layers.0.self_attn.q_proj"
+
+
+def edit_config(path: Path, **changes) -> None:
+    """Overwrite keys of the adapter folder's adapter_config.json."""
+    cfg = json.loads((path / "adapter_config.json").read_text())
+    cfg.update(changes)
+    (path / "adapter_config.json").write_text(json.dumps(cfg))
+
+
+def edit_tensors(path: Path, fn) -> None:
+    """Rewrite the adapter folder's tensors through ``fn(tensors)``, which edits the dict in place."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path / "adapter_model.safetensors"))
+    fn(tensors)
+    save_file(tensors, str(path / "adapter_model.safetensors"))

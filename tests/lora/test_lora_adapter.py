@@ -3,14 +3,12 @@ scheduler's --max-loras rule: each bad adapter is one LoRAError line naming the 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 
 import pytest
 import torch
-from lora_utils import write_adapter
-from safetensors.torch import load_file, save_file
+from lora_utils import KEY, edit_config, edit_tensors, write_adapter
 
 from brigade.config import CacheConfig, LoRAConfig, SchedulerConfig
 from brigade.core.request import Request
@@ -33,27 +31,12 @@ def test_a_good_adapter_loads_with_its_scaling(tmp_path, smollm2_config):
     assert load_adapter("rs", str(rs), smollm2_config, max_rank=16).scaling == 8 / math.sqrt(4)
 
 
-def _edit_config(path, **changes):
-    cfg = json.loads((path / "adapter_config.json").read_text())
-    cfg.update(changes)
-    (path / "adapter_config.json").write_text(json.dumps(cfg))
-
-
-def _edit_tensors(path, fn):
-    tensors = load_file(str(path / "adapter_model.safetensors"))
-    fn(tensors)
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-
-
-KEY = "base_model.model.model.layers.0.self_attn.q_proj"
-
-
 def test_peft_string_target_modules(tmp_path, smollm2_config):
     """PEFT also writes target_modules as a string: "all-linear", or a regex the module's full name matches."""
     for targets in ("all-linear", ".*\\.(q_proj|v_proj)", "model\\.layers\\.0\\.self_attn\\.(q|v)_proj"):
         path = write_adapter(tmp_path / f"s{len(targets)}", smollm2_config, seed=0, rank=8,
                              targets=("q_proj", "v_proj"), layers=[0])
-        _edit_config(path, target_modules=targets)
+        edit_config(path, target_modules=targets)
         adapter = load_adapter("s", str(path), smollm2_config, max_rank=16)
         assert adapter.target_modules == {"q_proj", "v_proj"}
 
@@ -62,44 +45,44 @@ def test_peft_string_target_modules(tmp_path, smollm2_config):
     (lambda p: (p / "adapter_config.json").unlink(), "no adapter_config.json in the folder"),
     (lambda p: (p / "adapter_model.safetensors").rename(p / "adapter_model.bin"),
      "no adapter_model.safetensors in the folder (adapter_model.bin is not read; re-save with safetensors)"),
-    (lambda p: _edit_config(p, r=32), "rank 32 is above --max-lora-rank 16; raise --max-lora-rank to at least 32"),
-    (lambda p: _edit_config(p, target_modules=["q_proj", "embed_tokens"]),
+    (lambda p: edit_config(p, r=32), "rank 32 is above --max-lora-rank 16; raise --max-lora-rank to at least 32"),
+    (lambda p: edit_config(p, target_modules=["q_proj", "embed_tokens"]),
      "target module 'embed_tokens' is not a projection of this model that LoRA can adapt"),
-    (lambda p: _edit_config(p, bias="lora_only"), "bias 'lora_only' is not supported (only 'none'"),
-    (lambda p: _edit_config(p, modules_to_save=["lm_head"]), "modules_to_save is not supported"),
-    (lambda p: _edit_config(p, use_dora=True), "use_dora is not supported"),
-    (lambda p: _edit_config(p, r="eight"), "'r' must be a positive integer, got 'eight'"),
-    (lambda p: _edit_tensors(p, lambda t: t.update({f"{KEY}.lora_A.weight": torch.zeros(8, 100)})),
+    (lambda p: edit_config(p, bias="lora_only"), "bias 'lora_only' is not supported (only 'none'"),
+    (lambda p: edit_config(p, modules_to_save=["lm_head"]), "modules_to_save is not supported"),
+    (lambda p: edit_config(p, use_dora=True), "use_dora is not supported"),
+    (lambda p: edit_config(p, r="eight"), "'r' must be a positive integer, got 'eight'"),
+    (lambda p: edit_tensors(p, lambda t: t.update({f"{KEY}.lora_A.weight": torch.zeros(8, 100)})),
      f"tensor '{KEY}.lora_A.weight' has shape [8, 100], expected [8, 576]"),
-    (lambda p: _edit_tensors(p, lambda t: t.pop(f"{KEY}.lora_B.weight")), "layer 0 q_proj has no lora_B weight"),
-    (lambda p: _edit_tensors(p, lambda t: t.update({
+    (lambda p: edit_tensors(p, lambda t: t.pop(f"{KEY}.lora_B.weight")), "layer 0 q_proj has no lora_B weight"),
+    (lambda p: edit_tensors(p, lambda t: t.update({
         "base_model.model.model.layers.99.self_attn.q_proj.lora_A.weight": torch.zeros(8, 576),
         "base_model.model.model.layers.99.self_attn.q_proj.lora_B.weight": torch.zeros(576, 8)})),
      "is for layer 99, but the model has 30 layers"),
-    (lambda p: _edit_tensors(p, lambda t: t.update({"base_model.model.lm_head.lora_A.weight": torch.zeros(8, 576)})),
+    (lambda p: edit_tensors(p, lambda t: t.update({"base_model.model.lm_head.lora_A.weight": torch.zeros(8, 576)})),
      "tensor 'base_model.model.lm_head.lora_A.weight' is not a lora_A/lora_B weight of a projection"),
-    (lambda p: _edit_tensors(p, lambda t: t[f"{KEY}.lora_A.weight"].__setitem__((0, 0), float("nan"))),
+    (lambda p: edit_tensors(p, lambda t: t[f"{KEY}.lora_A.weight"].__setitem__((0, 0), float("nan"))),
      f"tensor '{KEY}.lora_A.weight' holds NaN or infinite values"),
-    (lambda p: _edit_tensors(p, lambda t: t[f"{KEY}.lora_B.weight"].__setitem__((3, 1), float("inf"))),
+    (lambda p: edit_tensors(p, lambda t: t[f"{KEY}.lora_B.weight"].__setitem__((3, 1), float("inf"))),
      f"tensor '{KEY}.lora_B.weight' holds NaN or infinite values"),
-    (lambda p: _edit_config(p, lora_alpha=float("nan")), "'lora_alpha' must be a finite number, got nan"),
-    (lambda p: _edit_config(p, lora_alpha=float("inf")), "'lora_alpha' must be a finite number, got inf"),
-    (lambda p: _edit_config(p, target_modules=".*\\.(q_proj"), "is not a valid regular expression"),
-    (lambda p: _edit_config(p, target_modules=".*\\.k_proj"),
+    (lambda p: edit_config(p, lora_alpha=float("nan")), "'lora_alpha' must be a finite number, got nan"),
+    (lambda p: edit_config(p, lora_alpha=float("inf")), "'lora_alpha' must be a finite number, got inf"),
+    (lambda p: edit_config(p, target_modules=".*\\.(q_proj"), "is not a valid regular expression"),
+    (lambda p: edit_config(p, target_modules=".*\\.k_proj"),
      f"tensor '{KEY}.lora_A.weight' adapts a module that target_modules '.*\\\\.k_proj' does not match"),
     # Hostile or malformed files (found by a fresh-user review: each used to kill the engine on a runtime load)
-    (lambda p: _edit_config(p, target_modules=5), "'target_modules' must be a list of module names or a string"),
-    (lambda p: _edit_config(p, target_modules=[["q_proj"]]), "'target_modules' must be a list of module names"),
-    (lambda p: _edit_config(p, lora_alpha=10 ** 400), "'lora_alpha' must be a finite number"),
+    (lambda p: edit_config(p, target_modules=5), "'target_modules' must be a list of module names or a string"),
+    (lambda p: edit_config(p, target_modules=[["q_proj"]]), "'target_modules' must be a list of module names"),
+    (lambda p: edit_config(p, lora_alpha=10 ** 400), "'lora_alpha' must be a finite number"),
     (lambda p: (p / "adapter_config.json").write_text('{"r": ' + "9" * 5001 + "}"), "cannot read adapter_config.json"),
     (lambda p: (p / "adapter_config.json").write_text('{"x": ' + "[" * 200000 + "]" * 200000 + "}"),
      "cannot read adapter_config.json"),
-    (lambda p: _edit_config(p, peft_type="PROMPT_TUNING"), "peft_type is 'PROMPT_TUNING'; only LORA adapters"),
-    (lambda p: _edit_tensors(p, lambda t: t.update({f"{KEY}.lora_A.weight": t[f"{KEY}.lora_A.weight"].to(
+    (lambda p: edit_config(p, peft_type="PROMPT_TUNING"), "peft_type is 'PROMPT_TUNING'; only LORA adapters"),
+    (lambda p: edit_tensors(p, lambda t: t.update({f"{KEY}.lora_A.weight": t[f"{KEY}.lora_A.weight"].to(
         torch.float8_e4m3fn)})), "is torch.float8_e4m3fn; LoRA weights must be float32, float16 or bfloat16"),
-    (lambda p: _edit_tensors(p, lambda t: t.update({f"{KEY}.lora_A.weight": t[f"{KEY}.lora_A.weight"].to(
+    (lambda p: edit_tensors(p, lambda t: t.update({f"{KEY}.lora_A.weight": t[f"{KEY}.lora_A.weight"].to(
         torch.int32)})), "is torch.int32; LoRA weights must be"),
-    (lambda p: _edit_tensors(p, lambda t: t.update({
+    (lambda p: edit_tensors(p, lambda t: t.update({
         "base_model.model.model.layers." + "9" * 5000 + ".self_attn.q_proj.lora_A.weight": torch.zeros(8, 576)})),
      "cannot be loaded: ValueError"),
 ])

@@ -7,7 +7,6 @@ prefix-cache blocks of the old one are reused). One server for the module."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
@@ -18,9 +17,8 @@ import openai
 import pytest
 import torch
 from lora_utils import MAX_NEW_TOKENS, PROMPTS
-from lora_utils import write_adapter
+from lora_utils import KEY, edit_config, edit_tensors, write_adapter
 from remote_server import RemoteServer
-from safetensors.torch import load_file, save_file
 from test_lora_server import _OFFLINE, _offline_text
 
 from brigade import SamplingParams
@@ -117,33 +115,18 @@ def test_load_list_run_unload(server, smollm2_path, lora_adapters):
         client.models.retrieve("poet")
 
 
-def _edit_config(path, **changes):
-    cfg = json.loads((path / "adapter_config.json").read_text())
-    cfg.update(changes)
-    (path / "adapter_config.json").write_text(json.dumps(cfg))
-
-
-def _edit_tensor(path, fn):
-    tensors = load_file(str(path / "adapter_model.safetensors"))
-    fn(tensors)
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-
-
-KEY = "base_model.model.model.layers.0.self_attn.q_proj"
-
-
 @pytest.mark.parametrize("breakage,needle", [
     (lambda p: (p / "adapter_config.json").unlink(), "no adapter_config.json in the folder"),
     (lambda p: (p / "adapter_config.json").write_text("{not json"), "cannot read adapter_config.json"),
-    (lambda p: _edit_config(p, r="eight"), "'r' must be a positive integer, got 'eight'"),
-    (lambda p: _edit_config(p, r=16), "rank 16 is above --max-lora-rank 8; raise --max-lora-rank to at least 16"),
-    (lambda p: _edit_tensor(p, lambda t: t[f"{KEY}.lora_A.weight"].__setitem__((0, 0), float("nan"))),
+    (lambda p: edit_config(p, r="eight"), "'r' must be a positive integer, got 'eight'"),
+    (lambda p: edit_config(p, r=16), "rank 16 is above --max-lora-rank 8; raise --max-lora-rank to at least 16"),
+    (lambda p: edit_tensors(p, lambda t: t[f"{KEY}.lora_A.weight"].__setitem__((0, 0), float("nan"))),
      f"tensor '{KEY}.lora_A.weight' holds NaN or infinite values"),
-    (lambda p: _edit_tensor(p, lambda t: t[f"{KEY}.lora_B.weight"].__setitem__((1, 1), float("inf"))),
+    (lambda p: edit_tensors(p, lambda t: t[f"{KEY}.lora_B.weight"].__setitem__((1, 1), float("inf"))),
      f"tensor '{KEY}.lora_B.weight' holds NaN or infinite values"),
-    (lambda p: _edit_tensor(p, lambda t: t.update({f"{KEY}.lora_A.weight": torch.zeros(8, 100)})),
+    (lambda p: edit_tensors(p, lambda t: t.update({f"{KEY}.lora_A.weight": torch.zeros(8, 100)})),
      f"tensor '{KEY}.lora_A.weight' has shape [8, 100], expected [8, 576]"),
-    (lambda p: _edit_config(p, target_modules=5), "'target_modules' must be a list of module names or a string"),
+    (lambda p: edit_config(p, target_modules=5), "'target_modules' must be a list of module names or a string"),
     (lambda p: (p / "adapter_config.json").write_text('{"r": ' + "9" * 5001 + "}"), "cannot read adapter_config"),
 ], ids=["no-config", "config-not-json", "bad-rank-type", "rank-above-max", "nan", "inf", "wrong-shape",
         "targets-not-a-list", "huge-int"])
