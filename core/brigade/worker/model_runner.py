@@ -166,9 +166,9 @@ class ModelRunner:
         max_seqs = self.config.scheduler_config.max_num_seqs
         sizes = comp.cudagraph_capture_sizes or default_capture_sizes(max_seqs, comp.level)
         max_len = self.config.model_config.max_model_len
+        max_blocks = -(-max_len // self.block_size)
         self.cuda_graphs = DecodeGraphs(self.model, self.kv_caches, [s for s in sizes if s <= max(max_seqs, 1)],
-                                        max_blocks_per_req=-(-max_len // self.block_size), max_model_len=max_len,
-                                        device=self.device,
+                                        max_blocks_per_req=max_blocks, max_model_len=max_len, device=self.device,
                                         seq_len_buckets=self.attn_backend.decode_graph_seq_lens)
         self.cuda_graphs.capture()
         spec = self.config.speculative_config
@@ -178,8 +178,8 @@ class ModelRunner:
             # (12.3 ms at batch 1 on the H200 against 5.1 ms replayed; docs/benchmarks.md).
             spec_sizes = [s for s in self.cuda_graphs.sizes if s <= SPEC_GRAPH_MAX_BATCH]
             self.spec_graphs = DecodeGraphs(self.model, self.kv_caches, spec_sizes,
-                                            max_blocks_per_req=-(-max_len // self.block_size), max_model_len=max_len,
-                                            device=self.device, query_len=1 + spec.num_speculative_tokens)
+                                            max_blocks_per_req=max_blocks, max_model_len=max_len, device=self.device,
+                                            query_len=1 + spec.num_speculative_tokens)
             self.spec_graphs.capture()
 
     # ---- one step -------------------------------------------------------------------------------
@@ -245,26 +245,21 @@ class ModelRunner:
                     for rid, s, d in zip(order, states, drafts))
                     and max(s.num_computed_tokens for s in states) + q <= self.config.model_config.max_model_len):
                 uniform = q
-        spec_graphs = self.spec_graphs
-        use_spec_graph = (uniform is not None and spec_graphs is not None
-                          and spec_graphs.can_run(len(order), max(num_scheduled.values())))
+        graphs = self.cuda_graphs if use_graph else None
+        if uniform is not None and self.spec_graphs is not None \
+                and self.spec_graphs.can_run(len(order), max(num_scheduled.values())):
+            graphs = self.spec_graphs
+        elif not self.pad_spec_steps:
+            uniform = None  # runs eagerly as scheduled
         if self.lora_manager is not None:  # slots and token mask for this step (persistent buffers: graph-safe)
             self.lora_manager.set_batch([s.lora_int_id for s in states], [num_scheduled[rid] for rid in order])
-        transfer = self.transfer
-        if use_graph:
-            transfer = self.cuda_graphs.transfer
-        elif use_spec_graph:
-            transfer = spec_graphs.transfer
         inputs = build_step_inputs(states, [num_scheduled[rid] for rid in order], block_size=self.block_size,
-                                   device=self.device, transfer=transfer, spec_token_ids=drafts,
-                                   uniform_query_len=uniform if use_spec_graph or self.pad_spec_steps else None)
-        if uniform is not None and (use_spec_graph or self.pad_spec_steps):
+                                   device=self.device, transfer=self.transfer if graphs is None else graphs.transfer,
+                                   spec_token_ids=drafts, uniform_query_len=uniform)
+        if uniform is not None:
             self.num_padded_spec_steps += 1
         self._fill_pending_inputs(inputs)
-        if use_spec_graph:
-            logits, hidden = spec_graphs.run(inputs)[inputs.logits_indices], None
-        else:
-            logits, hidden = self._forward(inputs, use_graph=use_graph, keep_hidden=want_prompt_logprobs)
+        logits, hidden = self._forward(inputs, graphs=graphs, keep_hidden=want_prompt_logprobs)
         prompt_logprobs = self._prompt_logprobs(order, inputs, hidden) if want_prompt_logprobs else {}
         for rid, n in num_scheduled.items():
             self.requests[rid].num_computed_tokens += n
@@ -363,15 +358,15 @@ class ModelRunner:
                 full[row] = src[rows[rid]]
         return torch.from_numpy(full).to(self.device, non_blocking=True)
 
-    def _forward(self, inputs, *, use_graph: bool, keep_hidden: bool = False
+    def _forward(self, inputs, *, graphs=None, keep_hidden: bool = False
                  ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Run the model, replaying a decode graph when ``use_graph`` (inputs built through
-        ``DecodeGraphs.transfer``); return (logits [num_sampling_reqs, vocab] or None when nobody samples, and
+        """Run the model, replaying one of ``graphs`` (a ``DecodeGraphs``: decode or verification; inputs built
+        through its ``transfer``) when given; return (logits [num_logits, vocab] or None when nobody samples, and
         the hidden states [num_tokens, hidden] when ``keep_hidden``, else None)."""
         md = inputs.metadata
-        if use_graph:
-            logits = self.cuda_graphs.run(inputs)  # decode: batch rows are token rows
-            if len(inputs.sampling_req_ids) == md.num_reqs:  # every row samples: no gather kernel needed
+        if graphs is not None:
+            logits = graphs.run(inputs)  # a row per token row
+            if graphs.query_len == 1 and len(inputs.sampling_req_ids) == md.num_reqs:  # every row samples
                 return logits, None
             return logits[inputs.logits_indices], None
         hidden = self.model(inputs.input_ids, inputs.positions,
