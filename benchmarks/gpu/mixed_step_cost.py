@@ -5,7 +5,9 @@ decode graphs; mixed steps run eagerly, launching every kernel from Python. This
 ``D`` decodes (each with a context of ``--context`` tokens) plus one prefill of ``P`` tokens, with random
 token ids on a throwaway KV cache: eagerly (wall time, synchronized, median of ``--iters``), then the very same
 step captured once into a CUDA graph and replayed (valid for that exact step: the grids are the step's own).
-The difference is the launch overhead a mixed-step graph could remove.
+The difference is the launch overhead a mixed-step graph could remove. With the engine's mixed-step graphs
+captured (``cudagraph_mode`` FULL), the same step replayed through them (padded to the graph's token count,
+every request through the one varlen attention kernel) is timed as well.
 
 Usage (CUDA machine)::
 
@@ -47,7 +49,7 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     llm = LLM(args.model, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048,
-              max_num_seqs=64, gpu_memory_utilization=0.6)
+              max_num_seqs=128, gpu_memory_utilization=0.6)
     runner = llm.engine.core.executor.worker.model_runner
     gen = torch.Generator().manual_seed(0)
     vocab = runner.hf_config.vocab_size
@@ -81,8 +83,17 @@ def main() -> None:
                 with torch.cuda.graph(graph):
                     step()
                 graphed = _time(graph.replay, args.iters)
+                # The engine's own mixed-step graph (MixedGraphs: padded sizes, one varlen attention kernel),
+                # on the runner's KV cache, when captured (cudagraph_mode FULL).
+                engine_graph = None
+                mixed = runner.mixed_graphs
+                if mixed is not None and mixed.can_run(len(inputs.input_ids), len(states), len(states)):
+                    staged = build_step_inputs(states, scheduled, block_size=runner.block_size,
+                                               device=runner.device, transfer=mixed.transfer)
+                    mixed.run(staged)
+                    engine_graph = round(_time(lambda: mixed.run(staged), args.iters), 3)
             row = {"decodes": num_decodes, "prefill": prefill, "tokens": num_decodes + prefill,
-                   "eager_ms": round(eager, 3), "graph_ms": round(graphed, 3)}
+                   "eager_ms": round(eager, 3), "graph_ms": round(graphed, 3), "mixed_graph_ms": engine_graph}
             print(row, flush=True)
             rows.append(row)
             del graph, kv

@@ -1,4 +1,5 @@
-"""The whole engine on a CUDA GPU (Triton attention, fused ops, decode CUDA graphs) against HF transformers.
+"""The whole engine on a CUDA GPU (Triton attention, fused ops, decode and mixed-step CUDA graphs) against HF
+transformers.
 
 A small random-weight Llama is built here with transformers in fp32; greedy tokens from Brigade's engine
 must equal transformers' ``generate`` on the same weights, with and without CUDA graphs, under chunked
@@ -46,7 +47,9 @@ def tiny_llama(tmp_path_factory):
     {"async_scheduling": False},
     {"max_num_batched_tokens": 64, "enable_prefix_caching": True},
     {"num_gpu_blocks_override": 24, "block_size": 16, "max_model_len": 368},  # preemption while steps overlap
-], ids=["cudagraphs", "eager", "sync", "chunked", "preemption"])
+    {"cudagraph_mode": "FULL_DECODE_ONLY"},  # mixed steps eager
+    {"max_num_batched_tokens": 48, "max_num_seqs": 4},  # every step fits a mixed graph, padded requests
+], ids=["cudagraphs", "eager", "sync", "chunked", "preemption", "decode_graphs_only", "all_graphed"])
 def test_engine_greedy_equals_transformers_on_gpu(tiny_llama, kwargs):
     from brigade import LLM, SamplingParams
 
@@ -66,6 +69,12 @@ def test_engine_greedy_equals_transformers_on_gpu(tiny_llama, kwargs):
         assert out2.outputs[0].token_ids == ref, f"prompt {i} differs on the prefix-cached pass"
     stats = llm.get_kv_cache_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    # Mixed steps (prefills and chunks with decodes) of up to 512 tokens replay mixed-step graphs (FULL mode):
+    # the prefix-cached pass and the chunked configurations have such steps.
+    full = not kwargs.get("enforce_eager") and kwargs.get("cudagraph_mode") != "FULL_DECODE_ONLY"
+    assert (runner.mixed_graphs is not None) == full
+    if full:
+        assert runner.mixed_graphs.num_replays > 0 and runner.num_padded_mixed_steps == runner.mixed_graphs.num_replays
     if "num_gpu_blocks_override" in kwargs:
         assert llm.engine.core.scheduler.num_preemptions_total > 0
     del llm

@@ -51,6 +51,9 @@ CONFIGS = {
     # 24 blocks of 16 tokens: one request of max_model_len fits, a few of them together do not.
     "preemption": {"num_gpu_blocks_override": 24, "block_size": 16, "max_model_len": 368},
     "no_prefix_caching": {"enable_prefix_caching": False},
+    # Overlapped (async) scheduling, the GPU default, with steps that sample nothing (two requests' prompt
+    # chunks only): such a step's output is ready at once (a crash before session 10).
+    "overlapped_chunks": {"async_scheduling": True, "max_num_batched_tokens": 16, "max_num_seqs": 2},
 }
 
 
@@ -67,6 +70,8 @@ def test_greedy_tokens_equal_transformers(name, smollm2_path, prompt_token_ids, 
     scheduler = llm.engine.core.scheduler
     if name == "preemption":
         assert scheduler.num_preemptions_total > 0, "the small KV pool should have forced preemption"
+    if name == "overlapped_chunks":
+        assert llm.engine.core.overlap
     if name == "chunked_prefill":
         assert max(len(p) for p in prompt_token_ids) > 16, "some prompt must need several chunks"
     stats = llm.get_kv_cache_stats()
@@ -86,3 +91,28 @@ def test_prefix_cache_hits_do_not_change_outputs(smollm2_path, prompt_token_ids,
         assert a.outputs[0].token_ids == b.outputs[0].token_ids == ref.token_ids[:num_new]
     stats = llm.get_kv_cache_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_mixed_graph_layout_gives_the_same_tokens(smollm2_path, prompt_token_ids, expected):
+    """The layout mixed-step CUDA graphs replay (``MixedGraphs``: token rows padded to 8, 16 or 32 with slot -1,
+    requests padded with query length 0, logits gathered inside the forward), run eagerly here through the
+    runner's ``pad_mixed_steps`` with every step in it (chunked prefills of up to 32 tokens mixed with decodes,
+    then prefix-cache hits on a second pass): greedy tokens and logprobs equal transformers'."""
+    llm = LLM(str(smollm2_path), dtype="float32", max_model_len=512, max_num_batched_tokens=32, max_num_seqs=8,
+              mixed_capture_sizes=[8, 16, 32])
+    runner = llm.engine.core.executor.worker.model_runner
+    runner.pad_mixed_steps = True
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, logprobs=0)
+    for attempt in range(2):
+        outputs = llm.generate(prompt_token_ids, params, use_tqdm=False)
+        for i, (out, ref) in enumerate(zip(outputs, expected)):
+            assert out.outputs[0].token_ids == ref.token_ids, f"prompt {i}, pass {attempt}"
+            got = [next(iter(pos.values())).logprob for pos in out.outputs[0].logprobs]
+            assert got == pytest.approx(ref.logprobs, abs=1e-4), f"prompt {i} logprobs, pass {attempt}"
+    assert outputs[-1].num_cached_tokens > 0, "the second pass should hit the prefix cache"
+    graphs = runner.pad_mixed_steps_graphs
+    assert graphs is not None and graphs.max_reqs == 8
+    # Every step fits (at most 32 tokens), so every step ran padded: at least one per generated token.
+    assert runner.num_padded_mixed_steps >= 2 * MAX_NEW_TOKENS
+    stats = llm.get_kv_cache_stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"], "KV blocks leaked"

@@ -57,3 +57,23 @@ def test_prompt_logprobs_match_transformers_through_chunks_preemption_and_cache(
     check_against_reference(again[0], references[0], 0)
     stats = llm.engine.get_kv_cache_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_prompt_logprobs_through_the_mixed_graph_layout(llm, hf_reference):
+    """Steps with prompt logprobs may replay mixed-step CUDA graphs (which end with the hidden states the prompt
+    tokens are scored from); that padded layout, run eagerly here through the runner's ``pad_mixed_steps``,
+    scores every prompt token as transformers does."""
+    tok = hf_reference.tokenizer
+    prompts = [tok.encode(p) for p in PROMPTS]
+    references = [hf_reference.prompt_logprobs(p) for p in prompts]
+    runner = llm.engine.core.executor.worker.model_runner
+    runner.pad_mixed_steps = True
+    try:
+        before = runner.num_padded_mixed_steps
+        outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True,
+                                                       prompt_logprobs=2), use_tqdm=False)
+    finally:
+        runner.pad_mixed_steps = False
+    for output, reference in zip(outputs, references):
+        check_against_reference(output, reference, 2)
+    assert runner.num_padded_mixed_steps - before >= 4, "the mixed layout was not used"

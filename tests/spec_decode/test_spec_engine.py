@@ -100,6 +100,30 @@ def test_padded_verification_steps_give_the_same_tokens(spec_llm, base_llm, prom
     assert_no_leak(spec_llm)
 
 
+def test_mixed_graph_layout_runs_verification_steps(spec_llm, prompts, expected):
+    """Verification steps that no verification graph takes (on a GPU: more than 32 requests) replay mixed-step
+    graphs instead; that padded layout (token rows padded with slot -1, padding requests of query length 0, the
+    1 + k logits rows of each drafted request gathered inside the forward), run eagerly here through the
+    runner's ``pad_mixed_steps``: greedy tokens and logprobs equal transformers'."""
+    runner = spec_llm.engine.core.executor.worker.model_runner
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=2)
+    runner.pad_mixed_steps = True
+    try:
+        before, padded_steps = spec_counts(spec_llm), runner.num_padded_mixed_steps
+        outs = spec_llm.generate(prompts, params, use_tqdm=False)
+        counts = delta(spec_counts(spec_llm), before)
+    finally:
+        runner.pad_mixed_steps = False
+    for i, (out, ref) in enumerate(zip(outs, expected)):
+        assert out.outputs[0].token_ids == ref.token_ids, f"prompt {i}"
+        got = [next(iter(pos.values())).logprob for pos in out.outputs[0].logprobs]
+        assert got == pytest.approx(ref.logprobs, abs=1e-4), f"prompt {i}"
+    assert 0 < counts["num_accepted_tokens"] < counts["num_draft_tokens"], counts
+    assert runner.num_padded_mixed_steps - padded_steps >= counts["num_drafts"] // len(prompts), \
+        "the mixed layout was not used"
+    assert_no_leak(spec_llm)
+
+
 def test_batch_mixes_spec_and_non_spec_requests(spec_llm, base_llm, prompts, expected):
     """A grammar-constrained request (never drafted) and a penalized one (drafted; its penalty must see the
     drafts before each position) run with plain greedy ones and give what they give without speculation."""

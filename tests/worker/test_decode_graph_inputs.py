@@ -56,7 +56,7 @@ def test_graph_buffers_start_at_aligned_offsets(sizes):
     """Each input array of the graphs starts 64 bytes into the shared buffer or a multiple of it (Triton
     specializes kernels on 16-byte pointer alignment), whatever the largest size and block-table width."""
     graphs = DecodeGraphs(None, [], sizes, max_blocks_per_req=5, max_model_len=80, device=torch.device("cpu"))
-    base = graphs._dev.data_ptr()
+    base = graphs.buffers._dev.data_ptr()
     for name in ("input_ids", "positions", "slot_mapping", "logits_indices", "seq_lens", "query_start_loc",
                  "block_table"):
         assert (getattr(graphs, name).data_ptr() - base) % 64 == 0, name

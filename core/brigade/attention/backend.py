@@ -40,6 +40,11 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64, flat KV slot of each new token; -1 = skip (device)
     query_start_loc_cpu: torch.Tensor  # [num_reqs + 1] int32 (host copy)
     seq_lens_cpu: torch.Tensor  # [num_reqs] int32 (host copy)
+    # A CUDA graph of a mixed step (``MixedGraphs``): the host integers are the graph's padded sizes (num_reqs
+    # requests, some of them padding with query length 0 and seq_len 0; num_actual_tokens token rows, those past
+    # query_start_loc[num_reqs] padding with slot -1), num_decodes is 0 whatever the step holds, and every real
+    # length must be read from the device tensors. Only backends with supports_mixed_cuda_graphs get it on a GPU.
+    mixed_graph: bool = False
 
 
 @dataclass(slots=True)
@@ -68,6 +73,10 @@ class AttentionBackend(ABC):
     # True when forward() never syncs with the host and, for a pure-decode batch, its launches depend
     # only on the metadata's host integers, so decode steps can be captured and replayed.
     supports_cuda_graphs: ClassVar[bool] = False
+    # True when forward() also handles ``metadata.mixed_graph``: any mix of decodes, prefills and prefill chunks
+    # attended with launches that depend only on the padded num_reqs and token count, so a whole mixed step can
+    # be captured once per token count and replayed (``MixedGraphs``; vLLM's FULL CUDA-graph mode).
+    supports_mixed_cuda_graphs: ClassVar[bool] = False
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float):
         self.num_heads = num_heads

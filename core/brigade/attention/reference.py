@@ -100,6 +100,8 @@ class ReferenceAttentionBackend(AttentionBackend):
         with_context: list[int] = []
         for i in range(num_decodes, num_reqs):
             length = qsl[i + 1] - qsl[i]
+            if length == 0:  # a padding request (metadata.mixed_graph): nothing to attend
+                continue
             if length == seq_lens[i]:
                 fresh.setdefault(length, []).append(i)
             else:

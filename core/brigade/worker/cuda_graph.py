@@ -31,6 +31,60 @@ def default_capture_sizes(max_num_seqs: int, level: int) -> list[int]:
     return sorted(set(sizes))
 
 
+class GraphInputs:
+    """The persistent input buffers CUDA graphs read: token rows (input ids, positions, slot mapping, logits
+    indices; int64) and request rows (seq_lens, query_start_loc, block table; int32).
+
+    They live in one device byte buffer, mirrored by a pinned host buffer, so a step's inputs go in with one
+    copy and a replay has nothing left to copy. Every array starts at a 64-byte boundary, as in
+    ``HostToDevice`` (Triton specializes on alignment).
+    """
+
+    def __init__(self, max_tokens: int, max_reqs: int, max_blocks_per_req: int, device: torch.device):
+        """Buffers for up to ``max_tokens`` token rows and ``max_reqs`` requests of ``max_blocks_per_req``
+        blocks; slots start at -1 (write nothing), everything else at 0."""
+        self.device = device
+        self._row64 = align_up(max_tokens, HostToDevice.ALIGN_BYTES // 8)  # int64 elements per token array
+        (_, self.qsl_at, self._table_at), end32 = packed_offsets(
+            [max_reqs, max_reqs + 1, max_reqs * max_blocks_per_req], HostToDevice.ALIGN_BYTES // 4)
+        self._bytes64, bytes32 = 8 * 4 * self._row64, 4 * end32
+        pin = device.type == "cuda"
+        self._dev = torch.zeros(self._bytes64 + bytes32, dtype=torch.uint8, device=device)
+        self._host = torch.zeros(self._bytes64 + bytes32, dtype=torch.uint8, pin_memory=pin)
+        dev64, dev32 = self._dev[:self._bytes64].view(torch.int64), self._dev[self._bytes64:].view(torch.int32)
+        self._host64 = self._host[:self._bytes64].view(torch.int64)
+        self._host32 = self._host[self._bytes64:].view(torch.int32)
+        self._copied = torch.cuda.Event() if pin else None  # guards the host buffers' reuse
+        self.input_ids, self.positions, self.slot_mapping, self.logits_indices = \
+            dev64.view(4, -1)[:, :max_tokens]
+        self.seq_lens = dev32[:max_reqs]
+        self.query_start_loc = dev32[self.qsl_at:self.qsl_at + max_reqs + 1]
+        self.block_table = dev32[self._table_at:].view(max_reqs, max_blocks_per_req)
+        self.slot_mapping.fill_(-1)
+        self.sync_host()
+
+    def sync_host(self) -> None:
+        """Make the host mirror equal the device buffers (after filling them on the device)."""
+        self._host.copy_(self._dev)
+
+    def host_views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The host mirror as numpy views, once the previous step's copy out of it has run: the int64 token
+        arrays [4, rows] (input ids, positions, slot mapping, logits indices), the int32 part (seq_lens at 0,
+        query_start_loc at ``qsl_at``) and the block table [max_reqs, max_blocks_per_req]."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        h32 = self._host32.numpy()
+        return (self._host64.numpy().reshape(4, self._row64), h32,
+                h32[self._table_at:].reshape(self.block_table.shape))
+
+    def copy_to_device(self, num_reqs: int) -> None:
+        """Start the host-to-device copy of every token row and the first ``num_reqs`` block-table rows."""
+        used = self._bytes64 + 4 * (self._table_at + num_reqs * self.block_table.shape[1])
+        self._dev[:used].copy_(self._host[:used], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+
+
 class DecodeGraphs:
     """Captured decode graphs over persistent input buffers; one graph (and logits buffer) per batch size.
 
@@ -57,31 +111,16 @@ class DecodeGraphs:
         self.max_model_len = max_model_len
         self.query_len = query_len
         self.num_replays = 0
-        n, width = self.max_size * query_len, max_blocks_per_req  # n: token rows
-        # All graph inputs live in one device byte buffer (an int64 part, then an int32 part), mirrored by a
-        # pinned host buffer, so ``transfer`` fills them with one copy and ``run`` has nothing left to copy.
-        # Every array starts at a 64-byte boundary, as in ``HostToDevice`` (Triton specializes on alignment).
-        self._row64 = align_up(n, HostToDevice.ALIGN_BYTES // 8)  # int64 elements per input row
         reqs = self.max_size
-        (_, self._qsl_at, self._table_at), end32 = packed_offsets([reqs, reqs + 1, reqs * width],
-                                                                  HostToDevice.ALIGN_BYTES // 4)
-        bytes64, bytes32 = 8 * 4 * self._row64, 4 * end32
-        pin = device.type == "cuda"
-        self._dev = torch.zeros(bytes64 + bytes32, dtype=torch.uint8, device=device)
-        self._host = torch.zeros(bytes64 + bytes32, dtype=torch.uint8, pin_memory=pin)
-        self._bytes64 = bytes64
-        self._dev64, self._dev32 = self._dev[:bytes64].view(torch.int64), self._dev[bytes64:].view(torch.int32)
-        self._host64, self._host32 = self._host[:bytes64].view(torch.int64), self._host[bytes64:].view(torch.int32)
-        self._copied = torch.cuda.Event() if pin else None  # guards the host buffers' reuse
-        self.input_ids, self.positions, self.slot_mapping, self.logits_indices = self._dev64.view(4, -1)[:, :n]
-        self.seq_lens = self._dev32[:reqs]
-        self.query_start_loc = self._dev32[self._qsl_at:self._qsl_at + reqs + 1]
-        self.block_table = self._dev32[self._table_at:].view(reqs, width)
-        self.slot_mapping.fill_(-1)
+        self.buffers = GraphInputs(reqs * query_len, reqs, max_blocks_per_req, device)
+        b = self.buffers
+        self.input_ids, self.positions, self.slot_mapping, self.logits_indices = (
+            b.input_ids, b.positions, b.slot_mapping, b.logits_indices)
+        self.seq_lens, self.query_start_loc, self.block_table = b.seq_lens, b.query_start_loc, b.block_table
         self.query_start_loc.copy_(torch.arange(reqs + 1, dtype=torch.int32) * query_len)
         if query_len > 1:  # padding requests: a context of their own query tokens, in the null block
             self.seq_lens.fill_(query_len)
-        self._host.copy_(self._dev)
+        b.sync_host()
         # Verification steps attend through the prefill kernel, which does not depend on max_seq_len.
         buckets = seq_len_buckets if seq_len_buckets is not None and query_len == 1 else \
             (lambda size, max_len: (max_len,))
@@ -148,34 +187,28 @@ class DecodeGraphs:
                              f"CUDA graphs ({self.max_size} requests of {q} tokens, {self.block_table.shape[1]} "
                              "blocks)")
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
-        num_logits, cap = len(arrays["logits_indices"]), self.max_size
-        if self._copied is not None:
-            self._copied.synchronize()  # the previous step's copy has left the host buffers
-        h64 = self._host64.numpy().reshape(4, self._row64)
+        b = self.buffers
+        h64, h32, table = b.host_views()
         h64[0, :tokens] = arrays["input_ids"]
         h64[1, :tokens] = arrays["positions"]
         h64[1, tokens:size * q] = 0
         h64[2, :tokens] = arrays["slot_mapping"]
         h64[2, tokens:size * q] = -1
+        num_logits = len(arrays["logits_indices"])
         h64[3, :num_logits] = arrays["logits_indices"]
-        h32 = self._host32.numpy()
         h32[:n] = arrays["seq_lens"]
         h32[n:size] = 0 if q == 1 else q
-        h32[self._qsl_at:self._qsl_at + n + 1] = arrays["query_start_loc"]
-        table = h32[self._table_at:].reshape(cap, -1)
+        h32[b.qsl_at:b.qsl_at + n + 1] = arrays["query_start_loc"]
         table[:n, :width] = arrays["block_table"]
-        used = self._bytes64 + 4 * (self._table_at + size * table.shape[1])  # rows past the graph size: never read
-        self._dev[:used].copy_(self._host[:used], non_blocking=True)
-        if self._copied is not None:
-            self._copied.record()
+        b.copy_to_device(size)  # rows past the graph size: never read
         return {"input_ids": self.input_ids[:tokens], "positions": self.positions[:tokens],
                 "slot_mapping": self.slot_mapping[:tokens], "logits_indices": self.logits_indices[:num_logits],
                 "query_start_loc": self.query_start_loc[:n + 1], "seq_lens": self.seq_lens[:n],
                 "block_table": self.block_table[:n, :width]}
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        """Replay the smallest graph that fits a step built through ``transfer``; returns logits
-        [num_reqs * query_len, vocab] (one row per token row of the step).
+        """Replay the smallest graph that fits a step built through ``transfer``; returns the logits
+        [num_logits, vocab] of the rows ``inputs.logits_indices`` names, in that order.
 
         Raises:
             ValueError: when the step's inputs are not in the graph buffers (built through another transfer).
@@ -189,4 +222,153 @@ class DecodeGraphs:
         bucket = buckets[bisect.bisect_left(buckets, md.max_seq_len)]
         self.graphs[size, bucket].replay()
         self.num_replays += 1
-        return self.logits[size, bucket][:n * self.query_len]
+        logits = self.logits[size, bucket][:n * self.query_len]  # a row per token row
+        if self.query_len == 1 and len(inputs.sampling_req_ids) == n:  # every row samples, in order
+            return logits
+        return logits[inputs.logits_indices]
+
+
+def default_mixed_sizes(max_num_batched_tokens: int, level: int) -> list[int]:
+    """Token counts to capture mixed-step graphs for: every 8 up to 256, every 16 up to 512 (-O3: then every 32 up
+    to 1024), none above the step budget. A step runs padded to the next size, and from ~256 tokens a step's
+    GEMMs are compute-bound, so coarser sizes would cost what the padding adds (a 257-token step padded to 512
+    took 12.8 ms against 8.0 ms for the same step graphed unpadded on the H200). Above ~512 tokens a step's GPU
+    work outlasts launching it from Python (an eager 256-token prefill took 19-29 ms, 7 ms replayed), so larger
+    steps run eagerly."""
+    sizes = list(range(8, 257, 8)) + list(range(272, 513, 16)) + (list(range(544, 1025, 32)) if level >= 3 else [])
+    return [n for n in sizes if n <= max_num_batched_tokens] or [8]
+
+
+class MixedGraphs:
+    """Full CUDA graphs of mixed steps: prefills, prefill chunks, decodes and draft tokens together, in any
+    mix, one graph per padded token count (book ch. 10; vLLM's FULL CUDA-graph mode).
+
+    Decode graphs cover steps of one token per request; every other step launches each kernel from Python,
+    and below a few hundred tokens that launching, not the GPU, sets the step time (a prompt arriving while
+    others decode stalls them all for it). A step of ``n`` tokens and ``r`` requests replays the graph of the
+    smallest captured token count ``T >= n``, captured for ``min(T, max_reqs)`` requests: padding requests have
+    query length 0 and seq_len 0, padding token rows slot -1, and the attention backend reads every real length
+    from the device (``AttentionMetadata.mixed_graph``; backends declare ``supports_mixed_cuda_graphs``). A graph
+    ends with the model's hidden states; the caller computes the logits of the rows it samples (one GEMM, so
+    the graphs hold no logits buffer each) and may score prompt tokens from the same hidden states.
+
+    Invariant: as in ``DecodeGraphs``, every graph reads the same ``GraphInputs`` buffers, and ``run`` only
+    picks the graph and replays it.
+    """
+
+    def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], token_sizes: list[int], *,
+                 max_reqs: int, max_blocks_per_req: int, max_model_len: int, device: torch.device):
+        """``max_reqs``: most requests in a step (max_num_seqs)."""
+        self.model = model
+        self.kv_caches = kv_caches
+        self.sizes = sorted(token_sizes)
+        self.max_tokens = self.sizes[-1]
+        self.max_reqs = min(max_reqs, self.max_tokens)
+        self.max_model_len = max_model_len
+        self.device = device
+        self.buffers = GraphInputs(self.max_tokens, self.max_reqs, max_blocks_per_req, device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # token count -> graph
+        self.hidden: dict[int, torch.Tensor] = {}  # token count -> [T, hidden_size], the graph's output
+        self.num_replays = 0
+
+    def reqs(self, size: int) -> int:
+        """Requests in the graph of ``size`` tokens (every request has at least one token)."""
+        return min(size, self.max_reqs)
+
+    def size_for(self, num_tokens: int) -> int:
+        """The captured token count a step of ``num_tokens`` tokens runs padded to."""
+        return self.sizes[bisect.bisect_left(self.sizes, num_tokens)]
+
+    def _metadata(self, size: int) -> AttentionMetadata:
+        b, reqs = self.buffers, self.reqs(size)
+        _, h32, _ = b.host_views()
+        return AttentionMetadata(
+            num_reqs=reqs, num_actual_tokens=size, max_query_len=size, max_seq_len=self.max_model_len,
+            num_decodes=0, query_start_loc=b.query_start_loc[:reqs + 1], seq_lens=b.seq_lens[:reqs],
+            block_table=b.block_table[:reqs], slot_mapping=b.slot_mapping[:size],
+            query_start_loc_cpu=torch.from_numpy(h32[b.qsl_at:b.qsl_at + reqs + 1].copy()),
+            seq_lens_cpu=torch.from_numpy(h32[:reqs].copy()), mixed_graph=True)
+
+    def _forward(self, size: int) -> torch.Tensor:
+        b = self.buffers
+        ctx = AttentionContext(metadata=self._metadata(size), kv_caches=self.kv_caches)
+        return self.model(b.input_ids[:size], b.positions[:size], ctx)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every token count, largest first, sharing one memory pool (the buffers hold no request:
+        every program of the attention kernels exits at once while warming up and capturing)."""
+        start = time.perf_counter()
+        pool = torch.cuda.graph_pool_handle()
+        for size in reversed(self.sizes):
+            self._forward(size)  # warm up: Triton compiles and autotunes outside the capture
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.hidden[size] = self._forward(size)
+            self.graphs[size] = graph
+        torch.cuda.synchronize(self.device)
+        logger.info("captured %d mixed-step CUDA graphs (%d..%d tokens, up to %d requests) in %.1f s",
+                    len(self.graphs), self.sizes[0], self.max_tokens, self.max_reqs, time.perf_counter() - start)
+
+    def can_run(self, num_tokens: int, num_reqs: int) -> bool:
+        """Whether a step of ``num_tokens`` tokens and ``num_reqs`` requests fits."""
+        return num_tokens <= self.max_tokens and num_reqs <= self.reqs(self.size_for(max(num_tokens, 1)))
+
+    def transfer(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """A ``Transfer`` (``input_batch.build_step_inputs``) for a step that ``can_run``: the arrays go into
+        the graphs' buffers padded to the graph's token and request counts, in one host-to-device copy.
+
+        Raises:
+            ValueError: when the step does not fit (``can_run``) or its block tables are wider than the buffers.
+        """
+        n, width = len(arrays["seq_lens"]), arrays["block_table"].shape[1]
+        tokens, num_logits = len(arrays["input_ids"]), len(arrays["logits_indices"])
+        b = self.buffers
+        if not self.can_run(tokens, n) or width > b.block_table.shape[1]:
+            raise ValueError(f"a step of {tokens} tokens, {n} requests and {width} blocks does not fit the "
+                             f"mixed-step CUDA graphs ({self.max_tokens} tokens, {self.max_reqs} requests, "
+                             f"{b.block_table.shape[1]} blocks)")
+        size = self.size_for(tokens)
+        reqs = self.reqs(size)
+        h64, h32, table = b.host_views()
+        h64[0, :tokens] = arrays["input_ids"]
+        h64[0, tokens:size] = 0
+        h64[1, :tokens] = arrays["positions"]
+        h64[1, tokens:size] = 0
+        h64[2, :tokens] = arrays["slot_mapping"]
+        h64[2, tokens:size] = -1
+        h64[3, :num_logits] = arrays["logits_indices"]  # read after the replay, not by the graph
+        h32[:n] = arrays["seq_lens"]
+        h32[n:reqs] = 0
+        qsl = h32[b.qsl_at:b.qsl_at + reqs + 1]
+        qsl[:n + 1] = arrays["query_start_loc"]
+        qsl[n + 1:] = tokens
+        table[:n, :width] = arrays["block_table"]
+        b.copy_to_device(n)  # padding requests' rows are never read (query length 0)
+        return {"input_ids": b.input_ids[:tokens], "positions": b.positions[:tokens],
+                "slot_mapping": b.slot_mapping[:tokens], "logits_indices": b.logits_indices[:num_logits],
+                "query_start_loc": b.query_start_loc[:n + 1], "seq_lens": b.seq_lens[:n],
+                "block_table": b.block_table[:n, :width]}
+
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """Replay the graph for a step built through ``transfer``; returns the hidden states [num_tokens,
+        hidden_size] of the step's token rows (a view of the graph's output, valid until the next replay).
+
+        Raises:
+            ValueError: when the step's inputs are not in the graph buffers (built through another transfer).
+        """
+        if inputs.input_ids.data_ptr() != self.buffers.input_ids.data_ptr():
+            raise ValueError("MixedGraphs.run needs a step built with transfer=MixedGraphs.transfer")
+        num_tokens = len(inputs.input_ids)
+        size = self.size_for(num_tokens)
+        self.graphs[size].replay()
+        self.num_replays += 1
+        return self.hidden[size][:num_tokens]
+
+    def run_eager(self, inputs: StepInputs) -> torch.Tensor:
+        """What ``run`` replays, run eagerly on the padded buffers (the padded layout checked where no graph
+        can be captured, e.g. on the CPU in tests); same result as ``run``."""
+        num_tokens = len(inputs.input_ids)
+        with torch.inference_mode():
+            return self._forward(self.size_for(num_tokens))[:num_tokens]

@@ -19,6 +19,7 @@ from brigade.plugins import registries
 from brigade.sample.metadata import SamplingRequestState, build_sampling_metadata
 from brigade.sample.rejection_sampler import RejectionSampler
 from brigade.sample.sampler import Sampler
+from brigade.worker.cuda_graph import DecodeGraphs
 from brigade.worker.input_batch import CachedRequestState, HostToDevice, build_step_inputs
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,12 @@ class ModelRunner:
         self.transfer = HostToDevice(device)
         self.cuda_graphs = None  # DecodeGraphs once captured
         self.spec_graphs = None  # DecodeGraphs of speculative verification steps (1 + k tokens a request)
+        self.mixed_graphs = None  # MixedGraphs: every other step of up to 512 tokens (cudagraph_mode FULL)
+        # Run steps that would replay a mixed graph padded as the graph would, eagerly (tests: the padded
+        # layout checked on the CPU, where no graph is captured).
+        self.pad_mixed_steps = False
+        self.pad_mixed_steps_graphs = None  # the uncaptured MixedGraphs those steps run through
+        self.num_padded_mixed_steps = 0  # steps run in a mixed graph's padded layout (replayed or eagerly)
         # Pad verification steps to 1 + k tokens a request also when they run eagerly (tests: the padded layout
         # the verification graphs replay, checked on the CPU).
         self.pad_spec_steps = False
@@ -157,11 +164,10 @@ class ModelRunner:
     def maybe_capture_cuda_graphs(self, num_blocks: int) -> None:
         """Capture decode graphs on a CUDA device when the backend allows it and -O/--enforce-eager do."""
         comp = self.config.compilation_config
-        use = comp.use_cudagraph if comp.use_cudagraph is not None else comp.level >= 2
-        if (self.device.type != "cuda" or self.config.model_config.enforce_eager or not use
-                or not self.attn_backend.supports_cuda_graphs):
+        mode = comp.resolved_cudagraph_mode(bool(self.config.model_config.enforce_eager))
+        if self.device.type != "cuda" or mode == "NONE" or not self.attn_backend.supports_cuda_graphs:
             return
-        from brigade.worker.cuda_graph import DecodeGraphs, default_capture_sizes
+        from brigade.worker.cuda_graph import default_capture_sizes
 
         max_seqs = self.config.scheduler_config.max_num_seqs
         sizes = comp.cudagraph_capture_sizes or default_capture_sizes(max_seqs, comp.level)
@@ -181,6 +187,29 @@ class ModelRunner:
                                             max_blocks_per_req=max_blocks, max_model_len=max_len, device=self.device,
                                             query_len=1 + spec.num_speculative_tokens)
             self.spec_graphs.capture()
+        if mode == "FULL" and self.attn_backend.supports_mixed_cuda_graphs:
+            self.mixed_graphs = self._mixed_graphs(max_blocks)
+            self.mixed_graphs.capture()
+
+    def _mixed_step_graphs(self):
+        """The captured ``MixedGraphs``, or with ``pad_mixed_steps`` an uncaptured one run eagerly; else None."""
+        if self.mixed_graphs is not None or not self.pad_mixed_steps:
+            return self.mixed_graphs
+        if self.pad_mixed_steps_graphs is None:
+            max_len = self.config.model_config.max_model_len
+            self.pad_mixed_steps_graphs = self._mixed_graphs(-(-max_len // self.block_size))
+        return self.pad_mixed_steps_graphs
+
+    def _mixed_graphs(self, max_blocks_per_req: int):
+        """The mixed-step graphs' buffers (``MixedGraphs``) for this configuration, not yet captured."""
+        from brigade.worker.cuda_graph import MixedGraphs, default_mixed_sizes
+
+        comp, sched = self.config.compilation_config, self.config.scheduler_config
+        budget = sched.max_num_batched_tokens or 8192
+        sizes = [n for n in (comp.mixed_capture_sizes or default_mixed_sizes(budget, comp.level)) if n <= budget]
+        return MixedGraphs(self.model, self.kv_caches, sizes or [8], max_reqs=sched.max_num_seqs,
+                           max_blocks_per_req=max_blocks_per_req, max_model_len=self.config.model_config.max_model_len,
+                           device=self.device)
 
     # ---- one step -------------------------------------------------------------------------------
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
@@ -209,11 +238,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput, *,
-                      overlap: bool = False) -> ModelRunnerOutput | SampledTokens:
+                      overlap: bool = False) -> ModelRunnerOutput | SampledTokens | ReadyOutput:
         """Run the scheduled tokens through the model and sample for requests that reach their end.
 
         With ``overlap`` it returns as soon as the work is queued on the device: a SampledTokens whose
-        ``get()`` waits for the tokens. The next step may then be prepared and launched first; its inputs
+        ``get()`` waits for the tokens (a ReadyOutput when the step samples nothing). The next step may then be prepared and launched first; its inputs
         take those tokens straight from the device (book ch. 4, 5: asynchronous scheduling).
         """
         self._update_states(scheduler_output)
@@ -250,7 +279,12 @@ class ModelRunner:
                 and self.spec_graphs.can_run(len(order), max(num_scheduled.values())):
             graphs = self.spec_graphs
         elif not self.pad_spec_steps:
-            uniform = None  # runs eagerly as scheduled
+            uniform = None  # runs eagerly as scheduled, or in a mixed graph
+        if graphs is None and uniform is None:
+            mixed = self._mixed_step_graphs()
+            if mixed is not None and mixed.can_run(scheduler_output.total_num_scheduled_tokens, len(order)):
+                graphs = mixed
+                self.num_padded_mixed_steps += 1
         if self.lora_manager is not None:  # slots and token mask for this step (persistent buffers: graph-safe)
             self.lora_manager.set_batch([s.lora_int_id for s in states], [num_scheduled[rid] for rid in order])
         inputs = build_step_inputs(states, [num_scheduled[rid] for rid in order], block_size=self.block_size,
@@ -263,9 +297,10 @@ class ModelRunner:
         prompt_logprobs = self._prompt_logprobs(order, inputs, hidden) if want_prompt_logprobs else {}
         for rid, n in num_scheduled.items():
             self.requests[rid].num_computed_tokens += n
-        if not inputs.sampling_req_ids:
-            return ModelRunnerOutput(req_ids=order, sampled_token_ids=[[] for _ in order],
-                                     prompt_logprobs=prompt_logprobs)
+        if not inputs.sampling_req_ids:  # only prompt chunks that do not reach their end: nothing to sample
+            output = ModelRunnerOutput(req_ids=order, sampled_token_ids=[[] for _ in order],
+                                       prompt_logprobs=prompt_logprobs)
+            return ReadyOutput(output) if overlap else output
         if spec:
             output = self._verify_drafts(scheduler_output, order, inputs.sampling_req_ids, logits)
             output.prompt_logprobs = prompt_logprobs
@@ -360,17 +395,19 @@ class ModelRunner:
 
     def _forward(self, inputs, *, graphs=None, keep_hidden: bool = False
                  ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Run the model, replaying one of ``graphs`` (a ``DecodeGraphs``: decode or verification; inputs built
-        through its ``transfer``) when given; return (logits [num_logits, vocab] or None when nobody samples, and
-        the hidden states [num_tokens, hidden] when ``keep_hidden``, else None)."""
-        md = inputs.metadata
-        if graphs is not None:
-            logits = graphs.run(inputs)  # a row per token row
-            if graphs.query_len == 1 and len(inputs.sampling_req_ids) == md.num_reqs:  # every row samples
-                return logits, None
-            return logits[inputs.logits_indices], None
-        hidden = self.model(inputs.input_ids, inputs.positions,
-                            AttentionContext(metadata=md, kv_caches=self.kv_caches))
+        """Run the model, replaying one of ``graphs`` (a ``DecodeGraphs`` of decode or verification steps, or the
+        ``MixedGraphs``; inputs built through its ``transfer``) when given; return (logits [num_logits, vocab] or
+        None when nobody samples, and the hidden states [num_tokens, hidden] when ``keep_hidden``, else None;
+        decode graphs keep no hidden states, so steps with prompt logprobs never replay them)."""
+        if isinstance(graphs, DecodeGraphs):  # decode or verification graph: the logits rows come out of it
+            return graphs.run(inputs), None
+        if graphs is None:
+            hidden = self.model(inputs.input_ids, inputs.positions,
+                                AttentionContext(metadata=inputs.metadata, kv_caches=self.kv_caches))
+        elif graphs is self.mixed_graphs:  # a mixed-step graph ends with the hidden states
+            hidden = graphs.run(inputs)
+        else:  # pad_mixed_steps: the mixed graphs' padded layout, eagerly (tests)
+            hidden = graphs.run_eager(inputs)
         logits = self.model.compute_logits(hidden[inputs.logits_indices]) if inputs.sampling_req_ids else None
         return logits, (hidden if keep_hidden else None)
 
@@ -450,6 +487,17 @@ def _to_host(tensor: torch.Tensor) -> torch.Tensor:
     host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
     host.copy_(tensor, non_blocking=True)
     return host
+
+
+class ReadyOutput:
+    """An overlapped step's output that is known at once (nothing was sampled); ``get()`` returns it, as
+    ``SampledTokens.get()`` does once its tokens arrive."""
+
+    def __init__(self, output: ModelRunnerOutput):
+        self.output = output
+
+    def get(self) -> ModelRunnerOutput:
+        return self.output
 
 
 class SampledTokens:

@@ -10,6 +10,9 @@ kernel rotates and writes the new K/V itself (``BRIGADE_CUDA_DECODE_ROPE=0`` tur
 Neither reads device memory on the host (no ``.item()``, no ``.tolist()``); only the host integers of the
 metadata size the grids.
 
+CUDA-graph capture of mixed steps (``metadata.mixed_graph``): the KV write (slot -1 for padding rows), then
+``varlen_attention`` over every request, its grid set by the padded token and request counts only.
+
 CUDA-graph capture of decode steps: capture with a fixed number of decode requests and set
 ``decode_num_splits`` to a fixed value (otherwise it is chosen per step from ``max_seq_len``, which
 changes the grid); pad ``slot_mapping`` with -1 and ``seq_lens`` with 0 for padding requests, whose
@@ -30,6 +33,7 @@ from brigade_cuda.attention.decode import DecodeRope, choose_num_splits, decode_
 from brigade_cuda.attention.kv_write import has_contiguous_blocks, write_kv_cache
 from brigade_cuda.attention.prefill import prefill_attention
 from brigade_cuda.attention.rotary_kv_write import rotary_write_kv_cache
+from brigade_cuda.attention.varlen import varlen_attention
 
 
 @functools.cache
@@ -93,6 +97,7 @@ class TritonAttentionBackend(AttentionBackend):
     supported_head_sizes = (64, 80, 96, 128, 256)
     supported_devices = ("cuda",)
     supports_cuda_graphs = True
+    supports_mixed_cuda_graphs = True  # metadata.mixed_graph: one varlen kernel whose grid is the padded sizes
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float,
                  decode_num_splits: int | None = None):
@@ -177,6 +182,10 @@ class TritonAttentionBackend(AttentionBackend):
         if query.stride(-1) != 1:
             query = query.contiguous()
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        if metadata.mixed_graph:  # a mixed-step graph: every request through the varlen kernel
+            varlen_attention(query, kv_cache, metadata.block_table, metadata.seq_lens, metadata.query_start_loc,
+                             out, num_reqs=metadata.num_reqs, scale=self.scale)
+            return out
         num_decodes = metadata.num_decodes
         if num_decodes:
             num_splits = self.decode_num_splits or choose_num_splits(

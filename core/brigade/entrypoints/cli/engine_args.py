@@ -64,6 +64,9 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
     m.add_argument("--enforce-eager", action="store_true", help="never capture CUDA graphs")
     m.add_argument("-O", dest="optimization_level", type=int, metavar="LEVEL",
                    help="-O0 none, -O1 compile, -O2 compile + CUDA graphs (default), -O3 more capture sizes")
+    m.add_argument("-cc", "--compilation-config", metavar="JSON",
+                   help='CUDA-graph settings as JSON (vLLM\'s form), e.g. \'{"cudagraph_mode": "FULL_DECODE_ONLY"}\'; '
+                        f"keys: {', '.join(COMPILATION_KEYS)}")
     m.add_argument("--io-processor-plugin",
                    help=f"IO processor plugin; installed: {_installed(choices['io_processor'])}")
     m.add_argument("--attention-backend",
@@ -183,6 +186,37 @@ def parse_kv_transfer_config(raw: str | None, connectors: Sequence[str]) -> KVTr
     if not isinstance(extra, dict):
         raise ConfigError("--kv-transfer-config kv_connector_extra_config must be a JSON object")
     return KVTransferConfig(kv_connector=connector, kv_role=role, kv_connector_extra_config=extra)
+
+
+COMPILATION_KEYS = ("level", "cudagraph_mode", "cudagraph_capture_sizes", "mixed_capture_sizes")
+
+
+def parse_compilation_config(raw: str | None, level: int | None) -> CompilationConfig:
+    """``--compilation-config`` JSON (and ``-O``) to a CompilationConfig.
+
+    Raises:
+        ConfigError: bad JSON, not an object, unknown keys, a level that contradicts -O, or a bad value.
+    """
+    data: dict = {}
+    if raw is not None:
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--compilation-config is not valid JSON ({exc.msg} at column {exc.colno}); expected "
+                              'e.g. {"cudagraph_mode": "FULL_DECODE_ONLY"}') from None
+        if not isinstance(data, dict):
+            raise ConfigError('--compilation-config must be a JSON object, e.g. {"cudagraph_mode": "FULL"}')
+        unknown = sorted(set(data) - set(COMPILATION_KEYS))
+        if unknown:
+            raise ConfigError(f"--compilation-config has unknown keys {unknown}; allowed: {', '.join(COMPILATION_KEYS)}")
+    if "level" in data:
+        if data["level"] not in (0, 1, 2, 3) or isinstance(data["level"], bool):
+            raise ConfigError(f"--compilation-config level {data['level']!r} is not a level; use 0, 1, 2 or 3")
+        if level is not None and level != data["level"]:
+            raise ConfigError(f"-O{level} and --compilation-config level {data['level']} disagree; give one")
+    elif level is not None:
+        data["level"] = level
+    return CompilationConfig(**data)
 
 
 def parse_speculative_config(raw: str | None) -> SpeculativeConfig | None:
@@ -373,7 +407,7 @@ def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
     parallel_config = ParallelConfig(**_set(dict(
         tensor_parallel_size=args.tensor_parallel_size, pipeline_parallel_size=args.pipeline_parallel_size,
         data_parallel_size=args.data_parallel_size, distributed_executor_backend=args.distributed_executor_backend)))
-    compilation_config = CompilationConfig(**_set(dict(level=args.optimization_level)))
+    compilation_config = parse_compilation_config(getattr(args, "compilation_config", None), args.optimization_level)
     return BrigadeConfig(
         model_config=model_config, cache_config=cache_config, scheduler_config=scheduler_config,
         parallel_config=parallel_config, compilation_config=compilation_config,
