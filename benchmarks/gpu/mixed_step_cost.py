@@ -87,7 +87,7 @@ def main() -> None:
                 # on the runner's KV cache, when captured (cudagraph_mode FULL).
                 engine_graph = None
                 mixed = runner.mixed_graphs
-                if mixed is not None and mixed.can_run(len(inputs.input_ids), len(states), len(states)):
+                if mixed is not None and mixed.can_run(len(inputs.input_ids), len(states)):
                     staged = build_step_inputs(states, scheduled, block_size=runner.block_size,
                                                device=runner.device, transfer=mixed.transfer)
                     mixed.run(staged)
