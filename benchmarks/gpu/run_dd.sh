@@ -7,5 +7,5 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e builtin_q
 STEP_TIMEOUT=330 TAIL=12 run python3 -m pytest -q -p no:warnings --durations=3 tests/cuda
 STEP_TIMEOUT=90 TAIL=3 run brigade bench throughput $M $C --max-model-len 4096 --dataset sharegpt-like --num-prompts 1000 \
     --max-num-seqs 512 --max-num-batched-tokens 16384 --output-json "$out/throughput_sharegpt.json"
-STEP_TIMEOUT=120 TAIL=18 run env BRIGADE_LOGGING_LEVEL=INFO python3 benchmarks/gpu/mixed_step_cost.py $M --decodes 0,8,64 --prefills 16,100,257 --json "$out/mixed_step_cost.json"
+STEP_TIMEOUT=120 TAIL=40 run env BRIGADE_LOGGING_LEVEL=INFO python3 benchmarks/gpu/mixed_step_cost.py $M --decodes 0,8,64 --prefills 16,100,257 --json "$out/mixed_step_cost.json"
 lat s10_final
