@@ -3,6 +3,7 @@ scheduler's --max-loras rule: each bad adapter is one LoRAError line naming the 
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -29,6 +30,16 @@ def test_a_good_adapter_loads_with_its_scaling(tmp_path, smollm2_config):
     assert a.shape == (4, smollm2_config.intermediate_size) and b.shape == (smollm2_config.hidden_size, 4)
     rs = write_adapter(tmp_path / "rs", smollm2_config, seed=0, rank=4, alpha=8, use_rslora=True)
     assert load_adapter("rs", str(rs), smollm2_config, max_rank=16).scaling == 8 / math.sqrt(4)
+
+
+def test_a_config_without_lora_alpha_has_peft_default(tmp_path, smollm2_config):
+    """PEFT's LoraConfig defaults lora_alpha to 8, so a hand-written config that leaves it out loads in PEFT with
+    scaling 8 / r; Brigade gives the same (not 1, which r / r would be)."""
+    path = write_adapter(tmp_path / "a", smollm2_config, seed=0, rank=4, alpha=16, targets=("q_proj",))
+    cfg = json.loads((path / "adapter_config.json").read_text())
+    del cfg["lora_alpha"]
+    (path / "adapter_config.json").write_text(json.dumps(cfg))
+    assert load_adapter("a", str(path), smollm2_config, max_rank=16).scaling == 8 / 4
 
 
 def test_peft_string_target_modules(tmp_path, smollm2_config):

@@ -56,6 +56,9 @@ def target_shapes(hf_config: Any) -> dict[str, tuple[int, int]]:
             "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
 
 
+PEFT_DEFAULT_LORA_ALPHA = 8  # peft.LoraConfig's default, for an adapter_config.json that leaves lora_alpha out
+
+
 @dataclass
 class LoRAAdapter:
     """One adapter's weights on the host, checked against the model.
@@ -63,7 +66,8 @@ class LoRAAdapter:
     Attributes:
         name, path: as registered.
         rank: ``r`` of adapter_config.json (every tensor pair has it).
-        scaling: ``lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA).
+        scaling: ``lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA); a config without ``lora_alpha`` has PEFT's
+            default, 8 (what PEFT itself would load it with).
         weights: ``(layer index, HF projection name) -> (A [r, in], B [out, r])``, float32 on the CPU,
             unscaled. Projections absent from the dict are not adapted.
     """
@@ -152,7 +156,7 @@ def _load_adapter(name: str, path: str, hf_config: Any, *, max_rank: int) -> LoR
     peft_type = cfg.get("peft_type", "LORA")
     if peft_type != "LORA":
         raise fail(f"adapter_config.json peft_type is {_short(repr(peft_type), 60)}; only LORA adapters are served")
-    rank, alpha = cfg.get("r"), cfg.get("lora_alpha", cfg.get("r"))
+    rank, alpha = cfg.get("r"), cfg.get("lora_alpha", PEFT_DEFAULT_LORA_ALPHA)
     if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= 1 << 20:
         raise fail(f"adapter_config.json 'r' must be a positive integer, got {_short(repr(rank), 60)}")
     if (not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or abs(alpha) > 1e30
