@@ -167,6 +167,8 @@ class CompilationConfig:
     budget (every 8 up to 256, every 16 up to 512; -O3 every 32 on to 1024)."""
 
     def __post_init__(self) -> None:
+        if self.level not in (0, 1, 2, 3) or isinstance(self.level, bool):
+            raise ConfigError(f"optimization level {self.level!r} is not a level; use 0, 1, 2 or 3")
         if self.cudagraph_mode is not None:
             mode = str(self.cudagraph_mode).upper()
             if mode in ("PIECEWISE", "FULL_AND_PIECEWISE"):
@@ -405,7 +407,9 @@ def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
     """Build a BrigadeConfig from flat keyword arguments named like the sub-configs' fields.
 
     ``LLM(model, dtype="float32", block_size=16, max_num_seqs=8)`` routes each name to its sub-config;
-    ``attention_backend``, ``kv_transfer_config`` and ``speculative_config`` (dicts) go to BrigadeConfig itself; ``enable_lora=True``
+    ``attention_backend``, ``kv_transfer_config`` and ``speculative_config`` (dicts) go to BrigadeConfig itself;
+    ``compilation_config`` (a level, a dict or a CompilationConfig, as vLLM's ``LLM`` takes it) fills the
+    CompilationConfig; ``enable_lora=True``
     (with ``max_loras``, ``max_lora_rank``, ``lora_modules`` as a ``{name: path}`` dict) builds a LoRAConfig.
 
     Raises:
@@ -429,6 +433,20 @@ def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
         if key == "speculative_config":
             top[key] = None if value is None else SpeculativeConfig.from_dict(value)
             continue
+        if key == "compilation_config":  # vLLM's LLM takes a level, a dict or a CompilationConfig
+            if isinstance(value, CompilationConfig):
+                value = dataclasses.asdict(value)
+            elif isinstance(value, int) and not isinstance(value, bool):
+                value = {"level": value}
+            if not isinstance(value, dict):
+                raise ConfigError(f"compilation_config must be a level (0-3), a dict or a CompilationConfig, "
+                                  f"got {type(value).__name__}")
+            unknown = sorted(set(value) - {f.name for f in dataclasses.fields(CompilationConfig)})
+            if unknown:
+                raise ConfigError(f"compilation_config has unknown keys {unknown}; allowed: "
+                                  f"{', '.join(f.name for f in dataclasses.fields(CompilationConfig))}")
+            parts["compilation_config"].update(value)
+            continue
         if key == "kv_transfer_config":
             top[key] = value if value is None or isinstance(value, KVTransferConfig) else KVTransferConfig(**value)
             continue
@@ -438,7 +456,8 @@ def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
                 break
         else:
             known = sorted([f.name for cls in _SUB_CONFIGS.values() for f in dataclasses.fields(cls)]
-                           + list(_LORA_KWARGS) + ["attention_backend", "kv_transfer_config", "speculative_config"])
+                           + list(_LORA_KWARGS) + ["attention_backend", "compilation_config", "kv_transfer_config",
+                                                   "speculative_config"])
             raise TypeError(f"unknown engine argument {key!r}; known: {', '.join(known)}")
     config = BrigadeConfig(**{part: cls(**parts[part]) for part, cls in _SUB_CONFIGS.items()}, **top)
     if config.lora_config is not None:

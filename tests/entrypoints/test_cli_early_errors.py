@@ -78,6 +78,14 @@ def assert_one_line(proc: subprocess.CompletedProcess, prefix: str, needle: str)
     # 6: an empty served name
     (["serve", "{model}", "--served-model-name", ""], "brigade serve", "--served-model-name '' is empty"),
     (["serve", "{model}", "--served-model-name", "  "], "brigade serve", "--served-model-name '  ' is empty"),
+    # 7: --compilation-config (vLLM's JSON form) and -O (braces doubled: the arguments go through str.format)
+    (["serve", "{model}", "--compilation-config", '{{"cudagraph_mode": "FULL_AND_PIECEWISE"}}'], "brigade serve",
+     "Brigade has no piecewise graphs; it captures mixed steps as full graphs: use FULL"),
+    (["serve", "{model}", "-cc", '{{"cudagraph_mode": 1'], "brigade serve", "--compilation-config is not valid JSON"),
+    (["serve", "{model}", "--compilation-config", '{{"max_capture_size": 64}}'], "brigade serve",
+     "--compilation-config has unknown keys ['max_capture_size']; allowed: level, cudagraph_mode"),
+    (["serve", "{model}", "-O3", "--compilation-config", '{{"level": 1}}'], "brigade serve",
+     "-O3 and --compilation-config level 1 disagree; give one"),
 ])
 def test_bad_flags_are_one_line_from_the_subcommand(smollm2_path, tmp_path, argv, prefix, needle):
     fill = {"model": str(smollm2_path), "empty": str(tmp_path)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from brigade.config import CompilationConfig, ConfigError
+from brigade.config import CompilationConfig, ConfigError, config_from_kwargs
 from brigade.sample.metadata import SamplingRequestState
 from brigade.sampling_params import SamplingParams
 from brigade.worker.cuda_graph import MixedGraphs, default_mixed_sizes
@@ -90,3 +90,19 @@ def test_default_sizes_and_modes():
         CompilationConfig(cudagraph_mode="FULL_AND_PIECEWISE")
     with pytest.raises(ConfigError, match="mixed_capture_sizes"):
         CompilationConfig(mixed_capture_sizes=[16, -1])
+
+
+def test_llm_takes_compilation_config_as_vllm_does():
+    """``LLM(model, compilation_config=...)``: a level, a dict or a CompilationConfig, as vLLM's LLM takes it;
+    unknown keys and modes are one-line ConfigErrors."""
+    def comp(value):
+        return config_from_kwargs("m", compilation_config=value).compilation_config
+
+    assert comp({"cudagraph_mode": "full_decode_only"}).cudagraph_mode == "FULL_DECODE_ONLY"
+    assert comp(3).level == 3 and comp(CompilationConfig(level=1, mixed_capture_sizes=[8])).mixed_capture_sizes == [8]
+    with pytest.raises(ConfigError, match=r"unknown keys \['x'\]; allowed: level"):
+        comp({"x": 1})
+    with pytest.raises(ConfigError, match="a level .0-3., a dict or a CompilationConfig, got str"):
+        comp("O3")
+    with pytest.raises(ConfigError, match="optimization level 7 is not a level"):
+        comp(7)
