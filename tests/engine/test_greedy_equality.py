@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from brigade import LLM, SamplingParams
+from brigade.worker import model_runner
 
 MAX_NEW_TOKENS = 48
 
@@ -93,7 +94,7 @@ def test_prefix_cache_hits_do_not_change_outputs(smollm2_path, prompt_token_ids,
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
 
-def test_mixed_graph_layout_gives_the_same_tokens(smollm2_path, prompt_token_ids, expected):
+def test_mixed_graph_layout_gives_the_same_tokens(smollm2_path, prompt_token_ids, expected, monkeypatch):
     """The layout mixed-step CUDA graphs replay (``MixedGraphs``: token rows padded to 8, 16 or 32 with slot -1,
     requests padded with query length 0, logits gathered inside the forward), run eagerly here through the
     runner's ``pad_mixed_steps`` with every step in it (chunked prefills of up to 32 tokens mixed with decodes,
@@ -114,5 +115,14 @@ def test_mixed_graph_layout_gives_the_same_tokens(smollm2_path, prompt_token_ids
     assert graphs is not None and graphs.max_reqs == 8
     # Every step fits (at most 32 tokens), so every step ran padded: at least one per generated token.
     assert runner.num_padded_mixed_steps >= 2 * MAX_NEW_TOKENS
+    # Steps with a context longer than MIXED_GRAPH_MAX_CONTEXT run eagerly (the varlen kernel has no split-KV).
+    monkeypatch.setattr(model_runner, "MIXED_GRAPH_MAX_CONTEXT", 20)
+    short, long = prompt_token_ids[0], prompt_token_ids[7]
+    assert len(short) + 4 <= 20 < len(long)
+    before = runner.num_padded_mixed_steps
+    llm.generate([long], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+    assert runner.num_padded_mixed_steps == before
+    out = llm.generate([short], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+    assert runner.num_padded_mixed_steps > before and out[0].outputs[0].token_ids == expected[0].token_ids[:4]
     stats = llm.get_kv_cache_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"], "KV blocks leaked"

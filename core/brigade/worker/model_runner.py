@@ -25,6 +25,11 @@ from brigade.worker.input_batch import CachedRequestState, HostToDevice, build_s
 logger = logging.getLogger(__name__)
 
 SPEC_GRAPH_MAX_BATCH = 32  # speculative verification graphs are captured up to this many requests
+# Mixed-step graphs attend through one varlen kernel without split-KV: a context is streamed by num_kv_heads
+# programs, at an estimated (not measured) ~0.5 us a 64-key tile on the H200 a 32k-token context costs ~8 ms a step
+# there, against the 13-34 ms an eager mixed step spends launching kernels. Steps with a longer context run eagerly
+# (split-KV decode).
+MIXED_GRAPH_MAX_CONTEXT = 32768
 PROMPT_LOGPROBS_ROWS = 256  # prompt positions scored per logits block ([rows, vocab] f32 at a time)
 
 
@@ -282,7 +287,9 @@ class ModelRunner:
             uniform = None  # runs eagerly as scheduled, or in a mixed graph
         if graphs is None and uniform is None:
             mixed = self._mixed_step_graphs()
-            if mixed is not None and mixed.can_run(scheduler_output.total_num_scheduled_tokens, len(order)):
+            longest = max(s.num_computed_tokens + num_scheduled[rid] for rid, s in zip(order, states))
+            if mixed is not None and longest <= MIXED_GRAPH_MAX_CONTEXT \
+                    and mixed.can_run(scheduler_output.total_num_scheduled_tokens, len(order)):
                 graphs = mixed
                 self.num_padded_mixed_steps += 1
         if self.lora_manager is not None:  # slots and token mask for this step (persistent buffers: graph-safe)
