@@ -94,11 +94,11 @@ def test_local_prefix_hits_come_first_and_the_cap_leaves_a_token_to_compute():
     out, _ = run_step(sched)
     assert out.scheduled_new_reqs[0].num_computed_tokens == 8 and out.num_scheduled_tokens == {"b": 4}
     assert out.kv_connector_metadata.loads == {}
-    sched.add_request(make_request("c", range(1, 18)))  # 17 tokens: 8 local + 8 external, 1 computed
+    sched.add_request(make_request("c", range(1, 18)))  # 17 tokens: 12 local (b's blocks) + 4 external, 1 computed
     out, _ = run_step(sched)
     assert out.num_scheduled_tokens["c"] == 1
     first, block_ids = out.kv_connector_metadata.loads["c"]
-    assert first == 8 and len(block_ids) == 2
+    assert first == 12 and block_ids == out.scheduled_new_reqs[0].block_ids[3:4]
 
 
 def test_prompt_logprobs_requests_load_nothing_and_overclaims_are_refused():
