@@ -153,6 +153,21 @@ def test_prefix_caching_still_works_on_the_consumer(consumer, prompts, expected)
     assert_all_blocks_free(consumer)
 
 
+def test_a_consumer_with_a_worker_process_and_overlapped_steps(smollm2_path, store, prompts, expected):
+    """The metadata crosses the pipe to the worker process, the layout comes back from it (the multiprocess
+    executor), and loads work with overlapped (async) scheduling."""
+    llm = LLM(str(smollm2_path), kv_transfer_config=kv_config("kv_consumer", store.path),
+              distributed_executor_backend="mp", async_scheduling=True, **ENGINE)
+    outputs = llm.generate(prompts, greedy(), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert [o.num_cached_tokens for o in outputs] == [num_loadable_blocks(p) * BLOCK for p in prompts]
+    assert llm.engine.core.scheduler.kv_connector.num_matched_tokens > 0
+    assert_all_blocks_free(llm)
+    llm.engine.core.shutdown()
+    del llm
+    gc.collect()
+
+
 def test_a_truncated_or_corrupt_stored_block_is_a_warning_and_the_tokens_stay_right(consumer, prompts, expected,
                                                                                    caplog):
     scheduler_side, worker_side = connectors(consumer)
