@@ -197,12 +197,14 @@ def test_a_truncated_or_corrupt_stored_block_is_a_warning_and_the_tokens_stay_ri
     assert_all_blocks_free(consumer)
 
 
-def test_a_store_of_another_block_size_is_not_used(smollm2_path, store, prompts, expected):
-    llm = LLM(str(smollm2_path), kv_transfer_config=kv_config("kv_consumer", store.path),
-              **{**ENGINE, "block_size": 32})
+@pytest.mark.parametrize("other", [{"block_size": 32}, {"dtype": "bfloat16"}], ids=["block_size", "dtype"])
+def test_a_store_of_another_block_size_or_dtype_is_not_used(smollm2_path, store, prompts, expected, other):
+    llm = LLM(str(smollm2_path), kv_transfer_config=kv_config("kv_consumer", store.path), **{**ENGINE, **other})
     outputs = llm.generate(prompts, greedy(4), use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outputs] == [t[:4] for t in expected]
+    if "dtype" not in other:  # bf16 tokens may differ from fp32 transformers'
+        assert [o.outputs[0].token_ids for o in outputs] == [t[:4] for t in expected]
     scheduler_side, worker_side = connectors(llm)
+    assert scheduler_side.layout.dtype == other.get("dtype", "float32")
     assert scheduler_side.num_matched_tokens == 0 and worker_side.num_loaded_tokens == 0
     assert_all_blocks_free(llm)
     del llm, scheduler_side, worker_side
