@@ -371,9 +371,8 @@ class BrigadeConfig:
 
         Raises:
             ConfigError: tensor, pipeline or data parallelism above 1; the ray executor; a KV connector
-                (``--kv-transfer-config``):
-                the hook and flag exist for connector plugins, but the scheduler and model runner do not
-                call connectors yet.
+                (``--kv-transfer-config``) that no installed plugin registers, or whose
+                ``kv_connector_extra_config`` the connector refuses (``KVConnectorBase.check_config``).
         """
         parallel = self.parallel_config
         world = parallel.world_size
@@ -386,9 +385,9 @@ class BrigadeConfig:
             raise ConfigError(f"--distributed-executor-backend {parallel.distributed_executor_backend} is not "
                               "available in this build; use uni or mp")
         if self.kv_transfer_config is not None:
-            raise ConfigError(f"--kv-transfer-config: KV connector {self.kv_transfer_config.kv_connector!r} is "
-                              "installed, but this Brigade does not run KV connectors yet (its scheduler and model "
-                              "runner make no connector calls); remove --kv-transfer-config")
+            from brigade.kv_transfer import get_connector_class
+
+            get_connector_class(self.kv_transfer_config).check_config(self.kv_transfer_config)
 
     def compute_hash(self) -> str:
         """A hash of every field that changes the compute graph (for compile caches)."""

@@ -73,20 +73,27 @@ class KVCacheManager:
     # ---- allocation -----------------------------------------------------------------------------
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: Sequence[KVCacheBlock] = (),
-                       num_new_computed_tokens: int = 0) -> list[KVCacheBlock] | None:
+                       num_new_computed_tokens: int = 0, num_external_tokens: int = 0) -> list[KVCacheBlock] | None:
         """Make room for ``num_new_tokens`` more tokens of ``request``.
+
+        The block table then covers, in order (book ch. 4, vLLM's layout)::
+
+            | computed | new_computed (local hits) | external (a KV connector loads them) | new (computed) |
 
         Args:
             request: a running request, or a waiting one being admitted.
             num_new_tokens: tokens to compute this step.
             new_computed_blocks: prefix-cache hits from get_computed_blocks (waiting requests only).
             num_new_computed_tokens: tokens those hits cover.
+            num_external_tokens: tokens after the hits whose KV a connector loads before this step's forward
+                pass (waiting requests only); they get fresh blocks, published to the prefix cache like
+                computed ones, since their KV is in place once the step runs.
         Returns:
             The newly allocated blocks (possibly empty), or None when the pool cannot hold them; in that
             case nothing changes.
         """
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
-        total_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        total_tokens = request.num_computed_tokens + num_new_computed_tokens + num_external_tokens + num_new_tokens
         num_needed = cdiv(total_tokens, self.block_size) - len(blocks) - len(new_computed_blocks)
         # Hits that sit in the free queue stop being free once touched.
         num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)

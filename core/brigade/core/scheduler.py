@@ -17,6 +17,12 @@ max_model_len) and KV slots for all of them, and sends the drafts down in
 ``num_computed_tokens`` rolls back over the rejected ones, whose KV slots are simply overwritten later. Block
 hashes are only published for tokens in ``all_token_ids`` (never drafts), so the prefix cache never holds a
 rejected token.
+
+KV connector (``--kv-transfer-config``, book ch. 9): the scheduler-role connector (``brigade.kv_transfer``) is
+asked, for each waiting request being admitted, how many tokens beyond the local prefix-cache hit an external
+store holds; those tokens get blocks and count as computed, the connector is told which blocks
+(``update_state_after_alloc``), and its per-step metadata rides in ``SchedulerOutput.kv_connector_metadata`` to
+the worker-role connector, which loads them before the forward pass and saves after it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from brigade.core.scheduler_output import (CachedRequestData, ModelRunnerOutput,
                                            SchedulerOutput)
 from brigade.engine.messages import (EngineCoreOutput, EngineCoreOutputs, FinishReason, LogprobsLists,
                                      SchedulerStats, SpecDecodingStats)
+from brigade.kv_transfer.base import KVConnectorBase
 from brigade.spec_decode import NgramProposer
 
 
@@ -51,7 +58,7 @@ class Scheduler:
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, *, max_model_len: int,
                  num_blocks: int, structured_output_manager=None, lora_config: LoRAConfig | None = None,
-                 speculative_config: SpeculativeConfig | None = None):
+                 speculative_config: SpeculativeConfig | None = None, kv_connector: KVConnectorBase | None = None):
         self.config = scheduler_config
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens or 8192
@@ -76,6 +83,8 @@ class Scheduler:
         self._reset_spec_stats()
         # Since start (tests, bench): drafts (steps of a request with drafts), draft tokens, accepted tokens.
         self.spec_totals = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+        self.kv_connector = kv_connector  # the scheduler-role KV connector, or None
+        self.num_external_tokens_total = 0  # tokens a KV connector provided instead of computing them, since start
 
     # ---- requests in and out --------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -107,6 +116,11 @@ class Scheduler:
 
     def _free_request(self, request: Request) -> None:
         self.num_overlap_unsafe -= not request.overlap_safe
+        if self.kv_connector is not None and self.kv_connector.request_finished(
+                request, self.kv_cache_manager.get_block_ids(request.request_id)):
+            raise NotImplementedError(f"KV connector {type(self.kv_connector).__name__} asked to keep the blocks of "
+                                      f"request {request.request_id} for an asynchronous save; Brigade's connectors "
+                                      "save within the step")
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         if self.structured_output_manager is not None:
@@ -169,11 +183,12 @@ class Scheduler:
             hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
             if request.sampling_params.prompt_logprobs is not None:
                 hit_blocks, num_hit = [], 0  # cached prompt tokens are never computed, so they get no logprobs
-            num_new = request.num_tokens - num_hit
+            num_external = self._num_external_tokens(request, num_hit)
+            num_new = request.num_tokens - num_hit - num_external
             if not self.config.enable_chunked_prefill and num_new > budget:
                 break
             num_new = self._cap_chunk(num_new, budget)
-            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new, hit_blocks, num_hit)
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new, hit_blocks, num_hit, num_external)
             if new_blocks is None:
                 break
             self.waiting.pop()
@@ -182,16 +197,20 @@ class Scheduler:
                 active_loras.add(request.lora_key)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit
+            block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
+            if self.kv_connector is not None:
+                self.kv_connector.update_state_after_alloc(request, block_ids, num_external)
+                self.num_external_tokens_total += num_external
+            request.num_computed_tokens = num_hit + num_external
             if request.num_cached_tokens < 0:
-                request.num_cached_tokens = num_hit
+                request.num_cached_tokens = num_hit + num_external
             num_scheduled[request.request_id] = num_new
             budget -= num_new
             new_reqs.append(NewRequestData(
                 req_id=request.request_id, token_ids=list(request.all_token_ids),
                 num_prompt_tokens=request.num_prompt_tokens, sampling_params=request.sampling_params,
-                eos_token_id=request.eos_token_id,
-                block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
-                num_computed_tokens=num_hit, lora_int_id=request.lora_int_id))
+                eos_token_id=request.eos_token_id, block_ids=block_ids,
+                num_computed_tokens=num_hit + num_external, lora_int_id=request.lora_int_id))
 
         for request in reversed(grammar_blocked):
             if not request.is_finished():
@@ -205,11 +224,30 @@ class Scheduler:
                 request.num_output_placeholders += 1  # this step samples its next token
         output = SchedulerOutput(new_reqs, cached, num_scheduled, sum(num_scheduled.values()),
                                  self.finished_req_ids, preempted, scheduled_spec_decode_tokens=spec_tokens)
+        if self.kv_connector is not None:
+            output.kv_connector_metadata = self.kv_connector.build_connector_meta(output)
         if structured_ids:
             output.structured_output_req_ids = structured_ids
             output.grammar_bitmask = self.structured_output_manager.grammar_bitmask(structured_ids)
         self.finished_req_ids = set()
         return output
+
+    def _num_external_tokens(self, request: Request, num_hit: int) -> int:
+        """Tokens of a waiting request after its local hit (``num_hit``) that the KV connector will load; 0 without
+        a connector and for requests with prompt logprobs (loaded tokens are not computed, so get no logprobs).
+
+        Raises:
+            ValueError: the connector answered beyond ``num_tokens - 1`` or a negative count (a connector bug that
+                would otherwise leave no token to sample from).
+        """
+        if self.kv_connector is None or request.sampling_params.prompt_logprobs is not None:
+            return 0
+        num_external = self.kv_connector.get_num_new_matched_tokens(request, num_hit)
+        if num_external < 0 or num_hit + num_external > request.num_tokens - 1:
+            raise ValueError(f"KV connector {type(self.kv_connector).__name__} matched {num_external} tokens of "
+                             f"request {request.request_id} after {num_hit} local ones; at most "
+                             f"{request.num_tokens - 1 - num_hit} (num_tokens - 1 in all) may be matched")
+        return num_external
 
     def _lora_blocks(self, request: Request, active_loras: set[tuple]) -> bool:
         """True when admitting ``request`` would put more than ``max_loras`` distinct adapters in the running

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from brigade.engine.messages import LogprobsLists
+from brigade.kv_transfer.base import KVConnectorMetadata
 from brigade.sampling_params import SamplingParams
 
 
@@ -60,6 +61,9 @@ class SchedulerOutput:
     # scheduled for 1 + k tokens ([last sampled token, d1..dk]); the runner verifies the drafts and returns
     # the accepted ones plus one token (book ch. 12).
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # KV connector (--kv-transfer-config, book ch. 9): what the worker-role connector loads before this step's
+    # forward pass and saves after it (the connector's own KVConnectorMetadata subclass); None without one.
+    kv_connector_metadata: KVConnectorMetadata | None = None
 
     @classmethod
     def make_empty(cls) -> SchedulerOutput:

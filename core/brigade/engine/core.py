@@ -15,6 +15,7 @@ from brigade.core.scheduler import Scheduler
 from brigade.engine.messages import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason,
                                      UtilityMethod)
 from brigade.executor.abstract import Executor
+from brigade.kv_transfer import KVConnectorRole, make_kv_connector
 from brigade.lora.request import lora_module_requests
 from brigade.structured_output import StructuredOutputManager
 from brigade.utils import freeze_gc_heap
@@ -72,10 +73,16 @@ class EngineCore:
                     "per request", num_blocks, block_size, num_blocks * block_size,
                     num_blocks * block_size / max_model_len, max_model_len)
         self.structured_output_manager = StructuredOutputManager.from_config(config, hf_config)
+        kv_connector = None
+        if config.kv_transfer_config is not None:  # its worker-role peer was made with the KV cache
+            kv_connector = make_kv_connector(config.kv_transfer_config, KVConnectorRole.SCHEDULER,
+                                             self.executor.kv_cache_layout())
+            logger.info("KV connector %s (%s)", config.kv_transfer_config.kv_connector,
+                        config.kv_transfer_config.kv_role)
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, max_model_len=max_model_len,
                                    num_blocks=num_blocks, structured_output_manager=self.structured_output_manager,
                                    lora_config=config.lora_config,
-                                   speculative_config=config.speculative_config)
+                                   speculative_config=config.speculative_config, kv_connector=kv_connector)
         self.num_blocks = num_blocks
         overlap = config.scheduler_config.async_scheduling
         self.overlap = config.device == "cuda" if overlap is None else overlap

@@ -55,6 +55,10 @@ class Executor(ABC):
         device is done (the call itself returns as soon as the work is queued).
         """
 
+    def kv_cache_layout(self):
+        """The workers' ``brigade.kv_transfer.KVCacheLayout`` (the driver's), for the scheduler-role KV connector."""
+        raise NotImplementedError(f"{type(self).__name__} cannot describe its KV cache layout")
+
     def add_lora(self, lora_request) -> bool:
         """Register a LoRA adapter (``brigade.lora.LoRARequest``) on every worker; False when its id is taken.
 

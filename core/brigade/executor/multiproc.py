@@ -39,6 +39,7 @@ class WorkerCommand(enum.IntEnum):
     SHUTDOWN = 4
     ADD_LORA = 5  # (LoRARequest) -> bool, or the LoRAError it raised
     REMOVE_LORA = 6  # (lora_int_id) -> bool
+    KV_CACHE_LAYOUT = 7  # -> KVCacheLayout
 
 
 @dataclass(slots=True)
@@ -90,6 +91,7 @@ def _worker_main(config: BrigadeConfig, hf_config, rank: int, start_method: str,
         WorkerCommand.DESCRIBE: lambda _: info,
         WorkerCommand.ADD_LORA: lambda request: _add_lora(worker, request),
         WorkerCommand.REMOVE_LORA: worker.remove_lora,
+        WorkerCommand.KV_CACHE_LAYOUT: lambda _: worker.kv_cache_layout(),
     }
     while True:
         try:
@@ -201,6 +203,9 @@ class MultiprocExecutor(Executor):
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self._call(WorkerCommand.INITIALIZE_KV_CACHE, num_blocks)
+
+    def kv_cache_layout(self):
+        return self._call(WorkerCommand.KV_CACHE_LAYOUT)[0]
 
     def add_lora(self, lora_request) -> bool:
         replies = self._call(WorkerCommand.ADD_LORA, lora_request)

@@ -24,6 +24,9 @@ class UniProcExecutor(Executor):
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.worker.initialize_kv_cache(num_blocks)
 
+    def kv_cache_layout(self):
+        return self.worker.kv_cache_layout()
+
     def add_lora(self, lora_request) -> bool:
         return self.worker.add_lora(lora_request)
 

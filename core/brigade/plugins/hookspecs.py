@@ -110,7 +110,9 @@ def register_kv_connectors(register: RegisterComponent) -> None:
     """Contribute KV connectors, selected by ``--kv-transfer-config '{"kv_connector": NAME, ...}'``.
 
     Args:
-        register: ``register(name, connector_cls, *, override=False)``; the class or ``"module:Attr"``.
+        register: ``register(name, connector_cls, *, override=False)``; the class or ``"module:Attr"``, a subclass
+            of ``brigade.kv_transfer.KVConnectorBase``, instantiated once per role (scheduler, worker) as
+            ``connector_cls(kv_transfer_config, role, kv_cache_layout)`` (book ch. 9).
 
     Returns:
         None. Not firstresult: every implementation runs.

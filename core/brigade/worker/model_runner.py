@@ -2,11 +2,17 @@
 
 It keeps its own copy of every scheduled request (token ids, block table, sampler state) and updates it
 from the scheduler's diffs. It decides *how* to run the batch, never *who* runs.
+
+With a KV connector (``--kv-transfer-config``) it holds the worker-role connector: before the forward pass the
+connector loads what the step's ``kv_connector_metadata`` names into the KV cache, after it the connector saves.
+A load that fails is recomputed in the same step (the request's loaded range joins its scheduled tokens), so
+the scheduler's accounting holds and the outputs are those of an engine without connector.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import torch
@@ -15,6 +21,7 @@ from brigade.attention.backend import AttentionBackend, AttentionContext
 from brigade.config import BrigadeConfig
 from brigade.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from brigade.engine.messages import LogprobsLists
+from brigade.kv_transfer import KVCacheLayout, KVConnectorBase, KVConnectorMetadata, KVConnectorRole, make_kv_connector
 from brigade.plugins import registries
 from brigade.sample.metadata import SamplingRequestState, build_sampling_metadata
 from brigade.sample.rejection_sampler import RejectionSampler
@@ -67,6 +74,7 @@ class ModelRunner:
         self.prev_sampled: torch.Tensor | None = None  # [num_sampled] int64 on the device, last step's samples
         self.prev_rows: dict[str, int] = {}  # request id -> row of prev_sampled
         self.lora_manager = None  # brigade.lora.manager.LoRAManager with --enable-lora
+        self.kv_connector: KVConnectorBase | None = None  # the worker-role KV connector (--kv-transfer-config)
 
     # ---- set-up ---------------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -132,10 +140,33 @@ class ModelRunner:
         head_size, num_kv_heads, num_layers = self._kv_shape()
         shape = self.attn_backend.kv_cache_shape(num_blocks, self.block_size, num_kv_heads, head_size)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
+        if self.config.kv_transfer_config is not None:
+            self.kv_connector = make_kv_connector(self.config.kv_transfer_config, KVConnectorRole.WORKER,
+                                                  self.kv_cache_layout())
         self.maybe_capture_cuda_graphs(num_blocks)
         if self.device.type != "cpu":  # nothing is compiled on first use on the CPU
             self.warm_up_mixed_steps()
             self.warm_up_sampler()
+
+    def kv_cache_layout(self) -> KVCacheLayout:
+        """The layout of this runner's KV blocks, for KV connectors: blocks are shared only between equal layouts.
+
+        The model is named by its directory's real path (plus the quantization method, and the seed of dummy
+        weights), the block dimension found by asking the attention backend for caches of 1 and 2 blocks.
+        """
+        head_size, num_kv_heads, num_layers = self._kv_shape()
+        one = self.attn_backend.kv_cache_shape(1, self.block_size, num_kv_heads, head_size)
+        two = self.attn_backend.kv_cache_shape(2, self.block_size, num_kv_heads, head_size)
+        block_dim = next(i for i, (a, b) in enumerate(zip(one, two)) if a != b)
+        mc = self.config.model_config
+        model = os.path.realpath(mc.model)
+        if mc.quantization:
+            model += f"+{mc.quantization}"
+        if mc.load_format == "dummy":
+            model += f"+dummy(seed={mc.seed})"
+        return KVCacheLayout(model=model, dtype=str(self.dtype).removeprefix("torch."), block_size=self.block_size,
+                             num_layers=num_layers, block_shape=tuple(one[:block_dim]) + tuple(one[block_dim + 1:]),
+                             block_dim=block_dim)
 
     @torch.inference_mode()
     def warm_up_mixed_steps(self) -> None:
@@ -254,6 +285,9 @@ class ModelRunner:
         if scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput.make_empty()
         num_scheduled = scheduler_output.num_scheduled_tokens
+        connector_meta = scheduler_output.kv_connector_metadata if self.kv_connector is not None else None
+        if connector_meta is not None:
+            num_scheduled = self._load_kv(connector_meta, num_scheduled)
         # Decodes first: the attention metadata splits the batch by one count.
         order = sorted(num_scheduled, key=lambda rid: num_scheduled[rid] != 1)
         states = [self.requests[rid] for rid in order]
@@ -289,7 +323,7 @@ class ModelRunner:
             mixed = self._mixed_step_graphs()
             longest = max(s.num_computed_tokens + num_scheduled[rid] for rid, s in zip(order, states))
             if mixed is not None and longest <= MIXED_GRAPH_MAX_CONTEXT \
-                    and mixed.can_run(scheduler_output.total_num_scheduled_tokens, len(order)):
+                    and mixed.can_run(sum(num_scheduled.values()), len(order)):
                 graphs = mixed
                 self.num_padded_mixed_steps += 1
         if self.lora_manager is not None:  # slots and token mask for this step (persistent buffers: graph-safe)
@@ -301,6 +335,8 @@ class ModelRunner:
             self.num_padded_spec_steps += 1
         self._fill_pending_inputs(inputs)
         logits, hidden = self._forward(inputs, graphs=graphs, keep_hidden=want_prompt_logprobs)
+        if connector_meta is not None:
+            self.kv_connector.save_kv(connector_meta, self.kv_caches)
         prompt_logprobs = self._prompt_logprobs(order, inputs, hidden) if want_prompt_logprobs else {}
         for rid, n in num_scheduled.items():
             self.requests[rid].num_computed_tokens += n
@@ -326,6 +362,23 @@ class ModelRunner:
         output = result.get()
         output.prompt_logprobs = prompt_logprobs
         return output
+
+    def _load_kv(self, metadata: KVConnectorMetadata, num_scheduled: dict[str, int]) -> dict[str, int]:
+        """Have the KV connector load this step's blocks; returns the tokens to compute per request: the
+        scheduler's, plus, for a request whose load failed, its loaded range (computed instead of loaded; its
+        ``num_computed_tokens`` goes back to where that range began)."""
+        self.kv_connector.start_load_kv(metadata, self.kv_caches)
+        failed = self.kv_connector.wait_for_load()
+        if not failed:
+            return num_scheduled
+        num_scheduled = dict(num_scheduled)
+        for rid, num_valid in failed.items():
+            state = self.requests.get(rid)
+            if state is None or rid not in num_scheduled or not 0 <= num_valid < state.num_computed_tokens:
+                continue
+            num_scheduled[rid] += state.num_computed_tokens - num_valid
+            state.num_computed_tokens = num_valid
+        return num_scheduled
 
     def _verify_drafts(self, scheduler_output: SchedulerOutput, order: list[str], sampling_req_ids: list[str],
                        logits: torch.Tensor) -> ModelRunnerOutput:

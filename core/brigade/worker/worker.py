@@ -92,6 +92,10 @@ class Worker:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.model_runner.initialize_kv_cache(num_blocks)
 
+    def kv_cache_layout(self):
+        """The runner's ``KVCacheLayout`` (for the scheduler-role KV connector)."""
+        return self.model_runner.kv_cache_layout()
+
     def add_lora(self, lora_request) -> bool:
         """Register a LoRA adapter (``brigade.lora.LoRARequest``) with the runner; False when its id is taken."""
         return self.model_runner.add_lora(lora_request)
