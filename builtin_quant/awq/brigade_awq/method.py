@@ -70,7 +70,8 @@ class AWQLinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Args: x [T, K] in the model dtype. Returns ``x @ W.T (+ bias)`` [T, N] in x's dtype."""
-        chunks = packing.column_chunks(0, layer.output_size, layer.input_size)
+        chunks = packing.column_chunks(0, layer.output_size, layer.input_size,
+                                        budget_bytes=packing.DEQUANT_CHUNK_BYTES)
         if len(chunks) == 1:
             out = x @ packing.dequantize(layer.qweight, layer.qzeros, layer.scales,
                                          group_size=self.config.group_size, dtype=x.dtype)
