@@ -69,14 +69,21 @@ def dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
     """
     start, end = columns if columns is not None else (0, qweight.shape[1] * PACK)
     c0, c1 = start // PACK, -(-end // PACK)
-    q = unpack(qweight[:, c0:c1])[:, :end - start]  # [K, cols]
+    words = qweight[:, c0:c1]
+    codes = words.unsqueeze(2) >> _shifts(words.device)[None, None, :]  # [K, cols / 8, 8] int32, fresh
+    codes &= 2 ** BITS - 1  # in place: one temporary for the whole layer
+    k = codes.shape[0]
+    codes = codes.view(k, -1)[:, :end - start]
     zeros = unpack(qzeros[:, c0:c1])[:, :end - start]  # [G, cols]
-    k, cols = q.shape
-    groups = zeros.shape[0]
-    w = (q.view(groups, k // groups, cols) - zeros[:, None, :]).to(torch.float32)
-    w.mul_(scales[:, start:end].to(torch.float32)[:, None, :])
+    groups, cols = zeros.shape
+    if codes.is_contiguous():
+        codes = codes.view(groups, k // groups, cols)
+        codes -= zeros[:, None, :]  # exact integer difference, in place
+    else:
+        codes = codes.reshape(groups, k // groups, cols) - zeros[:, None, :]
+    # int32 times float32 is computed in float32: the cast and the multiply in one pass.
+    w = torch.mul(codes, scales[:, start:end].to(torch.float32)[:, None, :])
     return w.view(k, cols).to(dtype)
-
 
 def column_chunks(start: int, end: int, rows: int, *, budget_bytes: int = DEQUANT_CHUNK_BYTES
                   ) -> list[tuple[int, int]]:
