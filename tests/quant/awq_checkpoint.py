@@ -36,10 +36,10 @@ class AWQLinear:
 
     def dequantized(self) -> torch.Tensor:
         """[out, in] float32: ``(q - zero) * scale`` per row's group."""
-        gs = self.q.shape[0] // self.zeros.shape[0]
-        z = self.zeros.repeat_interleave(gs, 0)
-        s = self.scales.float().repeat_interleave(gs, 0)
-        return ((self.q.long() - z).float() * s).T.contiguous()
+        k, n = self.q.shape
+        groups = self.zeros.shape[0]
+        diff = self.q.to(torch.int32).view(groups, k // groups, n) - self.zeros.to(torch.int32)[:, None, :]
+        return (diff.float() * self.scales.float()[:, None, :]).view(k, n).T.contiguous()
 
 
 def quantize_awq(weight: torch.Tensor, group_size: int) -> AWQLinear:
@@ -51,7 +51,9 @@ def quantize_awq(weight: torch.Tensor, group_size: int) -> AWQLinear:
     scales = ((wmax - wmin).clamp(min=1e-5) / 15).half()
     s = scales.float()
     zeros = torch.clamp(-torch.round(wmin / s), 0, 15).to(torch.int64)
-    q = torch.clamp(torch.round(g / s[:, None]) + zeros[:, None], 0, 15).to(torch.uint8).view(k, n)
+    codes = g / s[:, None]  # one temporary, then in place
+    codes.round_().add_(zeros[:, None].float()).clamp_(0, 15)
+    q = codes.to(torch.uint8).view(k, n)
     return AWQLinear(q=q, zeros=zeros, scales=scales)
 
 
