@@ -29,6 +29,7 @@ LOCAL_PACKAGES=(
     builtin_platforms/rocm
     builtin_quant/fp8
     builtin_quant/gptq
+    builtin_quant/awq
     builtin_connectors/shm
     plugins/*
 )

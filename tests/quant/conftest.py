@@ -36,3 +36,20 @@ def gptq_checkpoints(tmp_path_factory, smollm2_path):
     yield make
     for gptq_dir, _ in made.values():
         shutil.rmtree(gptq_dir.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def awq_checkpoint(tmp_path_factory, smollm2_path):
+    """``(awq_dir, reference_dir)``: SmolLM2 quantized to AWQ (4-bit, group 64, AutoAWQ's GEMM packing) by
+    ``awq_checkpoint``, and the same codes dequantized to float32 in an ordinary checkpoint."""
+    from awq_checkpoint import E2E_GROUP_SIZE, quantize_model as quantize_awq_model
+    from awq_checkpoint import write_awq_checkpoint
+    from awq_checkpoint import write_dequantized_checkpoint as write_awq_reference
+
+    root = tmp_path_factory.mktemp("awq")
+    layers = quantize_awq_model(Path(smollm2_path), E2E_GROUP_SIZE)
+    made = (write_awq_checkpoint(Path(smollm2_path), root / "awq", E2E_GROUP_SIZE, layers),
+            write_awq_reference(Path(smollm2_path), root / "reference", layers))
+    del layers
+    yield made
+    shutil.rmtree(root, ignore_errors=True)

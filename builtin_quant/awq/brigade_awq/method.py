@@ -1,0 +1,87 @@
+"""AWQLinearMethod: a linear layer that keeps an AWQ checkpoint's packed tensors and multiplies through them.
+
+Parameters (the checkpoint's names, relative to the layer; ``N = sum(output_sizes)``, ``K = input_size``,
+``G = K / group_size``; format in ``packing``):
+
+* ``qweight`` int32 [K, N / 8], ``output_dim`` 1, ``pack_factor`` 8: packed along the output dimension, so a
+  merged layer's projection lands at ``offset / 8`` and every projection's width must be a multiple of 8.
+* ``qzeros`` int32 [G, N / 8], ``output_dim`` 1, ``pack_factor`` 8.
+* ``scales`` float16 [G, N], ``output_dim`` 1.
+
+Compute: the PyTorch path on every device (CPU and CUDA alike): each forward dequantizes the layer to the
+activation dtype, a column block of at most ``packing.DEQUANT_CHUNK_BYTES`` at a time, multiplies, and drops it.
+Nothing dequantized outlives the call, so the weights stay at a quarter of their fp16 size in memory. There is
+no fused kernel: on CUDA this is a memory win only (its speed is unmeasured). No fused norm/SiLU/residual
+variants; no tensor parallelism (``-tp 1``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from brigade.model_executor.layers.linear_method import LinearMethod
+from brigade.model_executor.weight_utils import set_weight_attrs
+
+from brigade_awq import packing
+from brigade_awq.config import SUPPORTED, AWQConfig
+
+
+class AWQLinearMethod(LinearMethod):
+    """One linear layer of an AWQ checkpoint; see the module docstring."""
+
+    def __init__(self, config: AWQConfig, prefix: str = ""):
+        self.config = config
+        self.prefix = prefix
+
+    def _fail(self, what: str) -> ValueError:
+        return ValueError(f"AWQ layer {self.prefix or '?'}: {what}; {SUPPORTED}, with every layer's in_features "
+                          f"divisible by group_size {self.config.group_size} and each projection's "
+                          "out_features by 8")
+
+    def create_weights(self, layer: nn.Module, *, input_size: int, output_sizes: list[int],
+                       dtype: torch.dtype) -> None:
+        """Register ``qweight``, ``qzeros`` and ``scales`` (see the module docstring).
+
+        Raises:
+            ValueError (one line): ``input_size`` is not a multiple of ``group_size``, or one of ``output_sizes``
+                is not a multiple of 8, so the checkpoint's packed tensors cannot describe the layer.
+        """
+        pack, gs = packing.PACK, self.config.group_size
+        if input_size % gs:
+            raise self._fail(f"in_features {input_size} is not a multiple of group_size {gs}")
+        bad = [size for size in output_sizes if size % pack]
+        if bad:
+            raise self._fail(f"out_features {bad[0]} (of {output_sizes}) is not a multiple of {pack}, so its "
+                             "qweight/qzeros columns cannot be packed")
+        out = sum(output_sizes)
+        groups = input_size // gs
+        qweight = nn.Parameter(torch.zeros(input_size, out // pack, dtype=torch.int32), requires_grad=False)
+        set_weight_attrs(qweight, {"output_dim": 1, "pack_factor": pack})
+        qzeros = nn.Parameter(torch.zeros(groups, out // pack, dtype=torch.int32), requires_grad=False)
+        set_weight_attrs(qzeros, {"output_dim": 1, "pack_factor": pack})
+        scales = nn.Parameter(torch.zeros(groups, out, dtype=torch.float16), requires_grad=False)
+        set_weight_attrs(scales, {"output_dim": 1})
+        for name, param in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
+            layer.register_parameter(name, param)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Nothing to do: the packed tensors are used as loaded."""
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """Args: x [T, K] in the model dtype. Returns ``x @ W.T (+ bias)`` [T, N] in x's dtype."""
+        chunks = packing.column_chunks(0, layer.output_size, layer.input_size,
+                                        budget_bytes=packing.DEQUANT_CHUNK_BYTES)
+        if len(chunks) == 1:
+            out = x @ packing.dequantize(layer.qweight, layer.qzeros, layer.scales,
+                                         group_size=self.config.group_size, dtype=x.dtype)
+        else:
+            out = x.new_empty(x.shape[0], layer.output_size)
+            for c0, c1 in chunks:
+                w = packing.dequantize(layer.qweight, layer.qzeros, layer.scales, group_size=self.config.group_size,
+                                       dtype=x.dtype, columns=(c0, c1))
+                out[:, c0:c1] = x @ w
+                del w
+        if bias is not None:
+            out = out + bias
+        return out

@@ -1,0 +1,153 @@
+"""brigade-awq on the real SmolLM2 weights: an AWQ checkpoint made by ``awq_checkpoint`` (round-to-nearest with
+zero points, packed in AutoAWQ's GEMM layout) run by Brigade in fp32 on the CPU gives the greedy tokens HF
+transformers gives on the same codes dequantized into an ordinary fp32 checkpoint, with close logprobs; the
+loaded layers hold the packed int32 tensors; the plugin comes from its installed entry point; and what cannot
+run is refused in one line before anything starts.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from awq_checkpoint import E2E_GROUP_SIZE, awq_quantization_config
+from remote_server import brigade_command
+from test_cli_early_errors import _serve_args, assert_one_line, run_cli
+
+from brigade import LLM, SamplingParams
+from brigade.config import ConfigError
+from brigade.entrypoints.cli import serve
+from brigade_awq.method import AWQLinearMethod
+
+BIN = Path(sys.executable).parent
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
+MAX_NEW_TOKENS = 8
+
+
+def _hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int
+               ) -> list[tuple[list[int], list[float]]]:
+    """transformers' greedy tokens and their logprobs (log_softmax of the raw fp32 logits) on the CPU, one
+    prompt at a time, not stopping at EOS (as tests/conftest.py's HFReference)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    outs = []
+    with torch.inference_mode():
+        for ids in prompts:
+            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False,
+                                 eos_token_id=[], pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+            tokens = out.sequences[0, len(ids):].tolist()
+            logprobs = [torch.log_softmax(step[0].float(), dim=-1)[t].item() for t, step in zip(tokens, out.logits)]
+            outs.append((tokens, logprobs))
+    return outs
+
+
+def test_entry_point_is_discovered_and_registers_awq():
+    proc = subprocess.run([str(BIN / "brigade"), "plugins", "--json"], capture_output=True, text=True,
+                          timeout=120, check=True)
+    awq = {p["name"]: p for p in json.loads(proc.stdout)["plugins"]}["awq"]
+    assert awq["distribution"] == "brigade-awq"
+    assert awq["group"] == "brigade.general_plugins"
+    assert awq["status"] == "loaded", awq["reason"]
+    assert awq["registered"]["quantization_methods"] == ["awq"]
+
+
+def test_greedy_tokens_and_logprobs_equal_transformers_on_the_dequantized_weights(awq_checkpoint):
+    from transformers import AutoTokenizer
+
+    awq_dir, ref_dir = awq_checkpoint
+    tok = AutoTokenizer.from_pretrained(str(awq_dir))
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    want = _hf_greedy(ref_dir, prompts, MAX_NEW_TOKENS)
+    shutil.rmtree(ref_dir)  # 0.5 GB of float32; transformers held its own copy
+    gc.collect()
+
+    llm = LLM(str(awq_dir), dtype="float32", max_model_len=256, kv_cache_memory_gib=0.1)  # detected, no flag
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True, logprobs=1)
+    outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert [list(o.token_ids) for o in outs] == [w[0] for w in want]
+    for out, w in zip(outs, want):
+        got = [step[tid].logprob for step, tid in zip(out.logprobs, out.token_ids)]
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(w[1]), rtol=0, atol=2e-3)
+
+    # The linear layers hold the checkpoint's packed tensors, and nothing dequantized stays behind.
+    model = llm.engine.core.executor.worker.model_runner.model
+    linears = [m for m in model.modules() if hasattr(m, "quant_method")]
+    assert len(linears) == 4 * len(model.model.layers)
+    packed_bytes = dense_bytes = 0
+    for m in linears:
+        assert isinstance(m.quant_method, AWQLinearMethod)
+        k, n = m.input_size, m.output_size
+        g = k // E2E_GROUP_SIZE
+        assert not hasattr(m, "weight")
+        assert {name for name, _ in m.named_parameters()} == {"qweight", "qzeros", "scales"}
+        assert (m.qweight.dtype, tuple(m.qweight.shape)) == (torch.int32, (k, n // 8))
+        assert (m.qzeros.dtype, tuple(m.qzeros.shape)) == (torch.int32, (g, n // 8))
+        assert (m.scales.dtype, tuple(m.scales.shape)) == (torch.float16, (g, n))
+        packed_bytes += sum(p.numel() * p.element_size() for p in m.parameters())
+        dense_bytes += k * n * 4
+    assert packed_bytes < dense_bytes / 8 * 1.1  # 4-bit codes plus < 10% of scales and zeros
+    assert model.model.embed_tokens.weight.dtype == torch.float32  # embeddings and the head are not AWQ
+    del llm, model, linears
+    gc.collect()
+
+
+# ---- refused at start-up, in one line ------------------------------------------------------------------
+
+def _config_only_model(smollm2_path: Path, root: Path, *, quantization_config: dict | None, **overrides) -> Path:
+    """A SmolLM2 folder with config.json and tokenizer but no weights: enough for ``brigade serve``'s checks."""
+    root.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(smollm2_path / name, root / name)
+    config = {**json.loads((smollm2_path / "config.json").read_text()), **overrides}
+    if quantization_config is not None:
+        config["quantization_config"] = quantization_config
+    (root / "config.json").write_text(json.dumps(config))
+    return root
+
+
+AWQ_QC = awq_quantization_config(64)
+
+
+@pytest.mark.parametrize("qc,overrides,needle", [
+    ({**AWQ_QC, "bits": 8}, {}, "AWQ bits=8 is not supported; brigade-awq runs AutoAWQ GEMM checkpoints: bits 4"),
+    ({**AWQ_QC, "zero_point": False}, {}, "AWQ zero_point=false (symmetric, no qzeros) is not supported"),
+    ({**AWQ_QC, "version": "gemv"}, {}, "AWQ version 'gemv' is not supported"),
+    ({**AWQ_QC, "version": "marlin"}, {}, "AWQ version 'marlin' is not supported"),
+    ({**AWQ_QC, "version": "exllama"}, {}, "AWQ version 'exllama' is not supported"),
+    ({**AWQ_QC, "modules_to_not_convert": ["vision_tower"]}, {},
+     "AWQ modules_to_not_convert names 'vision_tower', which is no module of this llama model"),
+    ({**AWQ_QC, "group_size": 128}, {},  # SmolLM2's hidden size 576 is not a multiple of 128
+     "AWQ layer model.layers.0.self_attn.qkv_proj: in_features 576 is not a multiple of group_size 128"),
+    (AWQ_QC, {"intermediate_size": 1540},  # gate_up is built first and refuses its out_features
+     "AWQ layer model.layers.0.mlp.gate_up_proj: out_features 1540 (of [1540, 1540]) is not a multiple of 8"),
+])
+def test_unsupported_checkpoints_are_refused_by_serves_checks(smollm2_path, tmp_path, qc, overrides, needle):
+    model = _config_only_model(Path(smollm2_path), tmp_path / "m", quantization_config=qc, **overrides)
+    with pytest.raises(ConfigError) as info:
+        serve.check(_serve_args(str(model)))
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_quantization_awq_on_an_unquantized_checkpoint_is_one_line(smollm2_path):
+    proc = run_cli("serve", str(smollm2_path), "--quantization", "awq")
+    assert_one_line(proc, "brigade serve", "--quantization awq needs an AWQ checkpoint")
+
+
+def test_an_awq_checkpoint_without_the_plugin_names_the_package(smollm2_path, tmp_path):
+    model = _config_only_model(Path(smollm2_path), tmp_path / "m", quantization_config=AWQ_QC)
+    env = {k: v for k, v in os.environ.items() if k != "BRIGADE_LOGGING_LEVEL"}
+    env["BRIGADE_PLUGINS"] = "fp8"  # brigade-awq installed but not loaded: as if it were not installed
+    proc = subprocess.run([*brigade_command(), "serve", str(model)], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert_one_line(proc, "brigade serve", "the checkpoint is quantized with 'awq'")
+    assert "install brigade-awq (pip install brigade-awq)" in proc.stderr
+    assert "installed methods: fp8" in proc.stderr
