@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from awq_checkpoint import E2E_GROUP_SIZE, awq_quantization_config
-from remote_server import brigade_command
+from quant_model_utils import config_only_model, hf_greedy, serve_with_only_fp8
 from test_cli_early_errors import _serve_args, assert_one_line, run_cli
 
 from brigade import LLM, SamplingParams
@@ -29,25 +28,6 @@ from brigade_awq.method import AWQLinearMethod
 BIN = Path(sys.executable).parent
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 MAX_NEW_TOKENS = 8
-
-
-def _hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int
-               ) -> list[tuple[list[int], list[float]]]:
-    """transformers' greedy tokens and their logprobs (log_softmax of the raw fp32 logits) on the CPU, one
-    prompt at a time, not stopping at EOS (as tests/conftest.py's HFReference)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    outs = []
-    with torch.inference_mode():
-        for ids in prompts:
-            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False,
-                                 eos_token_id=[], pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-            tokens = out.sequences[0, len(ids):].tolist()
-            logprobs = [torch.log_softmax(step[0].float(), dim=-1)[t].item() for t, step in zip(tokens, out.logits)]
-            outs.append((tokens, logprobs))
-    return outs
 
 
 def test_entry_point_is_discovered_and_registers_awq():
@@ -66,7 +46,7 @@ def test_greedy_tokens_and_logprobs_equal_transformers_on_the_dequantized_weight
     awq_dir, ref_dir = awq_checkpoint
     tok = AutoTokenizer.from_pretrained(str(awq_dir))
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
-    want = _hf_greedy(ref_dir, prompts, MAX_NEW_TOKENS)
+    want = hf_greedy(ref_dir, prompts, MAX_NEW_TOKENS)
     shutil.rmtree(ref_dir)  # 0.5 GB of float32; transformers held its own copy
     gc.collect()
 
@@ -102,18 +82,6 @@ def test_greedy_tokens_and_logprobs_equal_transformers_on_the_dequantized_weight
 
 # ---- refused at start-up, in one line ------------------------------------------------------------------
 
-def _config_only_model(smollm2_path: Path, root: Path, *, quantization_config: dict | None, **overrides) -> Path:
-    """A SmolLM2 folder with config.json and tokenizer but no weights: enough for ``brigade serve``'s checks."""
-    root.mkdir(parents=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(smollm2_path / name, root / name)
-    config = {**json.loads((smollm2_path / "config.json").read_text()), **overrides}
-    if quantization_config is not None:
-        config["quantization_config"] = quantization_config
-    (root / "config.json").write_text(json.dumps(config))
-    return root
-
-
 AWQ_QC = awq_quantization_config(64)
 
 
@@ -131,7 +99,7 @@ AWQ_QC = awq_quantization_config(64)
      "AWQ layer model.layers.0.mlp.gate_up_proj: out_features 1540 (of [1540, 1540]) is not a multiple of 8"),
 ])
 def test_unsupported_checkpoints_are_refused_by_serves_checks(smollm2_path, tmp_path, qc, overrides, needle):
-    model = _config_only_model(Path(smollm2_path), tmp_path / "m", quantization_config=qc, **overrides)
+    model = config_only_model(Path(smollm2_path), tmp_path / "m", quantization_config=qc, **overrides)
     with pytest.raises(ConfigError) as info:
         serve.check(_serve_args(str(model)))
     assert needle in str(info.value) and "\n" not in str(info.value)
@@ -143,11 +111,8 @@ def test_quantization_awq_on_an_unquantized_checkpoint_is_one_line(smollm2_path)
 
 
 def test_an_awq_checkpoint_without_the_plugin_names_the_package(smollm2_path, tmp_path):
-    model = _config_only_model(Path(smollm2_path), tmp_path / "m", quantization_config=AWQ_QC)
-    env = {k: v for k, v in os.environ.items() if k != "BRIGADE_LOGGING_LEVEL"}
-    env["BRIGADE_PLUGINS"] = "fp8"  # brigade-awq installed but not loaded: as if it were not installed
-    proc = subprocess.run([*brigade_command(), "serve", str(model)], capture_output=True, text=True, timeout=120,
-                          env=env)
+    model = config_only_model(Path(smollm2_path), tmp_path / "m", quantization_config=AWQ_QC)
+    proc = serve_with_only_fp8(model)  # brigade-awq installed but not loaded: as if it were not installed
     assert_one_line(proc, "brigade serve", "the checkpoint is quantized with 'awq'")
     assert "install brigade-awq (pip install brigade-awq)" in proc.stderr
     assert "installed methods: fp8" in proc.stderr

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from gptq_checkpoint import E2E_SPECS
-from remote_server import RemoteServer, brigade_command
+from remote_server import RemoteServer
+from quant_model_utils import config_only_model, hf_greedy, serve_with_only_fp8
 from test_cli_early_errors import _serve_args, assert_one_line, run_cli
 
 from brigade import LLM, SamplingParams
@@ -39,22 +39,6 @@ def _prompt_ids(model_dir: Path) -> list[list[int]]:
     return [tok(p)["input_ids"] for p in PROMPTS]
 
 
-def _hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """transformers' greedy tokens in fp32 on the CPU, one prompt at a time, not stopping at EOS (as
-    tests/conftest.py's HFReference: EOS is not masked, only not a stop)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    outs = []
-    with torch.inference_mode():
-        for ids in prompts:
-            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False,
-                                 eos_token_id=[], pad_token_id=0)
-            outs.append(out[0, len(ids):].tolist())
-    return outs
-
-
 def test_entry_point_is_discovered_and_registers_gptq():
     proc = subprocess.run([str(BIN / "brigade"), "plugins", "--json"], capture_output=True, text=True,
                           timeout=120, check=True)
@@ -69,7 +53,7 @@ def test_entry_point_is_discovered_and_registers_gptq():
 def test_greedy_tokens_equal_transformers_on_the_dequantized_weights(spec, gptq_checkpoints):
     gptq_dir, ref_dir = gptq_checkpoints(spec)
     prompts = _prompt_ids(gptq_dir)
-    want = _hf_greedy(ref_dir, prompts, MAX_NEW_TOKENS)
+    want = [tokens for tokens, _ in hf_greedy(ref_dir, prompts, MAX_NEW_TOKENS)]
     shutil.rmtree(ref_dir)  # 0.5 GB of float32; transformers holds its own copy now
 
     llm = LLM(str(gptq_dir), dtype="float32", max_model_len=256, kv_cache_memory_gib=0.1)  # detected, no flag
@@ -137,18 +121,6 @@ def test_server_serves_the_gptq_checkpoint(gptq_checkpoints):
 
 # ---- refused at start-up, in one line ------------------------------------------------------------------
 
-def _config_only_model(smollm2_path: Path, root: Path, *, quantization_config: dict | None, **overrides) -> Path:
-    """A SmolLM2 folder with config.json and tokenizer but no weights: enough for ``brigade serve``'s checks."""
-    root.mkdir(parents=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(smollm2_path / name, root / name)
-    config = {**json.loads((smollm2_path / "config.json").read_text()), **overrides}
-    if quantization_config is not None:
-        config["quantization_config"] = quantization_config
-    (root / "config.json").write_text(json.dumps(config))
-    return root
-
-
 GPTQ_QC = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
 
 
@@ -164,7 +136,7 @@ GPTQ_QC = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": Fal
      "GPTQ layer model.layers.0.self_attn.qkv_proj: out_features 6 (of [12, 6, 6]) is not a multiple of 4"),
 ])
 def test_unsupported_checkpoints_are_refused_by_serves_checks(smollm2_path, tmp_path, qc, overrides, needle):
-    model = _config_only_model(Path(smollm2_path), tmp_path / "m", quantization_config=qc, **overrides)
+    model = config_only_model(Path(smollm2_path), tmp_path / "m", quantization_config=qc, **overrides)
     with pytest.raises(ConfigError) as info:
         serve.check(_serve_args(str(model)))
     assert needle in str(info.value) and "\n" not in str(info.value)
@@ -176,11 +148,8 @@ def test_quantization_gptq_on_an_unquantized_checkpoint_is_one_line(smollm2_path
 
 
 def test_a_gptq_checkpoint_without_the_plugin_names_the_package(smollm2_path, tmp_path):
-    model = _config_only_model(Path(smollm2_path), tmp_path / "m", quantization_config=GPTQ_QC)
-    env = {k: v for k, v in os.environ.items() if k != "BRIGADE_LOGGING_LEVEL"}
-    env["BRIGADE_PLUGINS"] = "fp8"  # brigade-gptq installed but not loaded: as if it were not installed
-    proc = subprocess.run([*brigade_command(), "serve", str(model)], capture_output=True, text=True, timeout=120,
-                          env=env)
+    model = config_only_model(Path(smollm2_path), tmp_path / "m", quantization_config=GPTQ_QC)
+    proc = serve_with_only_fp8(model)  # brigade-gptq installed but not loaded: as if it were not installed
     assert_one_line(proc, "brigade serve", "the checkpoint is quantized with 'gptq'")
     assert "install brigade-gptq (pip install brigade-gptq)" in proc.stderr
     assert "installed methods: fp8" in proc.stderr
