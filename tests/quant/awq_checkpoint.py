@@ -8,7 +8,8 @@ codes are chosen but not the format; scales are stored in float16 and the codes 
 ``autoawq_pack`` follows AutoAWQ's ``WQLinear_GEMM.from_linear``: numpy uint32 words, a loop over word columns
 and over the 8 nibbles, nibble ``i`` taking column ``AWQ_ORDER[i] = [0, 2, 4, 6, 1, 3, 5, 7][i]`` of its 8; it
 is independent of ``brigade_awq.packing``. The same codes, zeros and fp16 scales, dequantized in float32, go
-into an ordinary checkpoint (``write_dequantized_checkpoint``) that HF transformers runs as the reference.
+into an ordinary checkpoint (``gptq_checkpoint.write_dequantized_checkpoint``, which takes any layer with
+``dequantized()``) that HF transformers runs as the reference.
 """
 
 from __future__ import annotations
@@ -109,21 +110,6 @@ def write_awq_checkpoint(model_dir: Path, out_dir: Path, group_size: int,
     config = json.loads((model_dir / "config.json").read_text())
     config["quantization_config"] = awq_quantization_config(group_size)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-    return out_dir
-
-
-def write_dequantized_checkpoint(model_dir: Path, out_dir: Path, layers: tuple[dict, dict[str, AWQLinear]]) -> Path:
-    """The reference: every projection's weight replaced by its dequantized float32 matrix, no
-    quantization_config."""
-    import shutil
-
-    tensors, quantized = layers
-    out = {name: (quantized[name.rpartition(".")[0]].dequantized()
-                  if name.rpartition(".")[0] in quantized and name.endswith(".weight") else tensor)
-           for name, tensor in tensors.items()}
-    _copy_side_files(model_dir, out_dir)
-    save_file(out, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    shutil.copy(model_dir / "config.json", out_dir / "config.json")
     return out_dir
 
 

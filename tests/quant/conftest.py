@@ -44,12 +44,11 @@ def awq_checkpoint(tmp_path_factory, smollm2_path):
     ``awq_checkpoint``, and the same codes dequantized to float32 in an ordinary checkpoint."""
     from awq_checkpoint import E2E_GROUP_SIZE, quantize_model as quantize_awq_model
     from awq_checkpoint import write_awq_checkpoint
-    from awq_checkpoint import write_dequantized_checkpoint as write_awq_reference
 
     root = tmp_path_factory.mktemp("awq")
     layers = quantize_awq_model(Path(smollm2_path), E2E_GROUP_SIZE)
     made = (write_awq_checkpoint(Path(smollm2_path), root / "awq", E2E_GROUP_SIZE, layers),
-            write_awq_reference(Path(smollm2_path), root / "reference", layers))
+            write_dequantized_checkpoint(Path(smollm2_path), root / "reference", layers))
     del layers
     yield made
     shutil.rmtree(root, ignore_errors=True)
