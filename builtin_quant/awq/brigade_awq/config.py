@@ -90,19 +90,7 @@ class AWQConfig(QuantizationConfig):
                 otherwise quantized checkpoint), or something unsupported (bits other than 4, zero_point false,
                 a version other than gemm, a bad group_size, ``modules_to_not_convert`` naming no module).
         """
-        qc = getattr(hf_config, "quantization_config", None)
-        if qc is not None and not isinstance(qc, dict):
-            qc = qc.to_dict() if hasattr(qc, "to_dict") else vars(qc)
-        if not qc:
-            raise ValueError("--quantization awq needs an AWQ checkpoint (config.json with a quantization_config "
-                             "whose quant_method is 'awq'), but this model has no quantization_config; AWQ is "
-                             "made offline (AutoAWQ, llm-compressor), so serve an AWQ checkpoint, or drop "
-                             "--quantization (--quantization fp8 quantizes online)")
-        method = str(qc.get("quant_method", "")).lower()
-        if method != "awq":
-            raise ValueError(f"--quantization awq cannot load this checkpoint: its quantization_config has "
-                             f"quant_method {qc.get('quant_method')!r}, not 'awq'; drop --quantization to use the "
-                             "checkpoint's own method")
+        qc = cls.checkpoint_quantization_config(hf_config, made_by="AutoAWQ, llm-compressor")
         bits = qc.get("bits", qc.get("w_bit"))
         group_size = qc.get("group_size", qc.get("q_group_size"))
         if bits is None or group_size is None:

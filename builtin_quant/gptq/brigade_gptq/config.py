@@ -84,19 +84,7 @@ class GPTQConfig(QuantizationConfig):
                 (bits other than 4/8, a bad group_size, checkpoint_format "marlin", a quantized lm_head,
                 GPTQModel ``dynamic`` overrides, a pack dtype other than int32).
         """
-        qc = getattr(hf_config, "quantization_config", None)
-        if qc is not None and not isinstance(qc, dict):
-            qc = qc.to_dict() if hasattr(qc, "to_dict") else vars(qc)
-        if not qc:
-            raise ValueError("--quantization gptq needs a GPTQ checkpoint (config.json with a quantization_config "
-                             "whose quant_method is 'gptq'), but this model has no quantization_config; GPTQ is "
-                             "made offline (AutoGPTQ, GPTQModel), so serve a GPTQ checkpoint, or drop "
-                             "--quantization (--quantization fp8 quantizes online)")
-        method = str(qc.get("quant_method", "")).lower()
-        if method != "gptq":
-            raise ValueError(f"--quantization gptq cannot load this checkpoint: its quantization_config has "
-                             f"quant_method {qc.get('quant_method')!r}, not 'gptq'; drop --quantization to use the "
-                             "checkpoint's own method")
+        qc = cls.checkpoint_quantization_config(hf_config, made_by="AutoGPTQ, GPTQModel")
         if qc.get("is_marlin_format"):
             raise ValueError("GPTQ checkpoints in the Marlin layout (is_marlin_format) are not supported; "
                              f"{SUPPORTED}, in AutoGPTQ's packed layout")

@@ -215,6 +215,31 @@ class QuantizationConfig(ABC):
         Raises ValueError when the checkpoint cannot be run with this method.
         """
 
+    @classmethod
+    def checkpoint_quantization_config(cls, hf_config: Any, *, made_by: str) -> dict:
+        """The checkpoint's ``quantization_config`` as a dict, for a method (``cls.name``) that only loads
+        checkpoints quantized offline (``made_by``: the tools that make them, for the message).
+
+        Raises:
+            ValueError (one line): the checkpoint has no ``quantization_config`` (``--quantization NAME`` on an
+                unquantized checkpoint), or one of another ``quant_method``.
+        """
+        name, upper = cls.name, cls.name.upper()
+        a = "an" if upper[:1] in "AEFHILMNORSX" else "a"  # the acronym's first letter as spoken: an AWQ, a GPTQ
+        qc = getattr(hf_config, "quantization_config", None)
+        if qc is not None and not isinstance(qc, dict):
+            qc = qc.to_dict() if hasattr(qc, "to_dict") else vars(qc)
+        if not qc:
+            raise ValueError(f"--quantization {name} needs {a} {upper} checkpoint (config.json with a "
+                             f"quantization_config whose quant_method is '{name}'), but this model has no "
+                             f"quantization_config; {upper} is made offline ({made_by}), so serve {a} {upper} "
+                             "checkpoint, or drop --quantization (--quantization fp8 quantizes online)")
+        if str(qc.get("quant_method", "")).lower() != name:
+            raise ValueError(f"--quantization {name} cannot load this checkpoint: its quantization_config has "
+                             f"quant_method {qc.get('quant_method')!r}, not '{name}'; drop --quantization to use the "
+                             "checkpoint's own method")
+        return qc
+
     @abstractmethod
     def get_linear_method(self, prefix: str) -> LinearMethod | None:
         """The method for the linear layer named ``prefix`` (e.g. ``model.layers.0.mlp.down_proj``).
