@@ -86,7 +86,11 @@ class GraphInputs:
 
 
 class DecodeGraphs:
-    """Captured decode graphs over persistent input buffers; one graph (and logits buffer) per batch size.
+    """Captured decode graphs over persistent input buffers; one graph per batch size (and context bucket).
+
+    A graph ends with the model's hidden states ([size * query_len, hidden], a few KB a row); the caller
+    computes the logits of the rows it samples after the replay, so the graphs hold no ``[size, vocab]``
+    logits buffer each (with 512 requests those came to ~4 GB of bf16 outside the KV budget).
 
     Each batch size is captured once per context-length bucket the attention backend asks for
     (``AttentionBackend.decode_graph_seq_lens``); a step replays the smallest bucket holding its longest
@@ -127,7 +131,7 @@ class DecodeGraphs:
         self.buckets = {size: sorted({min(b, max_model_len) for b in buckets(size, max_model_len)} | {max_model_len})
                         for size in self.sizes}
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch size, seq-len bucket)
-        self.logits: dict[tuple[int, int], torch.Tensor] = {}
+        self.hidden: dict[tuple[int, int], torch.Tensor] = {}  # each graph's output [size * query_len, hidden]
 
     def _metadata(self, size: int, max_seq_len: int) -> AttentionMetadata:
         q, tokens = self.query_len, size * self.query_len
@@ -141,8 +145,7 @@ class DecodeGraphs:
     def _forward(self, size: int, max_seq_len: int) -> torch.Tensor:
         ctx = AttentionContext(metadata=self._metadata(size, max_seq_len), kv_caches=self.kv_caches)
         tokens = size * self.query_len
-        hidden = self.model(self.input_ids[:tokens], self.positions[:tokens], ctx)
-        return self.model.compute_logits(hidden)
+        return self.model(self.input_ids[:tokens], self.positions[:tokens], ctx)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -151,7 +154,7 @@ class DecodeGraphs:
         The metadata's ``max_seq_len`` is the bucket while capturing, so a backend that picks its decode
         split count from it fixes one count per graph, valid for any context up to the bucket at replay.
         """
-        start = time.perf_counter()
+        start, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device)
         pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.sizes):
             for bucket in reversed(self.buckets[size]):
@@ -159,12 +162,13 @@ class DecodeGraphs:
                 torch.cuda.synchronize(self.device)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.logits[size, bucket] = self._forward(size, bucket)
+                    self.hidden[size, bucket] = self._forward(size, bucket)
                 self.graphs[size, bucket] = graph
         torch.cuda.synchronize(self.device)
-        logger.info("captured %d %s CUDA graphs (batch sizes %d..%d) in %.1f s", len(self.graphs),
+        logger.info("captured %d %s CUDA graphs (batch sizes %d..%d) in %.1f s, %.2f GiB", len(self.graphs),
                     "decode" if self.query_len == 1 else f"speculative verification ({self.query_len} tokens a "
-                    "request)", self.sizes[0], self.max_size, time.perf_counter() - start)
+                    "request)", self.sizes[0], self.max_size, time.perf_counter() - start,
+                    (torch.cuda.memory_reserved(self.device) - reserved) / 2**30)
 
     def can_run(self, num_reqs: int, max_query_len: int) -> bool:
         """Whether a step of ``num_reqs`` requests, none with more than ``max_query_len`` query tokens, fits
@@ -207,8 +211,9 @@ class DecodeGraphs:
                 "block_table": self.block_table[:n, :width]}
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        """Replay the smallest graph that fits a step built through ``transfer``; returns the logits
-        [num_logits, vocab] of the rows ``inputs.logits_indices`` names, in that order.
+        """Replay the smallest graph that fits a step built through ``transfer``; returns the hidden states
+        [num_logits, hidden] of the rows ``inputs.logits_indices`` names, in that order (the rows to compute
+        logits for; a view of the graph's output, valid until the next replay).
 
         Raises:
             ValueError: when the step's inputs are not in the graph buffers (built through another transfer).
@@ -222,10 +227,10 @@ class DecodeGraphs:
         bucket = buckets[bisect.bisect_left(buckets, md.max_seq_len)]
         self.graphs[size, bucket].replay()
         self.num_replays += 1
-        logits = self.logits[size, bucket][:n * self.query_len]  # a row per token row
+        hidden = self.hidden[size, bucket][:n * self.query_len]  # a row per token row
         if self.query_len == 1 and len(inputs.sampling_req_ids) == n:  # every row samples, in order
-            return logits
-        return logits[inputs.logits_indices]
+            return hidden
+        return hidden[inputs.logits_indices]
 
 
 def default_mixed_sizes(max_num_batched_tokens: int, level: int) -> list[int]:
@@ -298,7 +303,7 @@ class MixedGraphs:
     def capture(self) -> None:
         """Capture every token count, largest first, sharing one memory pool (the buffers hold no request:
         every program of the attention kernels exits at once while warming up and capturing)."""
-        start = time.perf_counter()
+        start, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device)
         pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.sizes):
             self._forward(size)  # warm up: Triton compiles and autotunes outside the capture
@@ -308,8 +313,9 @@ class MixedGraphs:
                 self.hidden[size] = self._forward(size)
             self.graphs[size] = graph
         torch.cuda.synchronize(self.device)
-        logger.info("captured %d mixed-step CUDA graphs (%d..%d tokens, up to %d requests) in %.1f s",
-                    len(self.graphs), self.sizes[0], self.max_tokens, self.max_reqs, time.perf_counter() - start)
+        logger.info("captured %d mixed-step CUDA graphs (%d..%d tokens, up to %d requests) in %.1f s, %.2f GiB",
+                    len(self.graphs), self.sizes[0], self.max_tokens, self.max_reqs, time.perf_counter() - start,
+                    (torch.cuda.memory_reserved(self.device) - reserved) / 2**30)
 
     def can_run(self, num_tokens: int, num_reqs: int) -> bool:
         """Whether a step of ``num_tokens`` tokens and ``num_reqs`` requests fits."""

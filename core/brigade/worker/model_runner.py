@@ -298,8 +298,8 @@ class ModelRunner:
         # largest query).
         spec = scheduler_output.scheduled_spec_decode_tokens
         drafts = [spec.get(rid, []) for rid in order] if spec else None
-        # A pure-decode step that fits a captured size replays a graph (which returns no hidden states); its
-        # inputs go straight into the graph's buffers.
+        # A pure-decode step that fits a captured size replays a graph (which returns only the sampled rows'
+        # hidden states); its inputs go straight into the graph's buffers.
         use_graph = (not want_prompt_logprobs and not spec and self.cuda_graphs is not None
                      and self.cuda_graphs.can_run(len(order), max(num_scheduled.values())))
         # A step of decodes with drafts can be padded to a uniform 1 + k tokens a request (and then replay a
@@ -458,9 +458,11 @@ class ModelRunner:
         """Run the model, replaying one of ``graphs`` (a ``DecodeGraphs`` of decode or verification steps, or the
         ``MixedGraphs``; inputs built through its ``transfer``) when given; return (logits [num_logits, vocab] or
         None when nobody samples, and the hidden states [num_tokens, hidden] when ``keep_hidden``, else None;
-        decode graphs keep no hidden states, so steps with prompt logprobs never replay them)."""
-        if isinstance(graphs, DecodeGraphs):  # decode or verification graph: the logits rows come out of it
-            return graphs.run(inputs), None
+        decode graphs return only the sampled rows' hidden states, so steps with prompt logprobs never replay
+        them)."""
+        if isinstance(graphs, DecodeGraphs):  # decode or verification graph: the hidden states of the logits rows
+            rows = graphs.run(inputs)
+            return (self.model.compute_logits(rows) if inputs.sampling_req_ids else None), None
         if graphs is None:
             hidden = self.model(inputs.input_ids, inputs.positions,
                                 AttentionContext(metadata=inputs.metadata, kv_caches=self.kv_caches))

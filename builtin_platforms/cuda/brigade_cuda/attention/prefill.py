@@ -41,6 +41,32 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cac
     return acc, m_new, l_i
 
 
+@triton.jit
+def _attend_causal(q, q_pos, first_pos, kv_end, bt_row, k_cache_ptr, v_cache_ptr, head_off, dims, dim_mask,
+                   scale_log2, stride_cache_block, stride_cache_tok,
+                   BLOCK_M: tl.constexpr, HEAD_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
+    """Causal attention of a tile of query rows ``q`` [M, D] (absolute positions ``q_pos``, the smallest
+    ``first_pos``) over keys ``0 .. kv_end - 1``; returns the normalized output [M, D] in float32.
+
+    Whole key tiles before ``first_pos`` are visible to every row: no mask. Keys from ``kv_end`` on are visible
+    to none. Tiles in between get the causal mask; key 0 is visible to every row (masked rows included, whose
+    positions only lie further on), so each row's running max is finite after the first tile."""
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_P2], tl.float32)
+    full_end = first_pos // BLOCK_N * BLOCK_N
+    for n0 in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
+                                     head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
+                                     BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION)
+    for n0 in range(full_end, kv_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
+                                     head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
+                                     BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION)
+    return acc / l_i[:, None]
+
+
 # The first request's index and the block table's width change from step to step: not specialized, so a new
 # value never compiles a variant mid-serving (see decode.py).
 @triton.jit(do_not_specialize=["first_req", "stride_bt_r"])
@@ -72,26 +98,11 @@ def _prefill_kernel(
                 mask=row_mask[:, None] & dim_mask[None, :], other=0.0)  # [M, D]
     q_pos = context_len + rows  # absolute position of each query row
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_P2], tl.float32)
     bt_row = block_table_ptr + req.to(tl.int64) * stride_bt_r
-    head_off = kv_head * stride_cache_h
-    # Whole tiles before this block's first query position are visible to every row: no mask needed.
-    # Keys past its last row are invisible to all rows. Tiles in between get the causal mask; key 0 is
-    # visible to every row, so each row's running max is finite after the first tile.
-    full_end = (context_len + m_block * BLOCK_M) // BLOCK_N * BLOCK_N
-    kv_end = tl.minimum(seq_len, context_len + (m_block + 1) * BLOCK_M)
-    for n0 in range(0, full_end, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
-                                     head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
-                                     BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION)
-    for n0 in range(full_end, kv_end, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
-                                     head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
-                                     BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION)
-
-    o = acc / l_i[:, None]
+    kv_end = tl.minimum(seq_len, context_len + (m_block + 1) * BLOCK_M)  # keys past the block's last row
+    o = _attend_causal(q, q_pos, context_len + m_block * BLOCK_M, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
+                       kv_head * stride_cache_h, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
+                       BLOCK_M, HEAD_P2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION)
     tl.store(out_ptr + tok[:, None] * stride_out_t + head * stride_out_h + dims[None, :],
              o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dim_mask[None, :])
 

@@ -17,7 +17,7 @@ tile, ``BLOCK_Q`` query tokens by ``GROUP_P2`` (the next power of two) heads: ro
 read once per KV head for the whole group, and a decode (one query token) fills ``GROUP`` rows of the tile.
 
 Within a program the keys stream in ``BLOCK_N`` tiles through the block table with an online softmax, as
-``prefill.py`` (whose ``_attend_tile`` this reuses): query token ``i`` of a request sits at absolute position
+``prefill.py`` (whose ``_attend_causal`` this reuses): query token ``i`` of a request sits at absolute position
 ``seq_len - query_len + i`` and sees keys ``0..that position``, all read from the paged cache (the KV write runs
 first), so prefix-cached and chunked prefills and decodes take the same path.
 """
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from brigade_cuda.attention.decode import LOG2E
-from brigade_cuda.attention.prefill import _attend_tile
+from brigade_cuda.attention.prefill import _attend_causal
 
 DEFAULT_TILE_ROWS = 64  # tile rows (query tokens x packed heads) per program unless ``tile`` says otherwise
 
@@ -80,26 +80,11 @@ def _varlen_kernel(
                 mask=io_mask, other=0.0)  # [M, D]
     q_pos = context_len + tok_local  # absolute position of each row's query token
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_P2], tl.float32)
     bt_row = block_table_ptr + req.to(tl.int64) * stride_bt_r
-    head_off = kv_head * stride_cache_h
-    # As prefill.py: whole tiles before the block's first query position are visible to every row (no mask);
-    # keys past its last one to none. Key 0 is visible to every row (masked rows included: their positions
-    # only lie further on), so each row's running max is finite after the first tile.
-    full_end = (context_len + j * BLOCK_Q) // BLOCK_N * BLOCK_N
-    kv_end = tl.minimum(seq_len, context_len + (j + 1) * BLOCK_Q)
-    for n0 in range(0, full_end, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
-                                     head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
-                                     BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION)
-    for n0 in range(full_end, kv_end, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
-                                     head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
-                                     BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION)
-
-    o = acc / l_i[:, None]
+    kv_end = tl.minimum(seq_len, context_len + (j + 1) * BLOCK_Q)  # keys past the block's last query token
+    o = _attend_causal(q, q_pos, context_len + j * BLOCK_Q, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
+                       kv_head * stride_cache_h, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
+                       BLOCK_M, HEAD_P2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION)
     tl.store(out_ptr + tok[:, None] * stride_out_t + heads[:, None] * stride_out_h + dims[None, :],
              o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
