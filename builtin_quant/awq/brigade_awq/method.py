@@ -8,14 +8,25 @@ Parameters (the checkpoint's names, relative to the layer; ``N = sum(output_size
 * ``qzeros`` int32 [G, N / 8], ``output_dim`` 1, ``pack_factor`` 8.
 * ``scales`` float16 [G, N], ``output_dim`` 1.
 
-Compute: the PyTorch path on every device (CPU and CUDA alike): each forward dequantizes the layer to the
-activation dtype, a column block of at most ``packing.DEQUANT_CHUNK_BYTES`` at a time, multiplies, and drops it.
-Nothing dequantized outlives the call, so the weights stay at a quarter of their fp16 size in memory. There is
-no fused kernel: on CUDA this is a memory win only (its speed is unmeasured). No fused norm/SiLU/residual
-variants; no tensor parallelism (``-tp 1``).
+Compute, bound at construction from the default device like brigade-gptq's:
+
+* on CUDA, a Triton GEMM that dequantizes inside its K loop (``brigade_awq.triton_gemm.awq_gemm``: the packed
+  words are read once per tile, never written out dequantized; fp32 accumulation; split-K for decode-sized
+  batches). ``BRIGADE_AWQ_TRITON=0`` turns it off; a CUDA host where Triton is not importable logs one WARNING
+  and falls back to the path below.
+* elsewhere (CPU), and on CUDA without the kernel, the portable PyTorch path: each forward dequantizes the layer
+  to the activation dtype, a column block of at most ``packing.DEQUANT_CHUNK_BYTES`` at a time, multiplies, and
+  drops it.
+
+Either way nothing dequantized outlives the call, so the weights stay at a quarter of their fp16 size in memory.
+No fused norm/SiLU/residual variants; no tensor parallelism (``-tp 1``).
 """
 
 from __future__ import annotations
+
+import functools
+import logging
+import os
 
 import torch
 from torch import nn
@@ -26,13 +37,40 @@ from brigade.model_executor.weight_utils import set_weight_attrs
 from brigade_awq import packing
 from brigade_awq.config import SUPPORTED, AWQConfig
 
+logger = logging.getLogger(__name__)
+
+TRITON_ENV = "BRIGADE_AWQ_TRITON"
+
+
+@functools.cache
+def _load_kernel():
+    """``triton_gemm.awq_gemm``, or None (with one WARNING per process) when Triton is not importable."""
+    try:
+        from brigade_awq.triton_gemm import awq_gemm
+    except ImportError as e:
+        logger.warning("brigade-awq: Triton is not importable (%s); AWQ layers use the PyTorch dequantize-then-"
+                       "matmul path on CUDA (pip install triton for the fused kernel)", e)
+        return None
+    return awq_gemm
+
+
+def kernel_for_device(device_type: str):
+    """The fused GEMM for layers built on ``device_type`` (``triton_gemm.awq_gemm`` on CUDA), or None for the
+    PyTorch path. ``BRIGADE_AWQ_TRITON=0`` forces the PyTorch path; a CUDA host without Triton gets it too, with
+    one WARNING."""
+    if device_type != "cuda" or os.environ.get(TRITON_ENV, "1") == "0":
+        return None
+    return _load_kernel()
+
 
 class AWQLinearMethod(LinearMethod):
-    """One linear layer of an AWQ checkpoint; see the module docstring."""
+    """One linear layer of an AWQ checkpoint; see the module docstring. ``gemm``: the fused kernel bound at
+    ``create_weights`` (None: the PyTorch path)."""
 
     def __init__(self, config: AWQConfig, prefix: str = ""):
         self.config = config
         self.prefix = prefix
+        self.gemm = None  # the fused kernel, bound by create_weights on CUDA
 
     def _fail(self, what: str) -> ValueError:
         return ValueError(f"AWQ layer {self.prefix or '?'}: {what}; {SUPPORTED}, with every layer's in_features "
@@ -64,12 +102,15 @@ class AWQLinearMethod(LinearMethod):
         set_weight_attrs(scales, {"output_dim": 1})
         for name, param in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
             layer.register_parameter(name, param)
+        self.gemm = kernel_for_device(torch.get_default_device().type)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Nothing to do: the packed tensors are used as loaded."""
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Args: x [T, K] in the model dtype. Returns ``x @ W.T (+ bias)`` [T, N] in x's dtype."""
+        if self.gemm is not None:
+            return self.gemm(x, layer.qweight, layer.qzeros, layer.scales, bias, group_size=self.config.group_size)
         chunks = packing.column_chunks(0, layer.output_size, layer.input_size,
                                         budget_bytes=packing.DEQUANT_CHUNK_BYTES)
         if len(chunks) == 1:
