@@ -32,11 +32,12 @@ from brigade.worker.input_batch import CachedRequestState, HostToDevice, build_s
 logger = logging.getLogger(__name__)
 
 SPEC_GRAPH_MAX_BATCH = 32  # speculative verification graphs are captured up to this many requests
-# Mixed-step graphs attend through one varlen kernel without split-KV: a context is streamed by num_kv_heads
-# programs, at an estimated (not measured) ~0.5 us a 64-key tile on the H200 a 32k-token context costs ~8 ms a step
-# there, against the 13-34 ms an eager mixed step spends launching kernels. Steps with a longer context run eagerly
-# (split-KV decode).
-MIXED_GRAPH_MAX_CONTEXT = 32768
+# Mixed-step graphs attend through one varlen kernel without split-KV: a long context is streamed by only
+# num_kv_heads programs. Measured on the H200 (Llama-3.1-8B shape, one or four decodes plus a 64-token prefill,
+# benchmarks/gpu/mixed_step_cost.py, session 11 call EC): the mixed graph took 7.7 ms at 4k-token contexts, 16.9 ms
+# at 16k and 29 ms at 32k, against 13-15 ms for the same step run eagerly (split-KV decode) at every length, so the
+# graph loses from ~11k tokens on. Steps with a longer context run eagerly.
+MIXED_GRAPH_MAX_CONTEXT = 8192
 PROMPT_LOGPROBS_ROWS = 256  # prompt positions scored per logits block ([rows, vocab] f32 at a time)
 
 
