@@ -76,7 +76,9 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     """Reuse KV blocks across requests sharing a prefix (chained block hashes)."""
     cache_dtype: str = "auto"
-    """KV cache dtype: auto (the model dtype) or a name a plugin registers (fp8...)."""
+    """KV cache dtype: auto, or the model dtype's name (bfloat16, float16, float32). The KV cache is stored in the
+    model dtype; fp8 caches (vLLM's fp8, fp8_e4m3, fp8_e5m2) are refused, as is a dtype other than the model's
+    (checked once the model dtype is resolved, ``check_cache_dtype``)."""
     prefix_caching_hash_algo: str = "sha256"
     """sha256 (cryptographic, seed may be fixed) or builtin (Python hash with a random seed)."""
 
@@ -87,6 +89,23 @@ class CacheConfig:
             raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
             raise ConfigError(f"--kv-cache-memory must be a positive number of GiB, got {self.kv_cache_memory_gib}")
+        if self.cache_dtype.startswith("fp8"):
+            raise ConfigError(f"--kv-cache-dtype {self.cache_dtype}: no attention backend here stores an fp8 KV cache "
+                              "(the cache is kept in the model dtype); use --kv-cache-dtype auto")
+        if self.cache_dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise ConfigError(f"--kv-cache-dtype {self.cache_dtype!r} is not known; use auto (the model dtype)")
+
+    def check_cache_dtype(self, model_dtype: str) -> None:
+        """Refuse a --kv-cache-dtype naming a dtype other than the model's (``model_dtype``, e.g. "bfloat16"),
+        once that is resolved.
+
+        Raises:
+            ConfigError: one line naming both dtypes and the two ways out.
+        """
+        if self.cache_dtype not in ("auto", model_dtype):
+            raise ConfigError(f"--kv-cache-dtype {self.cache_dtype} differs from the model dtype {model_dtype}; the KV "
+                              f"cache is kept in the model dtype: use --kv-cache-dtype auto (or --dtype "
+                              f"{self.cache_dtype})")
 
 
 @dataclass
@@ -408,7 +427,7 @@ def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
     ``LLM(model, dtype="float32", block_size=16, max_num_seqs=8)`` routes each name to its sub-config;
     ``attention_backend``, ``kv_transfer_config`` and ``speculative_config`` (dicts) go to BrigadeConfig itself;
     ``compilation_config`` (a level, a dict or a CompilationConfig, as vLLM's ``LLM`` takes it) fills the
-    CompilationConfig; ``enable_lora=True``
+    CompilationConfig; ``kv_cache_dtype`` (vLLM's name) is ``cache_dtype``; ``enable_lora=True``
     (with ``max_loras``, ``max_lora_rank``, ``lora_modules`` as a ``{name: path}`` dict) builds a LoRAConfig.
 
     Raises:
@@ -426,6 +445,8 @@ def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
     elif lora.get("lora_modules"):
         raise ConfigError("lora_modules needs enable_lora=True")
     for key, value in kwargs.items():
+        if key == "kv_cache_dtype":  # vLLM's name for it
+            key = "cache_dtype"
         if key in ("attention_backend",):
             top[key] = value
             continue

@@ -1,7 +1,8 @@
 """A real ``brigade serve`` whose EngineCore process is killed mid-stream: every request in flight fails
-(a stream ends with one error event and [DONE], a non-streamed request is a 503) and none hangs; then
-/health and every /v1 route answer 503 in OpenAI's shape (new streams too, before any chunk), while the
-API process itself stays up."""
+(a stream ends with one error event and [DONE], a non-streamed request is a 503) and none hangs; then, as
+vLLM's server does, the API server shuts down and exits 1 with one error line, so that its supervisor can
+restart it. With BRIGADE_KEEP_ALIVE_ON_ENGINE_DEATH=1 it stays up instead, and /health and every /v1 route
+answer 503 in OpenAI's shape (new streams too, before any chunk)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def engine_core_pid(server_pid: int) -> int:
     return cores[0]
 
 
-def test_killed_engine_ends_stream_then_503(smollm2_path):
+def test_killed_engine_fails_requests_in_flight_then_the_server_exits(smollm2_path):
     server = RemoteServer(smollm2_path, ["--max-model-len", "256", "--num-gpu-blocks-override", "32"])
     try:
         body = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
@@ -53,6 +54,22 @@ def test_killed_engine_ends_stream_then_503(smollm2_path):
         # The stream ends with one error event, then [DONE].
         assert rest[-1] == "data: [DONE]" and '"engine_unavailable"' in rest[-2]
         assert all('"error"' not in line for line in rest[:-2])
+        # Then the server shuts down on its own: exit code 1, the reason as the last line of its output.
+        assert server.proc.wait(timeout=30) == 1, server.log_tail()
+        last = server.log_tail().strip().splitlines()[-1]
+        assert last.startswith("brigade serve: error: the engine died (") and "the server shut down" in last, last
+        assert "Traceback" not in server.log_tail()
+    finally:
+        server.stop()
+
+
+def test_keep_alive_on_engine_death_answers_503(smollm2_path):
+    server = RemoteServer(smollm2_path, ["--max-model-len", "256", "--num-gpu-blocks-override", "32"],
+                          env={"BRIGADE_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
+    try:
+        body = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
+        assert httpx.post(server.url("/v1/completions"), json=body, timeout=60).status_code == 200
+        os.kill(engine_core_pid(server.proc.pid), signal.SIGKILL)
         deadline = time.monotonic() + 10
         while httpx.get(server.url("/health")).status_code != 503:
             assert time.monotonic() < deadline, "/health never reported the dead engine"
@@ -63,6 +80,7 @@ def test_killed_engine_ends_stream_then_503(smollm2_path):
                                     json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})):
             assert response.status_code == 503
             assert response.json()["error"]["type"] == "server_error"
-        assert httpx.get(server.url("/version")).status_code == 200  # the API process is still serving
+        time.sleep(2)  # longer than the watch interval: the server must still be up
+        assert server.proc.poll() is None and httpx.get(server.url("/version")).status_code == 200
     finally:
         server.stop()

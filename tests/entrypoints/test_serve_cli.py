@@ -7,6 +7,7 @@ import os
 import subprocess
 
 import pytest
+import torch
 from remote_server import brigade_command
 
 from brigade.config import ConfigError
@@ -28,7 +29,7 @@ def test_flags_map_onto_the_config(smollm2_path, monkeypatch):
                  "--gpu-memory-utilization", "0.5", "--kv-cache-memory", "0.5", "--num-gpu-blocks-override", "64",
                  "--max-num-seqs", "4", "--max-num-batched-tokens", "512", "--block-size", "32",
                  "--no-enable-prefix-caching", "--enforce-eager", "-O0", "-tp", "2", "-pp", "1", "-dp", "1",
-                 "--distributed-executor-backend", "mp", "-q", "fp8", "--kv-cache-dtype", "fp8",
+                 "--distributed-executor-backend", "mp", "-q", "fp8", "--kv-cache-dtype", "bfloat16",
                  "--kv-transfer-config", '{"kv_connector": "shm", "kv_role": "kv_producer"}', "--load-format", "dummy",
                  "--seed", "7", "--attention-backend", "reference", "--generation-config", "none",
                  "--io-processor-plugin", "structured_text", "--port", "9001", "--disable-log-requests")
@@ -38,7 +39,7 @@ def test_flags_map_onto_the_config(smollm2_path, monkeypatch):
     assert (mc.quantization, mc.enforce_eager, mc.load_format, mc.generation_config) == ("fp8", True, "dummy", "none")
     assert mc.io_processor_plugin == "structured_text"
     assert (cc.gpu_memory_utilization, cc.kv_cache_memory_gib, cc.num_gpu_blocks_override) == (0.5, 0.5, 64)
-    assert (cc.block_size, cc.enable_prefix_caching, cc.cache_dtype) == (32, False, "fp8")
+    assert (cc.block_size, cc.enable_prefix_caching, cc.cache_dtype) == (32, False, "bfloat16")
     assert (sc.max_num_seqs, sc.max_num_batched_tokens) == (4, 512)
     assert (pc.tensor_parallel_size, pc.distributed_executor_backend) == (2, "mp")
     assert config.compilation_config.level == 0 and config.attention_backend == "reference"
@@ -77,6 +78,10 @@ def test_defaults_and_model_flag(smollm2_path):
     (["--tokenizer", "/no/such/tokenizer"], "--tokenizer '/no/such/tokenizer' is not a folder"),
     (["--generation-config", "/no/such/dir"], "--generation-config '/no/such/dir' is not a folder; use auto, none"),
     (["--long-prefill-token-threshold", "-1"], "--long-prefill-token-threshold must be 0 (off) or more, got -1"),
+    # vLLM's fp8 KV caches parse, but nothing here stores one: refused, not ignored.
+    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8: no attention backend here stores an fp8 KV cache"),
+    (["--kv-cache-dtype", "fp8_e5m2"], "use --kv-cache-dtype auto"),
+    (["--kv-cache-dtype", "int4"], "--kv-cache-dtype 'int4' is not known"),
 ])
 def test_bad_values_name_the_flag(smollm2_path, flags, expected):
     with pytest.raises(ConfigError) as info:
@@ -268,3 +273,16 @@ def test_version_short_and_long():
     for flag in ("-V", "--version"):
         result = subprocess.run([*brigade_command(), flag], capture_output=True, text=True, timeout=60)
         assert result.returncode == 0 and result.stdout.startswith("brigade "), result.stderr
+
+
+def test_a_kv_cache_dtype_other_than_the_model_dtype_is_refused(smollm2_path):
+    """--kv-cache-dtype naming the model dtype is the default cache; another dtype is refused in one line once
+    the model dtype is resolved (on the CPU, --dtype auto is float32)."""
+    from brigade import LLM
+
+    with pytest.raises(ConfigError) as info:
+        LLM(str(smollm2_path), kv_cache_dtype="float16", max_model_len=64, kv_cache_memory_gib=0.01)
+    assert str(info.value) == ("--kv-cache-dtype float16 differs from the model dtype float32; the KV cache is kept in "
+                               "the model dtype: use --kv-cache-dtype auto (or --dtype float16)")
+    llm = LLM(str(smollm2_path), cache_dtype="float32", max_model_len=64, kv_cache_memory_gib=0.01)
+    assert llm.engine.core.executor.worker.model_runner.kv_caches[0].dtype == torch.float32

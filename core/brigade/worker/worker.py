@@ -44,6 +44,7 @@ class Worker:
         if isinstance(config_dtype, str):
             config_dtype = getattr(torch, config_dtype, None)
         dtype = self.platform.resolve_dtype(self.config.model_config.dtype, config_dtype)
+        self.config.cache_config.check_cache_dtype(str(dtype).removeprefix("torch."))
         head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         reason = self.attn_backend.validate(head_size=head_size, dtype=dtype,
                                             block_size=self.config.cache_config.block_size,

@@ -82,7 +82,9 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
                    help="reuse KV blocks of shared prefixes (default on)")
     c.add_argument("--prefix-caching-hash-algo", choices=("sha256", "builtin"), default=None,
                    help="hash of a full KV block's tokens for prefix caching (default sha256)")
-    c.add_argument("--kv-cache-dtype", default="auto", help=f"KV cache dtype: {', '.join(KV_CACHE_DTYPE_CHOICES)}")
+    c.add_argument("--kv-cache-dtype", default="auto",
+                   help="KV cache dtype: auto (the model dtype) or the model dtype's name; fp8, fp8_e4m3 and fp8_e5m2 "
+                        "(vLLM's) are refused: no backend here stores an fp8 cache")
     c.add_argument("--kv-transfer-config", metavar="JSON",
                    help='{"kv_connector": NAME, "kv_role": "kv_producer"|"kv_consumer"|"kv_both", '
                         f'"kv_connector_extra_config": {{...}}}}; connectors: {_installed(choices["kv_connector"])}')

@@ -140,14 +140,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"brigade serve: error: cannot listen on {settings.host}:{settings.port} "
               f"({exc.strerror or exc}); {hint}", file=sys.stderr)
         raise SystemExit(1) from None
-    from brigade.engine.core_client import EngineStartupError
+    from brigade.engine.core_client import EngineDeadError, EngineStartupError
 
     try:
         asyncio.run(serve_http(config, settings, sock))
     except ConfigError as exc:  # raised while the engine resolves the config against the model
         print(f"brigade serve: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    except EngineStartupError as exc:
+    except (EngineStartupError, EngineDeadError) as exc:
         print(f"brigade serve: error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     finally:

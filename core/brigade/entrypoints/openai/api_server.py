@@ -53,6 +53,8 @@ SUPPORTED_TASKS = ("generate",)
 STAT_LOG_INTERVAL_S = 10.0
 KV_STATS_TIMEOUT_S = 5.0
 RUNTIME_LORA_ENV = "BRIGADE_ALLOW_RUNTIME_LORA_UPDATING"
+KEEP_ALIVE_ENV = "BRIGADE_KEEP_ALIVE_ON_ENGINE_DEATH"  # vLLM's VLLM_KEEP_ALIVE_ON_ENGINE_DEATH
+ENGINE_WATCH_INTERVAL_S = 1.0
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
@@ -364,8 +366,29 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+async def _stop_when_engine_dies(engine: AsyncLLM, server: uvicorn.Server) -> str | None:
+    """Watch the engine every ENGINE_WATCH_INTERVAL_S; once it is dead (its process gone, or it reported a
+    failure), log why and make ``server`` shut down, as vLLM's server does on EngineDeadError: nothing restarts
+    the engine in-process, so a server answering 503 forever would only hide the failure from the supervisor
+    (systemd, Kubernetes) that can restart it. Returns the reason, or None if the server stopped first."""
+    while not server.should_exit:
+        await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+        if engine.errored or not engine.client.proc.is_alive():
+            reason = engine.dead_error or f"the engine process exited with code {engine.client.proc.exitcode}"
+            logger.error("the engine died (%s); shutting the API server down so that its supervisor can restart "
+                         "it (%s=1 keeps it up, answering 503)", reason, KEEP_ALIVE_ENV)
+            server.should_exit = True
+            return reason
+    return None
+
+
 async def serve_http(config: BrigadeConfig, settings: ServerSettings, sock: socket.socket) -> None:
-    """Start the engine, serve until SIGINT/SIGTERM, then shut the engine down."""
+    """Start the engine, serve until SIGINT/SIGTERM or until the engine dies, then shut the engine down.
+
+    Raises:
+        EngineDeadError: the server stopped because the engine died (unless BRIGADE_KEEP_ALIVE_ON_ENGINE_DEATH
+            is 1/true/yes/on, which keeps it serving 503s instead).
+    """
     engine = AsyncLLM.from_config(config)
     try:
         app = build_app(engine, config, settings)
@@ -377,6 +400,13 @@ async def serve_http(config: BrigadeConfig, settings: ServerSettings, sock: sock
         server = DrainingServer(uv_config, app.state.drain, settings.shutdown_timeout_s)
         quiet_signals_after_serve()
         logger.info("serving %s on http://%s:%d", config.model_config.name, settings.host, settings.port)
+        keep_alive = os.environ.get(KEEP_ALIVE_ENV, "").strip().lower() in _TRUE
+        watch = None if keep_alive else asyncio.create_task(_stop_when_engine_dies(engine, server))
         await server.serve(sockets=[sock])
+        if watch is not None:
+            watch.cancel()
+            reason = None if watch.cancelled() or not watch.done() else watch.result()
+            if reason is not None:
+                raise EngineDeadError(f"the engine died ({reason}); the server shut down")
     finally:
         engine.shutdown()
