@@ -164,6 +164,10 @@ class DecodeGraphs:
                 with torch.cuda.graph(graph, pool=pool):
                     self.hidden[size, bucket] = self._forward(size, bucket)
                 self.graphs[size, bucket] = graph
+            # The LM head runs after the replay, outside the graph (a variant without programmatic dependent
+            # launch, with the head's own tile): compile it for this many rows now, not under the first step of
+            # this size while serving (call EE: a one-row GEMV compiled 1 s into bench 5 without this).
+            self.model.compute_logits(self.hidden[size, self.buckets[size][-1]])
         torch.cuda.synchronize(self.device)
         logger.info("captured %d %s CUDA graphs (batch sizes %d..%d) in %.1f s, %.2f GiB", len(self.graphs),
                     "decode" if self.query_len == 1 else f"speculative verification ({self.query_len} tokens a "
