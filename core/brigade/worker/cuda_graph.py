@@ -166,7 +166,8 @@ class DecodeGraphs:
                 self.graphs[size, bucket] = graph
             # The LM head runs after the replay, outside the graph (a variant without programmatic dependent
             # launch, with the head's own tile): compile it for this many rows now, not under the first step of
-            # this size while serving (call EE: a one-row GEMV compiled 1 s into bench 5 without this).
+            # this size while serving (bench 5, Llama-3.1-8B shape: one compile while serving without this in
+            # session 11's call EE, none with it in call EF).
             self.model.compute_logits(self.hidden[size, self.buckets[size][-1]])
         torch.cuda.synchronize(self.device)
         logger.info("captured %d %s CUDA graphs (batch sizes %d..%d) in %.1f s, %.2f GiB", len(self.graphs),
