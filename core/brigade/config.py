@@ -224,6 +224,9 @@ class LoRAConfig:
 
     max_loras: int = 1
     """Most distinct adapters in one batch (one weight slot each on the device); vLLM's default 1."""
+    max_cpu_loras: int | None = None
+    """Most adapters whose weights are kept in host memory (an LRU cache; one evicted is read again from its
+    folder when a request needs it); None: ``max_loras``, as in vLLM. It does not cap the adapters served."""
     max_lora_rank: int = 16
     """Largest adapter rank accepted; the slots are sized for it (vLLM's default 16)."""
     lora_modules: dict[str, str] = field(default_factory=dict)
@@ -232,6 +235,12 @@ class LoRAConfig:
     def __post_init__(self) -> None:
         if self.max_loras < 1:
             raise ConfigError(f"--max-loras must be at least 1, got {self.max_loras}")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        elif self.max_cpu_loras < self.max_loras:
+            raise ConfigError(f"--max-cpu-loras must be at least --max-loras ({self.max_loras}), got "
+                              f"{self.max_cpu_loras}: the host cache holds every adapter of a batch; give "
+                              f"--max-cpu-loras {self.max_loras} or more, or leave it out (it defaults to --max-loras)")
         if self.max_lora_rank not in POSSIBLE_MAX_LORA_RANKS:
             raise ConfigError(f"--max-lora-rank must be one of {', '.join(map(str, POSSIBLE_MAX_LORA_RANKS))} "
                               f"(as in vLLM), got {self.max_lora_rank}")
@@ -418,7 +427,7 @@ _SUB_CONFIGS = {"model_config": ModelConfig, "cache_config": CacheConfig, "sched
                 "parallel_config": ParallelConfig, "compilation_config": CompilationConfig}
 
 
-_LORA_KWARGS = ("enable_lora", "max_loras", "max_lora_rank", "lora_modules")
+_LORA_KWARGS = ("enable_lora", "max_loras", "max_cpu_loras", "max_lora_rank", "lora_modules")
 
 
 def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
@@ -428,7 +437,8 @@ def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
     ``attention_backend``, ``kv_transfer_config`` and ``speculative_config`` (dicts) go to BrigadeConfig itself;
     ``compilation_config`` (a level, a dict or a CompilationConfig, as vLLM's ``LLM`` takes it) fills the
     CompilationConfig; ``kv_cache_dtype`` (vLLM's name) is ``cache_dtype``; ``enable_lora=True``
-    (with ``max_loras``, ``max_lora_rank``, ``lora_modules`` as a ``{name: path}`` dict) builds a LoRAConfig.
+    (with ``max_loras``, ``max_cpu_loras``, ``max_lora_rank``, ``lora_modules`` as a ``{name: path}`` dict) builds
+    a LoRAConfig.
 
     Raises:
         TypeError: for a name no sub-config has.

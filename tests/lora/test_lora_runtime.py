@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import threading
 import time
 
@@ -241,6 +242,37 @@ def test_a_lora_modules_adapter_unloaded_and_loaded_again_is_a_new_adapter(serve
     metrics = httpx.get(server.url("/metrics"), timeout=30).text
     info = [line for line in metrics.splitlines() if line.startswith("brigade:lora_requests_info{")]
     assert len(info) == 1 and 'running_lora_adapters=""' in info[0] and 'waiting_lora_adapters=""' in info[0]
+
+
+def test_host_copies_are_capped_and_a_gone_folder_fails_only_its_requests(server, smollm2_path, lora_adapters,
+                                                                          tmp_path):
+    """--max-cpu-loras (here its default, --max-loras 2) caps the host copies, not the adapters served: after
+    three loads all are listed and the first one's weights are only on disk. Its folder deleted, a request on
+    it ends with finish_reason "abort" and the reason as stop_reason; the server lives on, the others run, and
+    it can be unloaded."""
+    log_start = len(server.log_tail(10**9))
+    folders = {name: shutil.copytree(lora_adapters["poet"], tmp_path / name) for name in ("gone", "kept1", "kept2")}
+    for name, folder in folders.items():
+        assert load(server, name, folder).status_code == 200
+    assert {"gone", "kept1", "kept2"} <= set(model_ids(server))
+    shutil.rmtree(folders["gone"])
+    response = httpx.post(server.url("/v1/completions"), json={"model": "gone", "prompt": PROMPTS[0], "max_tokens": 4,
+                                                              "temperature": 0}, timeout=60)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "abort" and choice["text"] == ""
+    assert choice["stop_reason"].startswith(f"LoRA adapter 'gone' ({folders['gone']}): not a folder; ")
+    assert "--max-cpu-loras 2" in choice["stop_reason"] and "\n" not in choice["stop_reason"]
+    for name in ("kept1", "kept2"):  # whichever of the two is no longer cached is read again
+        assert complete(server, name, PROMPTS[0]).choices[0].text == \
+            offline(smollm2_path, lora_adapters, "poet", PROMPTS[0]).text
+    assert complete(server, "sql", PROMPTS[0]).choices[0].text == \
+        offline(smollm2_path, lora_adapters, "sql", PROMPTS[0]).text
+    for name in folders:
+        assert unload(server, name).status_code == 200
+    assert model_ids(server) == ["smol", "sql"]
+    log = server.log_tail(10**9)[log_start:]
+    assert "LoRA adapter 'gone' (id " in log and "Traceback" not in log
 
 
 def test_engine_core_with_a_worker_process_and_overlapped_steps(smollm2_path, lora_adapters):

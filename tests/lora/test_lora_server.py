@@ -117,6 +117,10 @@ def _check(*argv: str) -> None:
     (["--enable-lora", "--max-lora-rank", "1", "--lora-modules", "a={sql}"],
      "LoRA adapter 'a' ({sql}): rank 8 is above --max-lora-rank 1"),
     (["--enable-lora", "--max-loras", "0"], "--max-loras must be at least 1, got 0"),
+    (["--enable-lora", "--max-loras", "3", "--max-cpu-loras", "2"],
+     "--max-cpu-loras must be at least --max-loras (3), got 2: the host cache holds every adapter of a batch; "
+     "give --max-cpu-loras 3 or more, or leave it out (it defaults to --max-loras)"),
+    (["--enable-lora", "--max-cpu-loras", "0"], "--max-cpu-loras must be at least --max-loras (1), got 0"),
     (["--enable-lora", "--max-lora-rank", "100000"],
      "--max-lora-rank must be one of 1, 8, 16, 32, 64, 128, 256, 320, 512 (as in vLLM), got 100000"),
 ])
@@ -137,12 +141,17 @@ def test_a_model_after_lora_modules_is_named_in_the_error(smollm2_path, lora_ada
 def test_good_lora_flags_pass_the_checks(smollm2_path, lora_adapters):
     _check(str(smollm2_path), "--enable-lora", "--lora-modules", f"sql={lora_adapters['sql']}",
            f'{{"name": "poet", "path": "{lora_adapters["poet"]}"}}')
+    _check(str(smollm2_path), "--enable-lora", "--max-loras", "2", "--max-cpu-loras", "2")
+    _check(str(smollm2_path), "--enable-lora", "--max-cpu-loras", "8")
 
 
 @pytest.mark.parametrize("argv,needle", [
     (["--lora-modules", "a={sql}"], "--lora-modules needs --enable-lora"),
     (["--enable-lora", "--max-lora-rank", "1", "--lora-modules", "a={sql}"],
      "LoRA adapter 'a' ({sql}): rank 8 is above --max-lora-rank 1"),
+    (["--enable-lora", "--max-loras", "2", "--max-cpu-loras", "1", "--lora-modules", "a={sql}"],
+     "--max-cpu-loras must be at least --max-loras (2), got 1: the host cache holds every adapter of a batch; "
+     "give --max-cpu-loras 2 or more, or leave it out (it defaults to --max-loras)"),
 ])
 def test_bad_lora_flags_are_one_line_from_the_cli(smollm2_path, lora_adapters, argv, needle):
     fill = {name: str(path) for name, path in lora_adapters.items()}

@@ -7,7 +7,8 @@ running request is preempted: its blocks are freed and it is recomputed later. T
 *what* runs; it never touches tensors. With LoRA it only knows each request's adapter name and id: a waiting
 request whose adapter would make more than ``max_loras`` distinct adapters among the running requests waits
 (the others behind it may go), as in vLLM; ``lora_ids_in_use`` tells the engine core which adapters it may
-drop after an unload.
+drop after an unload. A request the runner could not run (its adapter's evicted weights cannot be read again)
+comes back in ``ModelRunnerOutput.failed_req_ids`` and is finished as aborted.
 
 Speculative decoding (``--speculative-config``, book ch. 12): after a step, ``update_from_output`` asks the
 n-gram proposer (``brigade.spec_decode``) for draft tokens of each running request; the next ``schedule``
@@ -27,6 +28,7 @@ the worker-role connector, which loads them before the forward pass and saves af
 
 from __future__ import annotations
 
+import logging
 import time
 
 from brigade.config import CacheConfig, LoRAConfig, SchedulerConfig, SpeculativeConfig
@@ -39,6 +41,8 @@ from brigade.engine.messages import (EngineCoreOutput, EngineCoreOutputs, Finish
                                      SchedulerStats, SpecDecodingStats)
 from brigade.kv_transfer.base import KVConnectorBase
 from brigade.spec_decode import NgramProposer
+
+logger = logging.getLogger("brigade.engine")
 
 
 def _count_loras(requests) -> dict[str, int]:
@@ -311,8 +315,11 @@ class Scheduler:
     # ---- results --------------------------------------------------------------------------------
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
-        """Append sampled tokens, apply stop conditions, free finished requests, build the step's outputs."""
+        """Append sampled tokens, apply stop conditions, free finished requests, build the step's outputs.
+        Requests the runner could not run (``failed_req_ids``) are finished as aborted, the reason as their
+        ``stop_reason``."""
         outputs, self.grammar_failures = self.grammar_failures, []
+        outputs += self._finish_failed(runner_output.failed_req_ids)
         for req_id, token_ids in zip(runner_output.req_ids, runner_output.sampled_token_ids):
             request = self.requests.get(req_id)
             prompt_logprobs = self._new_prompt_logprobs(request, scheduler_output, runner_output)
@@ -348,6 +355,17 @@ class Scheduler:
                 self._free_request(request)
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(scheduler_output),
                                  timestamp=time.time())
+
+    def _finish_failed(self, failed_req_ids: dict[str, str]) -> list[EngineCoreOutput]:
+        """Abort the requests the runner left out of a step because they cannot run (request id -> why); one
+        already finished (aborted meanwhile, or reported by an earlier step) is skipped."""
+        outputs = []
+        for request in self.finish_requests(list(failed_req_ids), RequestStatus.FINISHED_ABORTED):
+            reason = failed_req_ids[request.request_id]
+            logger.warning("request %s is aborted: %s", request.request_id, reason)
+            outputs.append(EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
+                                            finish_reason=FinishReason.ABORT, stop_reason=reason))
+        return outputs
 
     def _append_until_stop(self, request: Request, token_ids: list[int]) -> list[int]:
         """Append the step's tokens one by one, applying the stop conditions after each, as if they had come

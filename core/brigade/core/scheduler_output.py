@@ -84,6 +84,9 @@ class ModelRunnerOutput:
     # Per request with prompt_logprobs: one row per prompt token this step scored (the token after each
     # computed position), starting at the token after the chunk's first position.
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+    # Scheduled requests the runner could not run and left out of the step: request id -> why, one line (a
+    # LoRA adapter whose evicted weights cannot be read again). The scheduler finishes them as aborted.
+    failed_req_ids: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def make_empty(cls) -> ModelRunnerOutput:

@@ -25,8 +25,9 @@ class LLM:
         model: path of an HF-format model directory.
         **kwargs: engine arguments named like the config fields (dtype, max_model_len, block_size,
             enable_prefix_caching, max_num_seqs, max_num_batched_tokens, kv_cache_memory_gib, seed, ...).
-            LoRA as in vLLM: ``enable_lora=True``, ``max_loras`` (default 1), ``max_lora_rank`` (default 16),
-            optionally ``lora_modules={name: path}``; then ``generate(..., lora_request=LoRARequest(...))``.
+            LoRA as in vLLM: ``enable_lora=True``, ``max_loras`` (default 1), ``max_cpu_loras`` (adapters kept in
+            host memory; default ``max_loras``), ``max_lora_rank`` (default 16), optionally
+            ``lora_modules={name: path}``; then ``generate(..., lora_request=LoRARequest(...))``.
     """
 
     def __init__(self, model: str, **kwargs):

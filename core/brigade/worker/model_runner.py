@@ -281,6 +281,9 @@ class ModelRunner:
         With ``overlap`` it returns as soon as the work is queued on the device: a SampledTokens whose
         ``get()`` waits for the tokens (a ReadyOutput when the step samples nothing). The next step may then be prepared and launched first; its inputs
         take those tokens straight from the device (book ch. 4, 5: asynchronous scheduling).
+
+        A scheduled request on a LoRA adapter whose evicted host weights cannot be read again is left out of
+        the step and named in the output's ``failed_req_ids`` (the scheduler aborts it); the others run.
         """
         self._update_states(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
@@ -289,6 +292,30 @@ class ModelRunner:
         connector_meta = scheduler_output.kv_connector_metadata if self.kv_connector is not None else None
         if connector_meta is not None:
             num_scheduled = self._load_kv(connector_meta, num_scheduled)
+        failed = self._lora_failures(num_scheduled) if self.lora_manager is not None else {}
+        if failed:
+            num_scheduled = {rid: n for rid, n in num_scheduled.items() if rid not in failed}
+            if not num_scheduled:
+                output = ModelRunnerOutput([], [], failed_req_ids=failed)
+                return ReadyOutput(output) if overlap else output
+        result = self._run(scheduler_output, num_scheduled, connector_meta, overlap)
+        if failed:
+            (result.output if isinstance(result, ReadyOutput) else result).failed_req_ids = failed
+        return result
+
+    def _lora_failures(self, num_scheduled: dict[str, int]) -> dict[str, str]:
+        """The scheduled requests whose LoRA adapter cannot run (its evicted host weights cannot be read
+        again; ``LoRAManager.maybe_reload``, which reads the others back): request id -> the LoRAError line."""
+        failed = self.lora_manager.maybe_reload(self.requests[rid].lora_int_id for rid in num_scheduled)
+        if not failed:
+            return {}
+        return {rid: failed[self.requests[rid].lora_int_id] for rid in num_scheduled
+                if self.requests[rid].lora_int_id in failed}
+
+    def _run(self, scheduler_output: SchedulerOutput, num_scheduled: dict[str, int],
+             connector_meta: KVConnectorMetadata | None,
+             overlap: bool) -> ModelRunnerOutput | SampledTokens | ReadyOutput:
+        """``execute_model`` for the requests of ``num_scheduled`` (the scheduler's, less those left out)."""
         # Decodes first: the attention metadata splits the batch by one count.
         order = sorted(num_scheduled, key=lambda rid: num_scheduled[rid] != 1)
         states = [self.requests[rid] for rid in order]
@@ -577,6 +604,7 @@ class SampledTokens:
         self.logprobs = None if out.logprobs is None else \
             (_to_host(out.logprobs.token_ids), _to_host(out.logprobs.logprobs), _to_host(out.logprobs.ranks))
         self.event = None
+        self.failed_req_ids: dict[str, str] = {}  # scheduled requests left out of the step (ModelRunnerOutput)
         if out.sampled_token_ids.device.type == "cuda":
             self.event = torch.cuda.Event()
             self.event.record()
@@ -602,4 +630,4 @@ class SampledTokens:
                     logprobs[rid] = LogprobsLists(token_ids=[ids[row][:k + 1]], logprobs=[lps[row][:k + 1]],
                                                   ranks=[ranks[row]])
         return ModelRunnerOutput(req_ids=self.req_ids, sampled_token_ids=[sampled.get(r, []) for r in self.req_ids],
-                                 logprobs=logprobs)
+                                 logprobs=logprobs, failed_req_ids=self.failed_req_ids)

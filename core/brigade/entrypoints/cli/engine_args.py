@@ -109,6 +109,9 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
                     help="adapters to serve: NAME=PATH of a PEFT folder, or JSON {\"name\": ..., \"path\": ...}; "
                          "several values, or the flag repeated")
     lo.add_argument("--max-loras", type=int, help="most distinct adapters in one batch (default 1)")
+    lo.add_argument("--max-cpu-loras", type=int,
+                    help="most adapters whose weights stay in host memory, least recently used evicted first "
+                         "and read again from its folder when needed (default: --max-loras; at least --max-loras)")
     lo.add_argument("--max-lora-rank", type=int, help="largest adapter rank served (default 16)")
     p = parser.add_argument_group("parallelism")
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, help="GPUs per layer (only 1 runs yet)")
@@ -281,7 +284,7 @@ def lora_config_from_args(args: argparse.Namespace, served_name: str) -> LoRACon
             raise ConfigError("--lora-modules needs --enable-lora")
         return None
     config = LoRAConfig(**_set(dict(lora_modules=parse_lora_modules(values), max_loras=args.max_loras,
-                                    max_lora_rank=args.max_lora_rank)))
+                                    max_cpu_loras=args.max_cpu_loras, max_lora_rank=args.max_lora_rank)))
     config.check_names(served_name)
     return config
 
