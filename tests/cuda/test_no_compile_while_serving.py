@@ -35,7 +35,9 @@ CHILD = textwrap.dedent("""
 
     torch.manual_seed(0)
     LlamaForCausalLM(tiny_llama_config()).save_pretrained(sys.argv[1])
-    llm = LLM(sys.argv[1], dtype="bfloat16", skip_tokenizer_init=True, gpu_memory_utilization=0.3, max_model_len=512)
+    # A fixed KV pool: the pytest process that spawned this one may still hold GPU memory of earlier tests, which
+    # a --gpu-memory-utilization budget would count against this engine.
+    llm = LLM(sys.argv[1], dtype="bfloat16", skip_tokenizer_init=True, kv_cache_memory_gib=0.1, max_model_len=512)
     watch = compile_watch._watch
     assert watch is not None and watch.serving, "the compile watch is not armed after start-up"
     gen = torch.Generator().manual_seed(1)
