@@ -67,6 +67,7 @@ def test_keep_alive_on_engine_death_answers_503(smollm2_path):
     server = RemoteServer(smollm2_path, ["--max-model-len", "256", "--num-gpu-blocks-override", "32"],
                           env={"BRIGADE_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
     try:
+        assert httpx.head(server.url("/health")).status_code == 200  # load balancers probe with HEAD too
         body = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
         assert httpx.post(server.url("/v1/completions"), json=body, timeout=60).status_code == 200
         os.kill(engine_core_pid(server.proc.pid), signal.SIGKILL)
@@ -74,6 +75,7 @@ def test_keep_alive_on_engine_death_answers_503(smollm2_path):
         while httpx.get(server.url("/health")).status_code != 503:
             assert time.monotonic() < deadline, "/health never reported the dead engine"
             time.sleep(0.2)
+        assert httpx.head(server.url("/health")).status_code == 503
         for response in (httpx.post(server.url("/v1/completions"), json=body),
                          httpx.post(server.url("/v1/completions"), json={**body, "stream": True}),
                          httpx.post(server.url("/v1/chat/completions"),

@@ -185,7 +185,7 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
                        allow_methods=settings.allowed_methods, allow_headers=settings.allowed_headers,
                        allow_credentials=settings.allow_credentials)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD for load balancers' probes
     async def health() -> Response:
         try:
             await engine.check_health()
