@@ -25,8 +25,10 @@ class ModelConfig:
     """Path of an HF-format directory (config.json, *.safetensors, tokenizer.json)."""
     tokenizer: str | None = None
     """Tokenizer directory; defaults to model."""
-    served_model_name: str | None = None
-    """The name clients use; defaults to the model path's basename."""
+    served_model_name: str | list[str] | None = None
+    """The name clients use, or several (vLLM's ``--served-model-name a b``): each is accepted as ``model`` and
+    listed by /v1/models, the first is the one responses and metrics carry. Defaults to the model path's
+    basename."""
     dtype: str = "auto"
     """auto (the config's torch_dtype on GPU, float32 on CPU), bfloat16, float16 or float32."""
     max_model_len: int | None = None
@@ -58,7 +60,17 @@ class ModelConfig:
 
     @property
     def name(self) -> str:
-        return self.served_model_name or os.path.basename(os.path.normpath(self.model)) or self.model
+        """The served model's (first) name: what responses and metrics carry."""
+        return self.served_model_names[0]
+
+    @property
+    def served_model_names(self) -> list[str]:
+        """Every name the model is served under, the first being ``name``."""
+        names = self.served_model_name
+        if isinstance(names, str):
+            names = [names]
+        names = list(dict.fromkeys(n for n in names or () if n))  # in order, each once
+        return names or [os.path.basename(os.path.normpath(self.model)) or self.model]
 
 
 @dataclass
@@ -248,11 +260,14 @@ class LoRAConfig:
             if not name or not name.strip():
                 raise ConfigError(f"--lora-modules: an adapter name is empty (path {path!r}); give NAME=PATH")
 
-    def check_names(self, served_model_name: str) -> None:
-        """Raises ConfigError when an adapter is named like the served model (requests could not pick it)."""
-        if served_model_name in self.lora_modules:
-            raise ConfigError(f"--lora-modules: adapter name {served_model_name!r} is the served model's name; "
-                              "give the adapter another name")
+    def check_names(self, served_model_names: str | list[str]) -> None:
+        """Raises ConfigError when an adapter is named like the served model, or like one of its names
+        (requests could not pick it)."""
+        names = [served_model_names] if isinstance(served_model_names, str) else served_model_names
+        for name in names:
+            if name in self.lora_modules:
+                raise ConfigError(f"--lora-modules: adapter name {name!r} is the served model's name; "
+                                  "give the adapter another name")
 
 
 @dataclass
@@ -491,5 +506,5 @@ def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
             raise TypeError(f"unknown engine argument {key!r}; known: {', '.join(known)}")
     config = BrigadeConfig(**{part: cls(**parts[part]) for part, cls in _SUB_CONFIGS.items()}, **top)
     if config.lora_config is not None:
-        config.lora_config.check_names(config.model_config.name)
+        config.lora_config.check_names(config.model_config.served_model_names)
     return config

@@ -78,6 +78,10 @@ def assert_one_line(proc: subprocess.CompletedProcess, prefix: str, needle: str)
     # 6: an empty served name
     (["serve", "{model}", "--served-model-name", ""], "brigade serve", "--served-model-name '' is empty"),
     (["serve", "{model}", "--served-model-name", "  "], "brigade serve", "--served-model-name '  ' is empty"),
+    (["serve", "{model}", "--served-model-name", "a", ""], "brigade serve", "--served-model-name '' is empty"),
+    # --served-model-name takes several names (vLLM's nargs="+"): a MODEL after them is taken as one more
+    (["serve", "--served-model-name", "a", "b", "{model}"], "brigade serve",
+     "no model given: --served-model-name also took '{model}'; put MODEL before --served-model-name"),
     # 7: --compilation-config (vLLM's JSON form) and -O (braces doubled: the arguments go through str.format)
     (["serve", "{model}", "--compilation-config", '{{"cudagraph_mode": "FULL_AND_PIECEWISE"}}'], "brigade serve",
      "Brigade has no piecewise graphs; it captures mixed steps as full graphs: use FULL"),
@@ -172,6 +176,23 @@ def test_tokenizer_folder_check(smollm2_path, tmp_path):
 
 def test_served_model_name_is_kept(smollm2_path):
     assert config_from_args(_serve_args(str(smollm2_path), "--served-model-name", "smol")).model_config.name == "smol"
+
+
+def test_several_served_model_names(smollm2_path, tmp_path):
+    """``--served-model-name a b`` (vLLM's nargs="+"): every name is served, the first is the model's name; a LoRA
+    adapter may take none of them (requests naming it could not reach the adapter)."""
+    model_config = config_from_args(_serve_args(str(smollm2_path), "--served-model-name", "a", "b",
+                                                "--max-model-len", "64")).model_config
+    assert model_config.name == "a" and model_config.served_model_names == ["a", "b"]
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    with pytest.raises(ConfigError, match="adapter name 'b' is the served model's name"):
+        config_from_args(_serve_args(str(smollm2_path), "--served-model-name", "a", "b", "--enable-lora",
+                                     "--lora-modules", f"b={adapter}"))
+    from brigade.config import config_from_kwargs
+
+    assert config_from_kwargs(str(smollm2_path), served_model_name=["x", "y"]).model_config.name == "x"
+    assert config_from_kwargs(str(smollm2_path)).model_config.served_model_names == [smollm2_path.name]
 
 
 def test_a_chat_template_that_does_not_compile_is_one_line_at_start(smollm2_path, tmp_path):

@@ -108,7 +108,24 @@ def test_named_stream_sends_header_then_arguments():
     assert second.tool_calls[0].id is None and second.tool_calls[0].function.arguments == ': "UTC"}'
     assert stream.feed("").tool_calls is None
     last, reason = stream.finish("stop")
-    assert last.tool_calls is None and reason == "tool_calls"
+    assert last.tool_calls is None and reason == "stop"  # a forced named function stops, as OpenAI and vLLM say
+
+
+@pytest.mark.parametrize("choice,reason", [
+    ({"type": "function", "function": {"name": "get_time"}}, "stop"),  # forced: OpenAI and vLLM say "stop"
+    ("required", "tool_calls"),
+    ("auto", "tool_calls"),  # the model chose to call
+])
+def test_finish_reason_of_a_choice_that_made_calls(choice, reason):
+    from brigade.entrypoints.openai.serving_chat import OpenAIServingChat
+
+    text = '{"tz": "UTC"}' if isinstance(choice, dict) else '[{"name": "get_time", "arguments": {"tz": "UTC"}}]'
+    message, finish_reason = OpenAIServingChat._message(text, "stop", plan(choice))
+    assert message.tool_calls and finish_reason == reason
+    stream = ToolStream(plan(choice))
+    stream.feed(text)
+    assert stream.finish("stop")[1] == reason
+    assert OpenAIServingChat._message(text, "length", plan(choice))[1] == "length"  # cut off: length either way
 
 
 def test_required_stream_sends_whole_calls_at_the_end():

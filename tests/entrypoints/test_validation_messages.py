@@ -53,3 +53,58 @@ def test_a_body_that_is_not_utf8_json_says_which(body, message):
 
 def test_utf8_with_a_byte_order_mark_is_read():
     assert parse_json_body(b'\xef\xbb\xbf{"prompt": "\xc3\xa9"}') == {"prompt": "\u00e9"}
+
+
+# ---- null for every field OpenAI declares nullable -------------------------------------------------------
+
+def _openai_nullable_fields(*param_classes) -> set[str]:
+    """The fields the official openai client's request types declare ``Optional`` (OpenAI's spec: null allowed)."""
+    import typing
+
+    out = set()
+    for cls in param_classes:
+        for name, hint in typing.get_type_hints(cls, include_extras=True).items():
+            while typing.get_origin(hint) in (typing.Required, typing.NotRequired, typing.Annotated):
+                hint = typing.get_args(hint)[0]
+            if type(None) in typing.get_args(hint):
+                out.add(name)
+    return out
+
+
+@pytest.mark.parametrize("cls,required,params", [
+    (CompletionRequest, {"prompt": "x"}, ("completion_create_params", "CompletionCreateParamsNonStreaming")),
+    (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}]},
+     ("chat.completion_create_params", "CompletionCreateParamsNonStreaming")),
+])
+def test_every_field_openai_declares_nullable_takes_null_as_its_default(cls, required, params):
+    import importlib
+
+    module = importlib.import_module(f"openai.types.{params[0]}")
+    nullable = _openai_nullable_fields(getattr(module, params[1]))
+    assert {"n", "stream", "temperature", "stop"} <= nullable  # the client's types were read
+    nullable -= set(required) | {"prompt"}  # prompt: null is a 400 saying it is required (serving_completion)
+    request = cls(**required, **{name: None for name in nullable})  # accepted, not "should be a valid integer"
+    for name in nullable & set(cls.model_fields):
+        # None where None is the field's meaning of "not given" (temperature: generation_config's; completions'
+        # max_tokens: up to the context, as vLLM), else the field's default.
+        assert getattr(request, name) in (None, cls.model_fields[name].get_default(call_default_factory=True)), name
+    assert (request.n, request.stream) == (1, False)
+    if cls is CompletionRequest:
+        assert request.echo is False and cls(prompt=None).prompt is None
+    else:
+        assert request.logprobs is False
+
+
+@pytest.mark.parametrize("part,message", [
+    ({"type": "text"}, 'messages[0].content[1]: a text part needs a string "text", got no text'),
+    ({"type": "text", "text": None},
+     'messages[0].content[1]: a text part needs a string "text", got text of type null'),
+    ({"type": "text", "text": ["a"]}, 'messages[0].content[1]: a text part needs a string "text", got text of type '
+                                      'array'),
+    ({"type": "input_audio"}, "messages[0].content[1]: only text parts are supported, got type 'input_audio'"),
+])
+def test_a_bad_content_part_names_the_part(part, message):
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, part]}])
+    with pytest.raises(InvalidParamError) as info:
+        request.messages[0].to_template_dict(0)
+    assert str(info.value) == message and info.value.param == "messages[0].content[1]"

@@ -178,7 +178,8 @@ def run_latency(args: argparse.Namespace) -> int:
 
 # ---- serve -------------------------------------------------------------------------------------------
 
-def _server_facts(base_url: str, api_key: str | None, served_name: str | None) -> tuple[str, str | None]:
+def _server_facts(base_url: str, api_key: str | None,
+                  served_name: str | list[str] | None) -> tuple[str, str | None]:
     """(the model name to send, the server's /version), asking /v1/models when no name was given."""
     import httpx
 
@@ -192,6 +193,8 @@ def _server_facts(base_url: str, api_key: str | None, served_name: str | None) -
             from None
     if resp.status_code == 200:
         version = resp.json().get("version")
+    if isinstance(served_name, list):  # --served-model-name takes several names; requests use the first
+        served_name = served_name[0] if served_name else None
     if served_name:
         return served_name, version
     resp = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=10.0)

@@ -194,7 +194,7 @@ class AsyncLLM:
             raise LoRAError(f"LoRA adapter {lora_name!r}: LoRA is not enabled; start the engine with --enable-lora")
         if not lora_name:
             raise LoRANameError("a LoRA adapter's name must not be empty")
-        if lora_name == self.model_config.name:
+        if lora_name in self.model_config.served_model_names:
             raise LoRANameError(f"LoRA adapter {lora_name!r} has the served model's name; give it another name")
         served = self.lora_requests.get(lora_name)
         if served is not None:

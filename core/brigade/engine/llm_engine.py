@@ -60,7 +60,7 @@ class LLMEngine:
                 raise LoRAError(f"LoRA adapter {name!r} is already registered with path {known.lora_path}, "
                                 f"not {lora_request.lora_path}")
             return False
-        if name == self.config.model_config.name:
+        if name in self.config.model_config.served_model_names:
             raise LoRAError(f"LoRA adapter {name!r} has the served model's name; give it another name")
         registered = LoRARequest(name, self._next_lora_id, lora_request.lora_path)
         added = self.core.add_lora(registered)

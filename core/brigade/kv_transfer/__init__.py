@@ -19,14 +19,13 @@ def get_connector_class(config: KVTransferConfig) -> type[KVConnectorBase]:
             (one line naming the installed connectors, or the plugin).
         PluginLoadError: the registered lazy path failed to import (names the plugin).
     """
-    from brigade.plugins import load_plugins, registries
+    from brigade.plugins import load_plugins, registries, unavailable_message
 
     load_plugins("engine")
     connectors = registries.kv_connectors
     name = config.kv_connector
     if name not in connectors:
-        installed = ", ".join(connectors.names()) or "none installed"
-        raise ConfigError(f"--kv-transfer-config kv_connector {name!r} is not installed; installed: {installed}")
+        raise ConfigError(unavailable_message("--kv-transfer-config kv_connector", name, connectors.names()))
     cls = connectors.get(name)
     if not (isinstance(cls, type) and issubclass(cls, KVConnectorBase)):
         raise ConfigError(f"KV connector {name!r} from {connectors.entry(name).source.describe()} is not a "

@@ -23,6 +23,7 @@ from brigade.plugins.manager import PluginManager
 from brigade.plugins.platform_choice import PlatformChoice
 from brigade.plugins.records import PluginRecord, PluginStatus
 from brigade.plugins.registry import Registration, Registries, Registry
+from brigade.plugins.settings import PLUGINS_ENV
 
 if TYPE_CHECKING:
     from brigade.platforms.interface import Platform
@@ -67,6 +68,38 @@ def select_endpoints(supported_tasks: Iterable[str]) -> list[Registration]:
     return _process_manager.select_endpoints(supported_tasks)
 
 
+def allowlist_note(name: str) -> str | None:
+    """Why ``name`` (a quantization method, attention backend, KV connector or IO processor that a flag asks
+    for) may be missing although its plugin is installed: BRIGADE_PLUGINS excludes installed plugins. A clause naming the variable and how to include the plugin, or None when BRIGADE_PLUGINS excludes
+    nothing. A plugin named like ``name`` is taken to be the one providing it (brigade-gptq's plugin "gptq"
+    provides the method "gptq"); otherwise the excluded plugins are listed.
+    """
+    excluded = _process_manager.excluded_by_allowlist()
+    if not excluded:
+        return None
+    allow = sorted(_process_manager.settings.allowlist or ())
+    current = f"{PLUGINS_ENV}={','.join(allow)}" if allow else f'{PLUGINS_ENV}=""'  # "" loads no plugin
+    for record in excluded:
+        if record.name == name:
+            return (f"the installed plugin {record.name!r} ({record.distribution} {record.version}) is excluded by "
+                    f"{current}; include it with {PLUGINS_ENV}={','.join([*allow, record.name])}, or unset "
+                    f"{PLUGINS_ENV} to load every installed plugin")
+    names = ", ".join(sorted({r.name for r in excluded}))
+    return (f"no loaded plugin provides it, and {current} excludes the installed plugins {names}: if one of them "
+            f"provides {name!r}, add it to {PLUGINS_ENV}")
+
+
+def unavailable_message(what: str, value: str, installed: Iterable[str]) -> str:
+    """The one-line error for ``what value`` (``--quantization 'gptq'``) that no loaded plugin registered:
+    "is not installed", or, when BRIGADE_PLUGINS keeps installed plugins from loading, why it is not available
+    and how to include its plugin (allowlist_note). ``installed``: the names loaded plugins registered."""
+    installed = list(installed)
+    note = allowlist_note(value)
+    if note is None:
+        return f"{what} {value!r} is not installed; installed: {', '.join(installed) or 'none installed'}"
+    return f"{what} {value!r} is not available: {note}; available: {', '.join(installed) or 'none'}"
+
+
 def plugin_choices() -> dict[str, list[str]]:
     """Installed names for the CLI's plugin-backed flags (call after load_plugins("api"))."""
     return {"quantization": registries.quantization_methods.names(),
@@ -77,6 +110,6 @@ def plugin_choices() -> dict[str, list[str]]:
 
 __all__ = ["HOOKSPEC_VERSION", "DuplicateNameError", "HookspecVersionError", "PlatformChoice",
            "PlatformConflictError", "PluginLoadError", "PluginManager", "PluginRecord", "PluginStatus",
-           "Registration", "Registries", "Registry", "UnknownNameError", "current_platform", "hookimpl",
-           "load_plugins", "platform_choice", "plugin_choices", "plugin_records", "process_plugin_manager",
-           "registries", "select_endpoints"]
+           "Registration", "Registries", "Registry", "UnknownNameError", "allowlist_note", "current_platform",
+           "hookimpl", "load_plugins", "platform_choice", "plugin_choices", "plugin_records",
+           "process_plugin_manager", "registries", "select_endpoints", "unavailable_message"]

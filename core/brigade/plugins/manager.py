@@ -38,6 +38,16 @@ BUILTIN_MODULE = "brigade.plugins.builtin"
 _Staged = list[tuple[str, str, Any, bool, dict[str, Any]]]  # (hook, name, value, override, extra)
 
 
+def _quoted(names: Iterable[str]) -> str:
+    return ", ".join(map(repr, names))
+
+
+def _kind(group: PluginGroup) -> str:
+    """A group's short name with its article, for messages: "brigade.io_processor_plugins" -> "an io_processor"."""
+    kind = group.name.removeprefix("brigade.").removesuffix("_plugins")
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
+
+
 def _core_source() -> PluginSource:
     from brigade.version import __version__
 
@@ -145,21 +155,34 @@ class PluginManager:
         return chosen
 
     # ---- loading ----------------------------------------------------------------------------------
+    def excluded_by_allowlist(self) -> list[PluginRecord]:
+        """The installed plugins (endpoint plugins aside) that BRIGADE_PLUGINS kept from loading so far."""
+        if self.settings.allowlist is None:
+            return []
+        endpoint_groups = {g.name for g in ALL_GROUPS if g.endpoint}
+        return [r for r in self._records.values()
+                if r.status is PluginStatus.DISABLED and r.group not in endpoint_groups]
+
     def _check_allowlist_names(self) -> None:
-        """Every name in BRIGADE_PLUGINS must be an installed plugin: a typo must not load nothing silently."""
+        """Every name in BRIGADE_PLUGINS must be an installed plugin: a typo must not load nothing silently.
+        An endpoint plugin's name is refused with where it belongs (BRIGADE_ENDPOINT_PLUGINS)."""
         allow = self.settings.allowlist
         if not allow:
             return
         installed = {BUILTIN_PLUGIN} | {ep.name for g in ALL_GROUPS if not g.endpoint for ep in discover(g)}
-        missing = sorted(allow - installed)
-        if missing:
-            endpoints = {ep.name for g in ALL_GROUPS if g.endpoint for ep in discover(g)}
-            hint = ""
-            if endpoints.intersection(missing):
-                hint = (f"; {', '.join(sorted(endpoints.intersection(missing)))} is an endpoint plugin, "
-                        f"enabled with {ENDPOINT_PLUGINS_ENV} instead")
-            raise PluginLoadError(f"{PLUGINS_ENV} names {', '.join(map(repr, missing))}, which no installed "
-                                  f"plugin provides; installed: {', '.join(sorted(installed))}{hint}")
+        missing = allow - installed
+        if not missing:
+            return
+        endpoints = sorted(missing.intersection(ep.name for g in ALL_GROUPS if g.endpoint for ep in discover(g)))
+        unknown = sorted(missing - set(endpoints))
+        parts = []
+        if unknown:
+            parts.append(f"{PLUGINS_ENV} names {_quoted(unknown)}, which no installed plugin provides")
+        if endpoints:
+            verb = "is an endpoint plugin" if len(endpoints) == 1 else "are endpoint plugins"
+            parts.append(f"{PLUGINS_ENV} names {_quoted(endpoints)}, but {', '.join(endpoints)} {verb}, enabled "
+                         f"with {ENDPOINT_PLUGINS_ENV} instead ({ENDPOINT_PLUGINS_ENV}={','.join(endpoints)})")
+        raise PluginLoadError(f"{'; '.join(parts)}; installed: {', '.join(sorted(installed))}")
 
     def _load_group(self, group: PluginGroup) -> None:
         if group.name in self._loaded_groups:
@@ -182,10 +205,26 @@ class PluginManager:
         allow = self.settings.endpoint_allowlist
         if allow:
             installed = {ep.name for ep in entry_points}
-            missing = sorted(allow - installed)
+            missing = allow - installed
             if missing:
-                raise PluginLoadError(f"{ENDPOINT_PLUGINS_ENV} names {', '.join(map(repr, missing))}, which no "
-                                      f"installed endpoint plugin provides; installed: "
+                # A name of another kind of plugin (an io_processor one, say) belongs to BRIGADE_PLUGINS.
+                others = {ep.name: g for g in ALL_GROUPS if not g.endpoint for ep in discover(g)}
+                others[BUILTIN_PLUGIN] = GENERAL
+                misplaced = sorted(missing.intersection(others))
+                unknown = sorted(missing - set(misplaced))
+                parts = []
+                if unknown:
+                    parts.append(f"{ENDPOINT_PLUGINS_ENV} names {_quoted(unknown)}, which no installed endpoint "
+                                 "plugin provides")
+                for name in misplaced:
+                    if name == BUILTIN_PLUGIN:
+                        parts.append(f"{ENDPOINT_PLUGINS_ENV} names {name!r}, the core's own plugin, which always "
+                                     f"loads; remove it from {ENDPOINT_PLUGINS_ENV}")
+                        continue
+                    parts.append(f"{ENDPOINT_PLUGINS_ENV} names {name!r}, but {name} is {_kind(others[name])} "
+                                 f"plugin, not an endpoint plugin: {PLUGINS_ENV} selects it (it loads when "
+                                 f"{PLUGINS_ENV} is unset or names it), so remove it from {ENDPOINT_PLUGINS_ENV}")
+                raise PluginLoadError(f"{'; '.join(parts)}; installed endpoint plugins: "
                                       f"{', '.join(sorted(installed)) or 'none'}")
         elif allow is None and entry_points:
             listed = ", ".join(f"{ep.name} ({distribution_of(ep)[0]})" for ep in entry_points)

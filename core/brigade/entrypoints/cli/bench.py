@@ -51,6 +51,8 @@ def engine_argv(args: argparse.Namespace, actions: Sequence[argparse.Action]) ->
             argv.append(flag if value else "--no-" + flag[2:])
         elif action.nargs == 0:
             argv.append(action.option_strings[-1])
+        elif isinstance(value, list):  # a flag taking several values (--served-model-name, --lora-modules)
+            argv += [max(action.option_strings, key=len), *map(str, value)]
         else:
             argv += [max(action.option_strings, key=len), str(value)]
     return argv

@@ -51,7 +51,9 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
     m.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
     m.add_argument("--skip-tokenizer-init", action="store_true", default=None,
                    help="load no tokenizer: prompts must be token ids and outputs carry no text")
-    m.add_argument("--served-model-name", help="the name clients use (default: the model directory's name)")
+    m.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the name clients use (default: the model directory's name); several names are all "
+                        "accepted as \"model\", and responses carry the first")
     m.add_argument("--dtype", default="auto", help=f"weights and activations: {', '.join(DTYPE_CHOICES)}")
     m.add_argument("--max-model-len", type=int, help="longest prompt plus output in tokens")
     m.add_argument("--seed", type=int, help="seed for dummy weights and unseeded sampling (default 0)")
@@ -142,6 +144,10 @@ def model_path(args: argparse.Namespace) -> str:
         if swallowed:  # --lora-modules takes several values: a model after it reads as one more adapter
             raise ConfigError(f"no model given: --lora-modules also took {swallowed[-1]!r}; put MODEL before "
                               f"--lora-modules ({usage} --lora-modules NAME=PATH ...)")
+        names = _served_names(args)
+        if len(names) > 1 and os.path.exists(names[-1]):  # --served-model-name takes several values too
+            raise ConfigError(f"no model given: --served-model-name also took {names[-1]!r}; put MODEL before "
+                              f"--served-model-name ({usage} --served-model-name NAME ...)")
         raise ConfigError(f"no model given; pass an HF-format model directory: {usage} (or --model MODEL)")
     if not os.path.exists(model):
         prompt = getattr(args, "prompt", None)
@@ -153,9 +159,24 @@ def model_path(args: argparse.Namespace) -> str:
     return model
 
 
+def _served_names(args: argparse.Namespace) -> list[str]:
+    """``--served-model-name``'s values (a list since it takes several; a string from older callers)."""
+    value = getattr(args, "served_model_name", None)
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
 def _check_choice(flag: str, value: str | None, installed: Sequence[str]) -> None:
     if value is not None and value not in installed:
-        raise ConfigError(f"{flag} {value!r} is not installed; installed: {_installed(installed)}")
+        raise _unavailable(flag, value, installed)
+
+
+def _unavailable(what: str, value: str, installed: Sequence[str]) -> ConfigError:
+    """"is not installed", or why BRIGADE_PLUGINS keeps it out (brigade.plugins.unavailable_message)."""
+    from brigade.plugins import unavailable_message
+
+    return ConfigError(unavailable_message(what, value, installed))
 
 
 def parse_kv_transfer_config(raw: str | None, connectors: Sequence[str]) -> KVTransferConfig | None:
@@ -182,8 +203,7 @@ def parse_kv_transfer_config(raw: str | None, connectors: Sequence[str]) -> KVTr
         raise ConfigError(f"--kv-transfer-config needs \"kv_connector\"; installed connectors: "
                           f"{_installed(connectors)}")
     if connector not in connectors:
-        raise ConfigError(f"--kv-transfer-config kv_connector {connector!r} is not installed; installed: "
-                          f"{_installed(connectors)}")
+        raise _unavailable("--kv-transfer-config kv_connector", connector, connectors)
     role = data.get("kv_role", "kv_both")
     if role not in KV_ROLES:
         raise ConfigError(f"--kv-transfer-config kv_role {role!r} is not known; use {', '.join(KV_ROLES)}")
@@ -271,7 +291,7 @@ def parse_lora_modules(values: Sequence[str] | None) -> dict[str, str]:
     return modules
 
 
-def lora_config_from_args(args: argparse.Namespace, served_name: str) -> LoRAConfig | None:
+def lora_config_from_args(args: argparse.Namespace, served_name: str | list[str]) -> LoRAConfig | None:
     """The LoRAConfig of ``--enable-lora`` and its flags, or None without it.
 
     Raises:
@@ -390,11 +410,13 @@ def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
     if args.num_gpu_blocks_override is not None and args.num_gpu_blocks_override < 1:
         raise ConfigError(f"--num-gpu-blocks-override must be at least 1, got {args.num_gpu_blocks_override}")
     _check_paths(args)
-    if args.served_model_name is not None and not args.served_model_name.strip():
-        raise ConfigError(f"--served-model-name {args.served_model_name!r} is empty; give the name clients send "
-                          "as \"model\", or leave the flag out to use the model directory's name")
+    served_names = _served_names(args)
+    for name in served_names:
+        if not name.strip():
+            raise ConfigError(f"--served-model-name {name!r} is empty; give the name clients send as \"model\", "
+                              "or leave the flag out to use the model directory's name")
     model_config = ModelConfig(**_set(dict(
-        model=model, tokenizer=args.tokenizer, served_model_name=args.served_model_name, dtype=args.dtype,
+        model=model, tokenizer=args.tokenizer, served_model_name=served_names or None, dtype=args.dtype,
         max_model_len=args.max_model_len, seed=args.seed, load_format=args.load_format,
         generation_config=args.generation_config, chat_template=args.chat_template,
         quantization=args.quantization, enforce_eager=args.enforce_eager or None,
@@ -417,5 +439,6 @@ def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
         model_config=model_config, cache_config=cache_config, scheduler_config=scheduler_config,
         parallel_config=parallel_config, compilation_config=compilation_config,
         kv_transfer_config=parse_kv_transfer_config(args.kv_transfer_config, choices.get("kv_connector", ())),
-        lora_config=lora_config_from_args(args, model_config.name), attention_backend=args.attention_backend,
+        lora_config=lora_config_from_args(args, model_config.served_model_names),
+        attention_backend=args.attention_backend,
         speculative_config=parse_speculative_config(getattr(args, "speculative_config", None)))

@@ -139,7 +139,8 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     from brigade.plugins import load_plugins
 
     load_plugins("api")
-    served_name = config.model_config.name
+    served_name = config.model_config.name  # the first --served-model-name: what responses and metrics carry
+    served_names = config.model_config.served_model_names
     stat_logger = PrometheusStatLogger(
         served_name, max_loras=config.lora_config.max_loras if config.lora_config is not None else None,
         num_speculative_tokens=(config.speculative_config.num_speculative_tokens
@@ -151,7 +152,7 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     drain = Drain()
     # The served adapters by name, the engine's own dict: runtime loads and unloads show in every route.
     adapters: Mapping[str, LoRARequest] = engine.lora_requests if config.lora_config is not None else {}
-    common = dict(served_model_name=served_name, tokenizer_executor=tokenizer_executor,
+    common = dict(served_model_name=served_names, tokenizer_executor=tokenizer_executor,
                   generation_defaults=load_generation_defaults(config.model_config),
                   log_requests=settings.log_requests, drain=drain,
                   scheduling_policy=config.scheduler_config.policy, max_token_chars=max_token_chars(engine.tokenizer),
@@ -175,6 +176,7 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     app.state.api_key = settings.api_key
     app.state.config = config
     app.state.served_model_name = served_name
+    app.state.served_model_names = served_names
     app.state.stat_logger = stat_logger
     app.state.drain = drain
     install_error_handlers(app, EngineDeadError)
@@ -211,10 +213,11 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
         return Response(content=body, media_type=content_type)
 
     def model_cards() -> dict[str, ModelCard]:
-        """The served model, then each LoRA adapter as vLLM lists it: ``root`` its path, ``parent`` the model
-        (``--lora-modules`` first, then those loaded at runtime, in load order)."""
-        cards = {served_name: ModelCard(id=served_name, root=config.model_config.model,
-                                        max_model_len=engine.max_model_len)}
+        """The served model under each of its names, then each LoRA adapter as vLLM lists it: ``root`` its path,
+        ``parent`` the model's first name (``--lora-modules`` first, then those loaded at runtime, in load
+        order)."""
+        cards = {name: ModelCard(id=name, root=config.model_config.model, max_model_len=engine.max_model_len)
+                 for name in served_names}
         for name, lora in list(adapters.items()):
             cards[name] = ModelCard(id=name, root=lora.lora_path, parent=served_name,
                                     max_model_len=engine.max_model_len)
@@ -229,7 +232,7 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
         """One model or adapter by id (the openai client's ``models.retrieve``); 404 ``model_not_found`` otherwise."""
         card = model_cards().get(model_id)
         if card is None:
-            raise OpenAIError.model_not_found(model_id, served_name, list(adapters))
+            raise OpenAIError.model_not_found(model_id, served_names, list(adapters))
         return card
 
     @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))

@@ -52,11 +52,13 @@ class OpenAIError(Exception):
                    code="not_supported")
 
     @classmethod
-    def model_not_found(cls, model: str, served: str, adapters: Sequence[str] = ()) -> "OpenAIError":
-        """404 ``model_not_found``, naming the served model and its LoRA adapters."""
+    def model_not_found(cls, model: str, served: str | Sequence[str], adapters: Sequence[str] = ()) -> "OpenAIError":
+        """404 ``model_not_found``, naming the served model (each of its ``--served-model-name`` names) and its
+        LoRA adapters."""
+        names = [served] if isinstance(served, str) else list(served)
         also = f" and the LoRA adapters {name_list(adapters)}" if adapters else ""
-        return cls(f"The model {model!r} does not exist; this server serves {served!r}{also}", status_code=404,
-                   param="model", code="model_not_found")
+        return cls(f"The model {model!r} does not exist; this server serves {name_list(names)}{also}",
+                   status_code=404, param="model", code="model_not_found")
 
     @classmethod
     def unauthorized(cls) -> "OpenAIError":

@@ -9,6 +9,8 @@ Booleans are strict, as in OpenAI: only JSON ``true``/``false``, never ``"yes"``
 Numbers are strict too: an integer field takes only a JSON integer (not ``"5"``, ``5.0`` or ``true``) and a
 number field (``Number``) a JSON integer or decimal, finite (not ``"0.5"``, ``true``, ``NaN`` or ``Infinity``).
 A message's ``role`` is one of CHAT_ROLES.
+A field OpenAI declares nullable (``n``, ``stream``, ``echo``, chat ``logprobs``...) takes ``null`` as its default,
+as OpenAI and vLLM do (NULL_IS_DEFAULT).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, Strict, StrictBool
+from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, Strict, StrictBool, ValidationInfo, field_validator
 
 from brigade.sampling_params import InvalidParamError, StructuredOutputsParams
 
@@ -38,6 +40,22 @@ class OpenAIBaseModel(BaseModel):
     """Base of every request body: unknown fields are kept (and logged), not rejected."""
 
     model_config = ConfigDict(extra="allow")
+
+
+def _null_is_default(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+    """``null`` for a field OpenAI declares nullable means "not given": the field's default."""
+    return cls.model_fields[info.field_name].get_default(call_default_factory=True) if value is None else value
+
+
+NULL_IS_DEFAULT = {"SamplingFields": ("n", "stream"), "CompletionRequest": ("echo",),
+                   "ChatCompletionRequest": ("logprobs",)}
+"""The fields, per request model, that OpenAI's API declares nullable but that have a non-null default here:
+they are typed ``X | None`` (so the OpenAPI schema says nullable) and ``null`` becomes the default. The other
+fields OpenAI declares nullable (temperature, top_p, stop, seed, max_tokens, logprobs of completions...) already
+default to None."""
+
+RequestId = Annotated[str, Strict(), Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
+"""vLLM's ``request_id``: 1 to 256 characters, no control characters (it is echoed in the response id and logs)."""
 
 
 class StreamOptions(OpenAIBaseModel):
@@ -71,7 +89,7 @@ class SamplingFields(OpenAIBaseModel):
     """
 
     model: str | None = None
-    n: StrictInt = 1
+    n: StrictInt | None = 1
     temperature: Number | None = None
     top_p: Number | None = None
     top_k: StrictInt | None = None
@@ -90,7 +108,7 @@ class SamplingFields(OpenAIBaseModel):
     skip_special_tokens: StrictBool = True
     spaces_between_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
-    stream: StrictBool = False
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
@@ -99,6 +117,12 @@ class SamplingFields(OpenAIBaseModel):
     cache_salt: str | None = None
     vllm_xargs: dict[str, Any] | None = None
     """vLLM's extra arguments for logits processors from plugins (SamplingParams.extra_args)."""
+    truncate_prompt_tokens: StrictInt | None = None
+    """vLLM's: keep only the last k prompt tokens (k >= 1, or -1 for max_model_len) before the length check."""
+    request_id: RequestId | None = None
+    """vLLM's: the response id is ``cmpl-<request_id>`` / ``chatcmpl-<request_id>`` (a random one when None)."""
+
+    _sampling_null_defaults = field_validator(*NULL_IS_DEFAULT["SamplingFields"])(classmethod(_null_is_default))
 
     def include_usage(self) -> bool:
         """True when the stream must end with a usage chunk."""
@@ -164,14 +188,17 @@ class CompletionRequest(SamplingFields):
     ``logprobs`` is the number of top candidates per token (0..20); ``echo`` prepends the prompt.
     """
 
-    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]] | None
+    """Required; OpenAI's schema lets it be null, which is refused here with a 400 (as vLLM does)."""
     max_tokens: StrictInt | None = 16
     logprobs: StrictInt | None = None
-    echo: StrictBool = False
+    echo: StrictBool | None = False
     suffix: str | None = None
     best_of: StrictInt | None = None
     add_special_tokens: StrictBool = True
     prompt_logprobs: StrictInt | None = None
+
+    _completion_null_defaults = field_validator(*NULL_IS_DEFAULT["CompletionRequest"])(classmethod(_null_is_default))
 
 
 class ChatMessage(OpenAIBaseModel):
@@ -188,8 +215,10 @@ class ChatMessage(OpenAIBaseModel):
         """This message as the dict a chat template reads; list content is joined text.
 
         Raises:
-            InvalidParamError: a content part is not text (images, audio... are not supported), or a message
-                other than an assistant's (which may carry only tool calls) has no content, as OpenAI refuses.
+            InvalidParamError: a content part is not text (images, audio... are not supported; param is the
+                part, ``messages[i].content[j]``), a text part has no string ``text`` (param the part), or a
+                message other than an assistant's (which may carry only tool calls) has no content, as OpenAI
+                refuses.
         """
         content = self.content
         if content is None and self.role != "assistant":
@@ -197,11 +226,16 @@ class ChatMessage(OpenAIBaseModel):
                                     "a list of text parts), got null", param="messages")
         if isinstance(content, list):
             texts = []
-            for part in content:
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise InvalidParamError(f"messages[{index}].content: only text parts are supported, "
-                                            f"got type {part.get('type')!r}", param="messages")
-                texts.append(part["text"])
+            for j, part in enumerate(content):
+                where = f"messages[{index}].content[{j}]"
+                if part.get("type") != "text":
+                    raise InvalidParamError(f"{where}: only text parts are supported, got type "
+                                            f"{part.get('type')!r}", param=where)
+                text = part.get("text")
+                if not isinstance(text, str):
+                    got = "no text" if "text" not in part else f"text of type {_json_type(text)}"
+                    raise InvalidParamError(f'{where}: a text part needs a string "text", got {got}', param=where)
+                texts.append(text)
             content = "\n".join(texts)
         out: dict[str, Any] = {"role": self.role, "content": content if content is not None else ""}
         for key in ("name", "tool_calls", "tool_call_id"):
@@ -220,7 +254,7 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     max_tokens: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
-    logprobs: StrictBool = False
+    logprobs: StrictBool | None = False
     top_logprobs: StrictInt | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -229,6 +263,8 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: StrictBool = False
     add_special_tokens: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
+
+    _chat_null_defaults = field_validator(*NULL_IS_DEFAULT["ChatCompletionRequest"])(classmethod(_null_is_default))
 
     def wanted_max_tokens(self) -> tuple[int | None, str]:
         """(the asked output length or None, the field that asked for it) for error messages."""
@@ -277,6 +313,19 @@ class UnloadLoRAAdapterRequest(OpenAIBaseModel):
 
     lora_name: NonEmptyStr
     lora_int_id: StrictInt | None = None
+
+
+def _json_type(value: Any) -> str:
+    """The JSON type name of a decoded value (null, boolean, integer, number, string, array, object)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
 
 
 def parse_json_body(body: bytes) -> Any:

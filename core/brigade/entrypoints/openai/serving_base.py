@@ -32,6 +32,15 @@ from brigade.structured_output import validate_structured_outputs
 logger = logging.getLogger(__name__)
 
 MAX_N = 128  # most sequences one request may ask for; more is a denial-of-service risk, not a use case
+GUIDED_FIELDS = {
+    "guided_json": 'structured_outputs {"json": <schema>} or response_format {"type": "json_schema", '
+                   '"json_schema": {"name": ..., "schema": <schema>}}',
+    "guided_regex": 'structured_outputs {"regex": <pattern>}',
+    "guided_choice": 'structured_outputs {"choice": [<strings>]}',
+    "guided_grammar": 'structured_outputs {"grammar": <EBNF grammar>}',
+}
+"""vLLM's removed guided-decoding fields and what replaces each: given (not null), they are a 400, never ignored
+(ignoring one would return unconstrained output to a client that asked for a constraint)."""
 _GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
@@ -183,7 +192,8 @@ class OpenAIServing:
 
     Args:
         engine: the AsyncLLM handle (its EngineCore runs in another process).
-        served_model_name: the only ``model`` value accepted.
+        served_model_name: the served model's name, or its names (``--served-model-name a b``): each is accepted as
+            ``model``, and responses name the first.
         tokenizer_executor: one worker thread; tokenizing and chat-template rendering run there so the
             event loop keeps streaming other requests (HF fast tokenizers release the GIL).
         generation_defaults: sampling defaults from generation_config.json.
@@ -198,14 +208,16 @@ class OpenAIServing:
             names runs on that adapter, and its responses name it as their ``model`` (as vLLM's do).
     """
 
-    def __init__(self, engine: Any, *, served_model_name: str, tokenizer_executor: ThreadPoolExecutor,
+    def __init__(self, engine: Any, *, served_model_name: str | Sequence[str], tokenizer_executor: ThreadPoolExecutor,
                  generation_defaults: dict[str, Any], log_requests: bool = True, drain: Drain | None = None,
                  scheduling_policy: str = "fcfs", max_token_chars: int | None = None,
                  lora_requests: Mapping[str, LoRARequest] | None = None):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.max_model_len: int = engine.max_model_len
-        self.served_model_name = served_model_name
+        names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
+        self.served_model_names: tuple[str, ...] = tuple(names)
+        self.served_model_name = names[0]  # the name responses carry
         self.tokenizer_executor = tokenizer_executor
         self.generation_defaults = generation_defaults
         self.log_requests = log_requests
@@ -221,24 +233,71 @@ class OpenAIServing:
     # ---- checks --------------------------------------------------------------------------------------
     async def check_request(self, request: BaseModel) -> None:
         """404 for another model, 503 for a dead engine (so a stream fails before it starts), 400 for
-        ``stream_options`` without ``stream`` (as OpenAI and vLLM) and for ``priority`` / ``cache_salt`` values
-        vLLM refuses; warns about fields this server ignores.
+        ``stream_options`` without ``stream`` (as OpenAI and vLLM), for ``priority`` / ``cache_salt`` values
+        vLLM refuses and for vLLM's removed ``guided_*`` fields (GUIDED_FIELDS); warns about fields this server
+        ignores.
 
         Raises:
             OpenAIError: 404, 503 or 400.
         """
         model = getattr(request, "model", None)
-        if model is not None and model != self.served_model_name and model not in self.lora_requests:
-            raise OpenAIError.model_not_found(model, self.served_model_name, list(self.lora_requests))
+        if model is not None and model not in self.served_model_names and model not in self.lora_requests:
+            raise OpenAIError.model_not_found(model, self.served_model_names, list(self.lora_requests))
         try:
             await self.engine.check_health()
         except EngineDeadError as exc:
             raise OpenAIError.engine_dead(str(exc)) from None
+        if isinstance(request, SamplingFields):
+            self._check_guided_fields(request)
         if request.model_extra:
             logger.warning("ignoring unknown request fields: %s", sorted(request.model_extra))
         if getattr(request, "stream_options", None) is not None and not getattr(request, "stream", False):
             raise OpenAIError.bad_param("stream_options can only be given with stream=true", "stream_options")
         self._check_scheduling_fields(request)
+
+    @staticmethod
+    def _check_guided_fields(request: SamplingFields) -> None:
+        """Raises OpenAIError: 400 naming the first of vLLM's removed ``guided_*`` fields the request sets (not
+        null), and what replaces it."""
+        for name, instead in GUIDED_FIELDS.items():
+            if (request.model_extra or {}).get(name) is not None:
+                raise OpenAIError.bad_param(
+                    f"{name} is not supported: vLLM removed the guided_* fields in favour of structured_outputs; "
+                    f"send {instead} instead", name)
+
+    def truncation(self, request: SamplingFields) -> int | None:
+        """How many prompt tokens ``truncate_prompt_tokens`` keeps (the last ones), as vLLM: None (no
+        truncation), k >= 1, or -1 for max_model_len.
+
+        Raises:
+            OpenAIError: 400 naming truncate_prompt_tokens for 0, below -1, or above max_model_len.
+        """
+        k = request.truncate_prompt_tokens
+        if k is None:
+            return None
+        if k == -1:
+            return self.max_model_len
+        if k < 1:
+            raise OpenAIError.bad_param(f"truncate_prompt_tokens must be at least 1, or -1 for the model's maximum "
+                                        f"context length ({self.max_model_len}), got {k}", "truncate_prompt_tokens")
+        if k > self.max_model_len:
+            raise OpenAIError.bad_param(f"truncate_prompt_tokens {k} is greater than this model's maximum context "
+                                        f"length ({self.max_model_len} tokens); use at most {self.max_model_len}, "
+                                        "or -1", "truncate_prompt_tokens")
+        return k
+
+    def response_ids(self, prefix: str, request: SamplingFields) -> tuple[str, str]:
+        """(the response's ``id``, the base of its engine request ids).
+
+        Without vLLM's ``request_id`` both are ``PREFIX-<random>``. With it the response id is
+        ``PREFIX-<request_id>``, as vLLM's, and the engine ids add a random part, so two requests a client sent
+        with one request_id never collide in the engine (its ids are unique among requests in flight).
+        """
+        if request.request_id is None:
+            request_id = random_request_id(prefix)
+            return request_id, request_id
+        response_id = f"{prefix}-{request.request_id}"
+        return response_id, f"{response_id}-{uuid.uuid4().hex[:8]}"
 
     def _check_scheduling_fields(self, request: BaseModel) -> None:
         """``priority`` needs ``--scheduling-policy priority`` unless it is 0; ``cache_salt`` must not be "".
@@ -411,10 +470,11 @@ class OpenAIServing:
         self._checked_token_ids(list(token_ids), param)
 
     def model_name(self, request: BaseModel) -> str:
-        """The ``model`` a response names: the request's LoRA adapter, else the served model. A request
-        check_request let through names one of them; it keeps naming its adapter after an unload (a stream
-        started on an adapter finishes on it)."""
-        return getattr(request, "model", None) or self.served_model_name
+        """The ``model`` a response names: the request's LoRA adapter, else the served model's first name
+        (whichever of its names the request gave, as vLLM). A request check_request let through names one of
+        them; it keeps naming its adapter after an unload (a stream started on an adapter finishes on it)."""
+        model = getattr(request, "model", None)
+        return self.served_model_name if model is None or model in self.served_model_names else model
 
     # ---- engine --------------------------------------------------------------------------------------
     def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
@@ -425,10 +485,10 @@ class OpenAIServing:
                         brief(repr(msgspec.structs.replace(params, bad_words_token_ids=None))))
         model = getattr(request, "model", None)
         lora_request = self.lora_requests.get(model)
-        if lora_request is None and model is not None and model != self.served_model_name:
+        if lora_request is None and model is not None and model not in self.served_model_names:
             # check_request passed, but the adapter was unloaded while the prompt was being prepared: the
             # iterator raises the usual 404, where the callers handle an engine's errors.
-            return _raising(OpenAIError.model_not_found(model, self.served_model_name, list(self.lora_requests)))
+            return _raising(OpenAIError.model_not_found(model, self.served_model_names, list(self.lora_requests)))
         kwargs = {"lora_request": lora_request} if lora_request is not None else {}  # test engines may lack it
         outputs = self.engine.generate(prompt_token_ids, params, request_id, priority=request.priority,
                                        cache_salt=request.cache_salt, **kwargs)

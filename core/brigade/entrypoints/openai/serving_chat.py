@@ -21,7 +21,7 @@ from brigade.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessa
 from brigade.entrypoints.openai.responses import (ChatChoice, ChatCompletionResponse, ChatCompletionStreamResponse,
                                                   ChatLogprobs, ChatLogprobToken, ChatResponseMessage,
                                                   ChatStreamChoice, ChatTopLogprob, DeltaMessage, UsageInfo)
-from brigade.entrypoints.openai.serving_base import OpenAIServing, PromptResult, random_request_id
+from brigade.entrypoints.openai.serving_base import OpenAIServing, PromptResult
 from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_response, run_unless_disconnected,
                                                   shielded, sse_error_event, sse_event)
 from brigade.entrypoints.openai.tool_calls import (ToolPlan, ToolStream, make_tool_plan, parse_tool_calls,
@@ -99,22 +99,25 @@ class OpenAIServingChat(OpenAIServing):
         plan = make_tool_plan(request.tools, request.tool_choice, request.parallel_tool_calls,
                               other_constraint=own_constraint is not None)
         num_logprobs = self._num_logprobs(request)
+        keep = self.truncation(request)  # truncate_prompt_tokens: the prompt's last tokens, before the length check
         prompt_ids = await self.render_messages(
             request.messages, add_generation_prompt=request.add_generation_prompt and not
             request.continue_final_message, continue_final_message=request.continue_final_message,
             add_special_tokens=request.add_special_tokens, template_kwargs=request.chat_template_kwargs,
-            tool_plan=plan, length_param="messages")
+            tool_plan=plan, length_param="messages" if keep is None else None)
+        if keep is not None:
+            prompt_ids = prompt_ids[-keep:]
         wanted, param = request.wanted_max_tokens()
         max_tokens = self.check_length(len(prompt_ids), wanted, prompt_param="messages", max_tokens_param=param)
         params = await self.with_bad_words_ids(
             self.sampling_params(request, max_tokens=max_tokens, logprobs=num_logprobs,
                                  structured_outputs=plan.constraint() or own_constraint))
-        request_id = random_request_id("chatcmpl")
+        response_id, request_id = self.response_ids("chatcmpl", request)
         if request.stream:
-            return StreamingResponse(self._stream(request, prompt_ids, params, request_id, plan),
+            return StreamingResponse(self._stream(request, prompt_ids, params, response_id, request_id, plan),
                                      media_type="text/event-stream", headers=SSE_HEADERS)
         completed, response = await run_unless_disconnected(
-            raw_request, self._full(request, prompt_ids, params, request_id, plan))
+            raw_request, self._full(request, prompt_ids, params, response_id, request_id, plan))
         if not completed:
             return Response(status_code=499)  # the client is gone; nobody reads this
         return json_response(response)
@@ -144,7 +147,7 @@ class OpenAIServingChat(OpenAIServing):
         return ChatLogprobs(content=content)
 
     async def _full(self, request: ChatCompletionRequest, prompt_ids: list[int], params: SamplingParams,
-                    request_id: str, plan: ToolPlan) -> ChatCompletionResponse:
+                    response_id: str, request_id: str, plan: ToolPlan) -> ChatCompletionResponse:
         result = PromptResult(prompt_ids)
         finished = False
         try:
@@ -168,27 +171,28 @@ class OpenAIServingChat(OpenAIServing):
             choices.append(ChatChoice(index=j, message=message, logprobs=logprobs, finish_reason=finish_reason,
                                       stop_reason=state.stop_reason))
         usage = UsageInfo.from_counts(len(prompt_ids), result.num_generated_tokens(), result.num_cached_tokens)
-        return ChatCompletionResponse(id=request_id, model=self.model_name(request), choices=choices, usage=usage)
+        return ChatCompletionResponse(id=response_id, model=self.model_name(request), choices=choices, usage=usage)
 
     @staticmethod
     def _message(text: str, finish_reason: str | None, plan: ToolPlan) -> tuple[ChatResponseMessage, str | None]:
-        """A finished choice's message: its tool calls (finish_reason "tool_calls"), else its text."""
+        """A finished choice's message: its tool calls, else its text. finish_reason "stop" becomes "tool_calls"
+        when the model chose to call (tool_choice auto or required), and stays "stop" for a forced named
+        function, as OpenAI and vLLM."""
         calls = plan.calls_from_output(text) if plan.active else None
         if not calls:
             return ChatResponseMessage(content=text), finish_reason
         content = None
         if plan.mode == "auto":
             content = parse_tool_calls(text, plan.tools)[0]
-        return (ChatResponseMessage(content=content, tool_calls=calls),
-                "tool_calls" if finish_reason == "stop" else finish_reason)
+        return ChatResponseMessage(content=content, tool_calls=calls), plan.finish_reason(finish_reason)
 
     async def _stream(self, request: ChatCompletionRequest, prompt_ids: list[int], params: SamplingParams,
-                      request_id: str, plan: ToolPlan) -> AsyncIterator[str]:
+                      response_id: str, request_id: str, plan: ToolPlan) -> AsyncIterator[str]:
         created = int(time.time())
         exclude = None if request.include_usage() else {"usage"}
 
         def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
-            body = ChatCompletionStreamResponse(id=request_id, created=created, model=self.model_name(request),
+            body = ChatCompletionStreamResponse(id=response_id, created=created, model=self.model_name(request),
                                                 choices=choices, usage=usage)
             return sse_event(body, exclude=None if usage is not None else exclude)
 

@@ -18,7 +18,7 @@ from brigade.entrypoints.openai.errors import OpenAIError
 from brigade.entrypoints.openai.protocol import CompletionRequest
 from brigade.entrypoints.openai.responses import (CompletionChoice, CompletionLogprobs, CompletionResponse,
                                                   CompletionStreamResponse, PromptLogprob, UsageInfo)
-from brigade.entrypoints.openai.serving_base import OpenAIServing, PromptResult, random_request_id
+from brigade.entrypoints.openai.serving_base import OpenAIServing, PromptResult
 from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_response, merge_async_iterators,
                                                   run_unless_disconnected, shielded, sse_error_event, sse_event)
 from brigade.outputs import Logprob
@@ -52,8 +52,11 @@ class OpenAIServingCompletion(OpenAIServing):
             raise OpenAIError.not_supported("suffix (insertion)", "suffix")
         if request.best_of is not None and request.best_of < 1:
             raise OpenAIError.bad_param(f"best_of must be at least 1, got {request.best_of}", "best_of")
+        if request.best_of is not None and request.best_of < request.n:  # OpenAI's and vLLM's rule, checked first
+            raise OpenAIError.bad_param(f"best_of must be greater than or equal to n, got best_of {request.best_of} "
+                                        f"and n {request.n}", "best_of")
         if request.best_of is not None and request.best_of != request.n:
-            raise OpenAIError.not_supported("best_of different from n", "best_of")
+            raise OpenAIError.not_supported("best_of greater than n", "best_of")
         # echo with logprobs scores the prompt too: the engine computes prompt logprobs for it.
         prompt_logprobs = request.prompt_logprobs
         if request.echo and request.logprobs is not None:
@@ -72,8 +75,8 @@ class OpenAIServingCompletion(OpenAIServing):
         if params and params[0].bad_words:  # the same words for every prompt: tokenized once
             first = await self.with_bad_words_ids(params[0])
             params = [msgspec.structs.replace(p, bad_words_token_ids=first.bad_words_token_ids) for p in params]
-        base_id = random_request_id("cmpl")
-        request_ids = [f"{base_id}-{i}" for i in range(len(prompts))]
+        base_id, engine_base = self.response_ids("cmpl", request)
+        request_ids = [f"{engine_base}-{i}" for i in range(len(prompts))]
         if request.stream:
             return StreamingResponse(self._stream(request, prompts, params, base_id, request_ids),
                                      media_type="text/event-stream", headers=SSE_HEADERS)
@@ -87,10 +90,18 @@ class OpenAIServingCompletion(OpenAIServing):
         """Every prompt of the request as text and token ids; texts certainly too long are refused before
         any is tokenized (check_text_length), so a huge prompt never holds the tokenizer thread.
 
+        With ``truncate_prompt_tokens`` k, each prompt keeps its last k tokens (vLLM's semantics) and no text is
+        refused for its length before tokenizing (it is cut after); a prompt that was cut keeps no text, so an
+        echo shows the tokens the model saw.
+
         Raises:
-            OpenAIError: 400 naming prompt (empty, out of vocabulary, too long).
+            OpenAIError: 400 naming prompt (null, empty, out of vocabulary, too long) or truncate_prompt_tokens.
         """
         prompt = request.prompt
+        keep = self.truncation(request)
+        if prompt is None:
+            raise OpenAIError.bad_param("prompt is required: a string, a list of strings, a list of token ids or a "
+                                        "list of such lists; got null", "prompt")
         if isinstance(prompt, str):
             raw: list[str | list[int]] = [prompt]
         elif prompt and all(isinstance(p, int) for p in prompt):
@@ -102,7 +113,7 @@ class OpenAIServingCompletion(OpenAIServing):
         for item in raw:
             if not item:
                 raise OpenAIError.bad_param("prompt must not be empty (nor hold an empty prompt)", "prompt")
-            if isinstance(item, str):
+            if isinstance(item, str) and keep is None:
                 self.check_text_length(len(item), "prompt")
         inputs = []
         for item in raw:
@@ -114,6 +125,8 @@ class OpenAIServingCompletion(OpenAIServing):
             else:
                 self.check_token_ids(item, "prompt")
                 inputs.append(PromptInput(None, list(item)))
+        if keep is not None:
+            inputs = [p if len(p.token_ids) <= keep else PromptInput(None, p.token_ids[-keep:]) for p in inputs]
         return inputs
 
     def _prompt_text(self, prompt: PromptInput) -> str:

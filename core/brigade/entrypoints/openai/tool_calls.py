@@ -70,6 +70,11 @@ class ToolPlan:
     def active(self) -> bool:
         return self.mode != "none"
 
+    def finish_reason(self, finish_reason: str | None) -> str | None:
+        """The finish reason of a choice that made calls: "tool_calls" for a normal stop when the model chose
+        to call (auto, required); a forced named function keeps "stop", as OpenAI and vLLM report it."""
+        return "tool_calls" if finish_reason == "stop" and self.mode in ("auto", "required") else finish_reason
+
     def constraint(self) -> StructuredOutputsParams | None:
         """The grammar that forces the calls (required / named), else None."""
         if self.mode == "named":
@@ -355,11 +360,12 @@ class ToolStream:
         return len(text)
 
     def finish(self, finish_reason: str | None) -> tuple[StreamDelta, str | None]:
-        """The last delta of the choice and its finish reason ("tool_calls" when it made calls)."""
+        """The last delta of the choice and its finish reason (ToolPlan.finish_reason when it made calls:
+        "tool_calls" under auto and required, "stop" for a forced named function)."""
         mode = self.plan.mode
         if mode == "named":
             delta = StreamDelta(tool_calls=None if self.header_sent else [self._named_delta("")])
-            return delta, ("tool_calls" if finish_reason == "stop" else finish_reason)
+            return delta, self.plan.finish_reason(finish_reason)
         rest = self.text[self.sent:]
         if mode not in ("required", "auto"):
             return StreamDelta(content=rest or None), finish_reason
@@ -372,5 +378,4 @@ class ToolStream:
         deltas = [DeltaToolCall(index=i, id=c.id, type="function",
                                 function=DeltaFunctionCall(name=c.function.name, arguments=c.function.arguments))
                   for i, c in enumerate(calls)]
-        return StreamDelta(content=content, tool_calls=deltas), ("tool_calls" if finish_reason == "stop" else
-                                                                  finish_reason)
+        return StreamDelta(content=content, tool_calls=deltas), self.plan.finish_reason(finish_reason)
