@@ -237,3 +237,11 @@ def test_underscore_flags_mean_the_dashed_ones():
 def test_an_underscore_flag_reaches_its_check(smollm2_path):
     proc = run_cli("serve", str(smollm2_path), "--max_model_len", "0")
     assert_one_line(proc, "brigade serve", "max-model-len")
+
+
+def test_brigade_without_a_command_prints_the_help_and_succeeds():
+    """As ``vllm`` with no command: the usage and the commands, exit 0 (a shell's ``brigade && ...`` goes on)."""
+    proc = run_cli()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("usage: brigade") and "serve" in proc.stdout and "bench" in proc.stdout
+    assert "Traceback" not in proc.stderr

@@ -129,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve" or explicit or (record.levelno >= logging.WARNING
                                                    and not getattr(record, SERVER_ONLY_NOTICE, False)):
             plugin_log.handle(record)
-    if args.command is None:
+    if args.command is None:  # as ``vllm`` with no command: the help, and success
         parser.print_help()
-        return 2
+        return 0
     try:
         return int(args.run(args) or 0)
     except ConfigError as exc:
