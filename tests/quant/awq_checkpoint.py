@@ -14,14 +14,12 @@ into an ordinary checkpoint (``gptq_checkpoint.write_dequantized_checkpoint``, w
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from gptq_checkpoint import PROJECTIONS, _copy_side_files, _read_checkpoint
-from safetensors.torch import save_file
+from gptq_checkpoint import PROJECTIONS, _read_checkpoint, write_packed_checkpoint
 
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 
@@ -97,20 +95,8 @@ def write_awq_checkpoint(model_dir: Path, out_dir: Path, group_size: int,
                          layers: tuple[dict, dict[str, AWQLinear]]) -> Path:
     """Write an AWQ checkpoint: packed projections, the rest as it was, config.json with quantization_config."""
     tensors, quantized = layers
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in tensors.items():
-        prefix = name.rpartition(".")[0]
-        if prefix in quantized and name.endswith(".weight"):
-            for key, value in autoawq_pack(quantized[prefix]).items():
-                out[f"{prefix}.{key}"] = value
-        else:
-            out[name] = tensor
-    _copy_side_files(model_dir, out_dir)
-    save_file(out, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((model_dir / "config.json").read_text())
-    config["quantization_config"] = awq_quantization_config(group_size)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-    return out_dir
+    return write_packed_checkpoint(model_dir, out_dir, tensors, {p: autoawq_pack(q) for p, q in quantized.items()},
+                                   awq_quantization_config(group_size))
 
 
 # SmolLM2-135M: in_features 576 and 1536, both multiples of 64 (576 is not one of 128).

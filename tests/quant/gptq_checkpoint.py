@@ -184,18 +184,28 @@ def write_gptq_checkpoint(model_dir: Path, out_dir: Path, spec: GPTQSpec, *, see
     """Write a GPTQ checkpoint of ``model_dir`` to ``out_dir``: model.safetensors (packed projections, the rest
     as it was), config.json with ``quantization_config``, tokenizer files. Returns ``out_dir``."""
     tensors, quantized = layers or quantize_model(model_dir, spec, seed=seed)
+    packed = {prefix: autogptq_pack(layer, spec) for prefix, layer in quantized.items()}
+    return write_packed_checkpoint(model_dir, out_dir, tensors, packed, spec.quantization_config())
+
+
+def write_packed_checkpoint(model_dir: Path, out_dir: Path, tensors: dict[str, torch.Tensor],
+                            packed: dict[str, dict[str, torch.Tensor]], quantization_config: dict) -> Path:
+    """Write a quantized checkpoint of ``model_dir`` to ``out_dir`` (GPTQ's and AWQ's writers): each
+    ``{prefix}.weight`` named in ``packed`` replaced by that projection's packed tensors (``{prefix}.qweight``, ...),
+    the other ``tensors`` as they were, config.json with ``quantization_config``, tokenizer files. Returns
+    ``out_dir``."""
     out: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
         prefix = name.rpartition(".")[0]
-        if prefix in quantized and name.endswith(".weight"):
-            for key, value in autogptq_pack(quantized[prefix], spec).items():
+        if prefix in packed and name.endswith(".weight"):
+            for key, value in packed[prefix].items():
                 out[f"{prefix}.{key}"] = value
         else:
             out[name] = tensor
     _copy_side_files(model_dir, out_dir)
     save_file(out, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((model_dir / "config.json").read_text())
-    config["quantization_config"] = spec.quantization_config()
+    config["quantization_config"] = quantization_config
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     return out_dir
 
