@@ -105,7 +105,8 @@ class CacheConfig:
             raise ConfigError(f"--kv-cache-dtype {self.cache_dtype}: no attention backend here stores an fp8 KV cache "
                               "(the cache is kept in the model dtype); use --kv-cache-dtype auto")
         if self.cache_dtype not in ("auto", "bfloat16", "float16", "float32"):
-            raise ConfigError(f"--kv-cache-dtype {self.cache_dtype!r} is not known; use auto (the model dtype)")
+            raise ConfigError(f"--kv-cache-dtype {self.cache_dtype!r} is not known; use auto (the model dtype) or its "
+                              "name: bfloat16, float16, float32")
 
     def check_cache_dtype(self, model_dtype: str) -> None:
         """Refuse a --kv-cache-dtype naming a dtype other than the model's (``model_dtype``, e.g. "bfloat16"),

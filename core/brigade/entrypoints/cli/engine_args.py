@@ -18,7 +18,6 @@ from brigade.config import (BrigadeConfig, CacheConfig, CompilationConfig, Confi
                             LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig)
 
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
-KV_CACHE_DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
 KV_TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config")
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 # A folder holding any of these (or a *.tiktoken file) may hold a tokenizer transformers can load.
@@ -398,9 +397,6 @@ def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
     model = model_path(args)
     if args.dtype not in DTYPE_CHOICES:
         raise ConfigError(f"--dtype {args.dtype!r} is not known; use one of {', '.join(DTYPE_CHOICES)}")
-    if args.kv_cache_dtype not in KV_CACHE_DTYPE_CHOICES:
-        raise ConfigError(f"--kv-cache-dtype {args.kv_cache_dtype!r} is not known; use one of "
-                          f"{', '.join(KV_CACHE_DTYPE_CHOICES)}")
     if args.optimization_level is not None and args.optimization_level not in (0, 1, 2, 3):
         raise ConfigError(f"-O{args.optimization_level} is not a level; use -O0, -O1, -O2 or -O3")
     for flag, value, kind in (("--quantization", args.quantization, "quantization"),
