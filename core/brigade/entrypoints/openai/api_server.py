@@ -407,8 +407,8 @@ async def serve_http(config: BrigadeConfig, settings: ServerSettings, sock: sock
         watch = None if keep_alive else asyncio.create_task(_stop_when_engine_dies(engine, server))
         await server.serve(sockets=[sock])
         if watch is not None:
+            reason = watch.result() if watch.done() else None  # None: stopped by a signal, not by the watch
             watch.cancel()
-            reason = None if watch.cancelled() or not watch.done() else watch.result()
             if reason is not None:
                 raise EngineDeadError(f"the engine died ({reason}); the server shut down")
     finally:
