@@ -90,7 +90,8 @@ class DecodeGraphs:
 
     A graph ends with the model's hidden states ([size * query_len, hidden], a few KB a row); the caller
     computes the logits of the rows it samples after the replay, so the graphs hold no ``[size, vocab]``
-    logits buffer each (with 512 requests those came to ~4 GB of bf16 outside the KV budget).
+    logits buffer each: at 512 requests those would add up to ~4 GB of bf16 for Llama-3.1-8B's vocabulary (the
+    sum of the captured sizes times 128,256 logits times 2 bytes), outside the KV budget.
 
     Each batch size is captured once per context-length bucket the attention backend asks for
     (``AttentionBackend.decode_graph_seq_lens``); a step replays the smallest bucket holding its longest
