@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "tests" / "quant"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
 from awq_checkpoint import autoawq_pack, quantize_awq  # noqa: E402
 from bench_awq_gemm import SPLITS, TILES  # noqa: E402
-from tiny_llama import tiny_llama_config  # noqa: E402
+from tiny_llama import assert_quantized_engine_matches, cuda_greedy_reference, tiny_llama_config  # noqa: E402
 
 from brigade.model_executor.layers.linear import QKVLinear  # noqa: E402
 from brigade_awq.config import AWQConfig  # noqa: E402
@@ -168,42 +168,18 @@ def tiny_awq(tmp_path_factory):
     weights in fp32 on CUDA)."""
     from awq_checkpoint import quantize_model, write_awq_checkpoint
     from gptq_checkpoint import write_dequantized_checkpoint
-    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp("tiny-awq")
     LlamaForCausalLM(tiny_llama_config(initializer_range=0.05)).save_pretrained(root / "model")
     layers = quantize_model(root / "model", 64)
     awq_dir = write_awq_checkpoint(root / "model", root / "awq", 64, layers)
-    ref = AutoModelForCausalLM.from_pretrained(str(write_dequantized_checkpoint(root / "model", root / "ref", layers)),
-                                               dtype=torch.float32).cuda().eval()
-    gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (5, 33, 90)]
-    expected = []
-    with torch.inference_mode():
-        for p in prompts:
-            ids = torch.tensor([p], device="cuda")
-            out = ref.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0,
-                               attention_mask=torch.ones_like(ids))
-            expected.append(out[0, len(p):].tolist())
-    del ref
-    torch.cuda.empty_cache()
+    prompts, expected = cuda_greedy_reference(write_dequantized_checkpoint(root / "model", root / "ref", layers))
     return str(awq_dir), prompts, expected
 
 
 @pytest.mark.parametrize("eager", [False, True], ids=["cudagraphs", "eager"])
 def test_engine_on_cuda_equals_transformers_on_the_dequantized_weights(tiny_awq, eager):
     """Decode steps take split-K in down_proj here (K 512: 16 steps of 32 rows in fp32, 4 output tiles)."""
-    from brigade import LLM, SamplingParams
-
-    path, prompts, expected = tiny_awq
-    llm = LLM(path, dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.3, max_model_len=512,
-              enforce_eager=eager)
-    model = llm.engine.core.executor.worker.model_runner.model
-    assert model.model.layers[0].mlp.down_proj.quant_method.gemm is awq_gemm
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    assert got == expected
-    assert [o.outputs[0].token_ids for o in llm.generate(prompts[:1], params, use_tqdm=False)] == expected[:1]
-    del llm, model
-    torch.cuda.empty_cache()
+    assert_quantized_engine_matches(*tiny_awq, gemm=awq_gemm, eager=eager)

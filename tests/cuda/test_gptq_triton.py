@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "quant"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
 from bench_gptq_gemm import TILES  # noqa: E402
+from tiny_llama import assert_quantized_engine_matches, cuda_greedy_reference, tiny_llama_config  # noqa: E402
 from gptq_checkpoint import GPTQSpec, quantize_model, write_dequantized_checkpoint, write_gptq_checkpoint  # noqa: E402
 
 from brigade.model_executor.layers.linear import QKVLinear  # noqa: E402
@@ -139,46 +140,18 @@ def test_cuda_layer_binds_the_kernel_and_matches_the_pytorch_path(own_g_idx, mon
 def tiny_gptq(tmp_path_factory):
     """A random 4-layer Llama quantized to 4-bit g64 act-order asym: (gptq dir, prompts, HF greedy tokens on the
     dequantized weights in fp32 on CUDA)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=512, max_position_embeddings=1024,
-                         initializer_range=0.05, rms_norm_eps=1e-5, rope_theta=10000.0, eos_token_id=None,
-                         bos_token_id=None, tie_word_embeddings=False)
     root = tmp_path_factory.mktemp("tiny-gptq")
-    LlamaForCausalLM(config).save_pretrained(root / "model")
+    LlamaForCausalLM(tiny_llama_config(initializer_range=0.05)).save_pretrained(root / "model")
     spec = GPTQSpec(bits=4, group_size=64, desc_act=True, sym=False)
     layers = quantize_model(root / "model", spec)
     gptq_dir = write_gptq_checkpoint(root / "model", root / "gptq", spec, layers=layers)
-    ref = AutoModelForCausalLM.from_pretrained(str(write_dequantized_checkpoint(root / "model", root / "ref", layers)),
-                                               dtype=torch.float32).cuda().eval()
-    gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (5, 33, 90)]
-    expected = []
-    with torch.inference_mode():
-        for p in prompts:
-            ids = torch.tensor([p], device="cuda")
-            out = ref.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0,
-                               attention_mask=torch.ones_like(ids))
-            expected.append(out[0, len(p):].tolist())
-    del ref
-    torch.cuda.empty_cache()
+    prompts, expected = cuda_greedy_reference(write_dequantized_checkpoint(root / "model", root / "ref", layers))
     return str(gptq_dir), prompts, expected
 
 
 @pytest.mark.parametrize("eager", [False, True], ids=["cudagraphs", "eager"])
 def test_engine_on_cuda_equals_transformers_on_the_dequantized_weights(tiny_gptq, eager):
-    from brigade import LLM, SamplingParams
-
-    path, prompts, expected = tiny_gptq
-    llm = LLM(path, dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.3, max_model_len=512,
-              enforce_eager=eager)
-    model = llm.engine.core.executor.worker.model_runner.model
-    assert model.model.layers[0].mlp.down_proj.quant_method.gemm is gptq_gemm
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    assert got == expected
-    assert [o.outputs[0].token_ids for o in llm.generate(prompts[:1], params, use_tqdm=False)] == expected[:1]
-    del llm, model
-    torch.cuda.empty_cache()
+    assert_quantized_engine_matches(*tiny_gptq, gemm=gptq_gemm, eager=eager)
