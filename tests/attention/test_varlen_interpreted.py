@@ -25,7 +25,7 @@ import torch
 
 from brigade.attention.backend import AttentionMetadata
 from brigade.attention.reference import ReferenceAttentionBackend
-from brigade_cuda.attention.varlen import varlen_attention
+from brigade_cuda.attention.varlen import VarlenSplit, varlen_attention, varlen_plan
 
 SENTINEL = -7.25
 
@@ -54,7 +54,8 @@ def reference(query, kv_cache, block_table, q_lens, seq_lens, num_heads, scale):
     return result
 
 
-def check(name, reqs, *, num_heads, num_kv_heads, head_size, pad_tokens, seed, tile=None):
+def check(name, reqs, *, num_heads, num_kv_heads, head_size, pad_tokens, seed, tile=None,
+          split=VarlenSplit(), expect_splits=None):
     # reqs: (q_len, seq_len) per request in the kernel's order, padding requests included.
     gen = torch.Generator().manual_seed(seed)
     block_size = 16
@@ -77,8 +78,14 @@ def check(name, reqs, *, num_heads, num_kv_heads, head_size, pad_tokens, seed, t
     qsl[1:] = torch.cumsum(torch.tensor(q_lens), 0)
     scale = head_size ** -0.5
     out = torch.full_like(query, SENTINEL)
-    varlen_attention(query, kv_cache, block_table, torch.tensor(seq_lens, dtype=torch.int32), qsl, out,
-                     num_reqs=len(reqs), scale=scale, tile=tile)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    varlen_attention(query, kv_cache, block_table, lens, qsl, out, num_reqs=len(reqs), scale=scale, tile=tile,
+                     split=split)
+    if expect_splits is not None:  # the plan's split count per request (tile (16, 16, ...): BLOCK_Q 4, BLOCK_N 16)
+        block_q = 16 // max(1, 1 << (num_heads // num_kv_heads - 1).bit_length())
+        plan = varlen_plan(qsl, lens, num_reqs=len(reqs), block_q=block_q, block_n=16, split=split)
+        got = plan[len(reqs) + 1:2 * len(reqs) + 1].tolist()
+        assert got == expect_splits, (name, got, expect_splits)
     expected = reference(query, kv_cache, block_table, q_lens, seq_lens, num_heads, scale)
     written = torch.zeros(query.shape[0], dtype=torch.bool)
     worst = 0.0
@@ -109,6 +116,58 @@ check("group3-d48", [(9, 30), (1, 33), (0, 0)], num_heads=6, num_kv_heads=2, hea
 # prefills first; the token count is no multiple of BLOCK_Q.
 check("group4-small-tile", [(13, 150), (6, 6), (1, 90), (1, 2), (9, 40), (0, 30), (0, 0)], num_heads=4,
       num_kv_heads=1, head_size=16, pad_tokens=3, seed=4, tile=(16, 16, 4, 1))
+# Split-KV (small tiles: BLOCK_Q 4, 16-key steps; at least 16 keys a split): decodes with long contexts, a
+# three-token query (draft verification: the causal tail differs per row) and a prefill, which never splits.
+# Wanted: 90 -> 5, 150 -> 8 (capped at 8), 57 -> 3, 200 (3-token query) -> 8; 20 extra programs are over the
+# budget of 12, so the cap halves to 4 (extra 3 + 3 + 2 + 3 = 11).
+check("split-capped", [(1, 90), (13, 150), (1, 150), (1, 57), (3, 200), (1, 10), (0, 0)], num_heads=4,
+      num_kv_heads=1, head_size=16, pad_tokens=3, seed=5, tile=(16, 16, 4, 1),
+      split=VarlenSplit(min_chunk=16, max_splits=8, extra=12), expect_splits=[4, 1, 4, 3, 4, 1, 1])
+# Splits that round to nothing: 9 full key tiles in 8 splits of 32 keys (2 tiles) leave splits 5 and 6 empty
+# (weight -inf in the merge); the last split still takes the causal tail. Group 4, two KV heads.
+check("split-empty", [(1, 150), (2, 147), (0, 0)], num_heads=8, num_kv_heads=2, head_size=16, pad_tokens=1,
+      seed=6, tile=(16, 16, 4, 1), split=VarlenSplit(min_chunk=16, max_splits=8, extra=16), expect_splits=[8, 8, 1])
+# Run twice on the same buffers: the merge counters must be back at zero after a launch.
+check("split-again", [(1, 150), (2, 147), (0, 0)], num_heads=8, num_kv_heads=2, head_size=16, pad_tokens=1,
+      seed=7, tile=(16, 16, 4, 1), split=VarlenSplit(min_chunk=16, max_splits=8, extra=16), expect_splits=[8, 8, 1])
+# No budget: nothing splits.
+check("split-none", [(1, 150), (1, 90)], num_heads=4, num_kv_heads=1, head_size=16, pad_tokens=0, seed=8,
+      tile=(16, 16, 4, 1), split=VarlenSplit(min_chunk=16, max_splits=8, extra=0), expect_splits=[1, 1])
+
+
+def plan_reference(q_lens, seq_lens, block_q, block_n, split):
+    # The plan as the kernel's docstring defines it, in Python.
+    blocks, want = [], []
+    for q, n in zip(q_lens, seq_lens):
+        b = -(-q // block_q) if q > 0 and n >= q else 0
+        blocks.append(b)
+        want.append(max(min((n - q) // block_n * block_n // split.min_chunk, split.max_splits), 1) if b == 1 else 1)
+    cap = split.max_splits
+    while cap > 1 and sum(min(w, cap) - 1 for w in want) > split.extra:
+        cap //= 2
+    splits = [min(w, cap) for w in want]
+    starts, slots, item, slot = [], [], 0, 0
+    for b, s in zip(blocks, splits):
+        starts.append(item)
+        slots.append(slot)
+        item += b * s
+        slot += s if s > 1 else 0
+    return starts + [item] + splits + slots
+
+
+# The plan over more requests than the kernel's 256 lanes (prefix sums carried across chunks), several budgets.
+gen = torch.Generator().manual_seed(9)
+for num_reqs, extra in ((600, 64), (600, 5000), (257, 0), (3, 64)):
+    q_lens = [int(x) for x in torch.randint(0, 40, (num_reqs,), generator=gen)]
+    q_lens = [1 if x < 25 else x for x in q_lens]  # mostly decodes
+    seq_lens = [q + int(torch.randint(0, 9000, (1,), generator=gen)) for q in q_lens]
+    seq_lens[::7] = [0] * len(seq_lens[::7])  # padding requests
+    qsl = torch.zeros(num_reqs + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor(q_lens), 0)
+    split = VarlenSplit(min_chunk=256, max_splits=16, extra=extra)
+    got = varlen_plan(qsl, torch.tensor(seq_lens, dtype=torch.int32), num_reqs=num_reqs, block_q=16, block_n=64,
+                      split=split).tolist()
+    assert got == plan_reference(q_lens, seq_lens, 16, 64, split), (num_reqs, extra)
 print(f"ok {time.perf_counter() - t0:.1f}s")
 """
 

@@ -25,7 +25,8 @@ pytest.importorskip("triton")
 
 from brigade.attention.reference import ReferenceAttentionBackend  # noqa: E402
 from brigade.attention.reference import write_kv_cache as reference_write_kv_cache  # noqa: E402
-from brigade_cuda.attention.varlen import varlen_attention  # noqa: E402
+from brigade_cuda.attention import varlen as varlen_module  # noqa: E402
+from brigade_cuda.attention.varlen import VarlenSplit, varlen_attention, varlen_plan  # noqa: E402
 
 TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 SENTINEL = -7.25  # exact in every dtype
@@ -92,10 +93,10 @@ def _check(step: Step, out: torch.Tensor, rel_err) -> float:
     return err
 
 
-def _run(step: Step, rel_err, tile=None) -> float:
+def _run(step: Step, rel_err, tile=None, split: VarlenSplit | None = None) -> float:
     out = torch.full_like(step.query, SENTINEL)
     varlen_attention(step.query, step.kv_cache, step.block_table, step.seq_lens, step.query_start_loc, out,
-                     num_reqs=step.num_reqs, scale=step.scale, tile=tile)
+                     num_reqs=step.num_reqs, scale=step.scale, tile=tile, **({"split": split} if split else {}))
     return _check(step, out, rel_err)
 
 
@@ -160,6 +161,39 @@ def test_tile_overrides(tile, groups, paged_batch_factory, rel_err):
                                 num_kv_heads=num_kv_heads, head_size=128, block_size=16, dtype=torch.bfloat16,
                                 device="cuda", generator=gen)
     _run(_arrange(batch, [4, 0, 3, 1, 5, 2]), rel_err, tile=tile)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_split_contexts_merge_exactly_and_reset_their_counters(dtype, paged_batch_factory, rel_err):
+    """Long contexts split inside the launch (flash-decoding): decodes at 2k-33k tokens, a 3-token draft
+    verification (its rows see different causal tails), a short decode and a prefill chunk over a long context
+    (several query blocks: never split), under the default budget (66 extra programs wanted: the cap halves to 8),
+    a tight one (to 4) and none. Each
+    matches the reference; 30 launches of the default give the same bits (the merging program never reads a
+    partial that is not yet written), and every merge counter is back at 0."""
+    q_lens, ctx_lens = [1, 1, 1, 1, 3, 1, 40], [2047, 8190, 16000, 33000, 12000, 30, 9000]
+    gen = torch.Generator().manual_seed(zlib.crc32(f"varlen-split-{dtype}".encode()))
+    batch = paged_batch_factory(q_lens, ctx_lens, num_heads=32, num_kv_heads=8, head_size=128, block_size=16,
+                                dtype=dtype, device="cuda", generator=gen)
+    step = _arrange(batch, [6, 0, 4, 1, 5, 2, 3])
+    block_q, block_n = 16, 32 if dtype == torch.float32 else 64
+    for split, wanted in ((VarlenSplit(), [1, 7, 8, 8, 1, 8, 8, 1, 1, 1]),
+                          (VarlenSplit(min_chunk=256, max_splits=16, extra=20), [1, 4, 4, 4, 1, 4, 4, 1, 1, 1]),
+                          (VarlenSplit(extra=0), [1] * 10)):
+        plan = varlen_plan(step.query_start_loc, step.seq_lens, num_reqs=step.num_reqs, block_q=block_q,
+                           block_n=block_n, split=split)
+        assert plan[step.num_reqs + 1:2 * step.num_reqs + 1].tolist() == wanted, split
+        _run(step, rel_err, split=split)
+    first = None
+    for _ in range(30):
+        out = torch.full_like(step.query, SENTINEL)
+        varlen_attention(step.query, step.kv_cache, step.block_table, step.seq_lens, step.query_start_loc, out,
+                         num_reqs=step.num_reqs, scale=step.scale)
+        first = out if first is None else first
+        assert torch.equal(out, first)
+    torch.cuda.synchronize()
+    counters = [c for _, _, c in varlen_module._split_buffers.values()]
+    assert counters and all(int(c.abs().sum()) == 0 for c in counters)
 
 
 def test_padding_only_step_writes_nothing():

@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 
 from brigade import LLM, SamplingParams
-from brigade.worker import model_runner
 
 MAX_NEW_TOKENS = 48
 
@@ -115,8 +114,8 @@ def test_mixed_graph_layout_gives_the_same_tokens(smollm2_path, prompt_token_ids
     assert graphs is not None and graphs.max_reqs == 8
     # Every step fits (at most 32 tokens), so every step ran padded: at least one per generated token.
     assert runner.num_padded_mixed_steps >= 2 * MAX_NEW_TOKENS
-    # Steps with a context longer than MIXED_GRAPH_MAX_CONTEXT run eagerly (the varlen kernel has no split-KV).
-    monkeypatch.setattr(model_runner, "MIXED_GRAPH_MAX_CONTEXT", 20)
+    # Steps with a context longer than the backend's mixed_graph_max_context run eagerly.
+    monkeypatch.setattr(runner.attn_backend, "mixed_graph_max_context", 20)
     short, long = prompt_token_ids[0], prompt_token_ids[7]
     assert len(short) + 4 <= 20 < len(long)
     before = runner.num_padded_mixed_steps

@@ -77,6 +77,9 @@ class AttentionBackend(ABC):
     # attended with launches that depend only on the padded num_reqs and token count, so a whole mixed step can
     # be captured once per token count and replayed (``MixedGraphs``; vLLM's FULL CUDA-graph mode).
     supports_mixed_cuda_graphs: ClassVar[bool] = False
+    # The longest context (tokens, context plus the step's own) a mixed-step graph of this backend should take;
+    # steps with a longer one run eagerly. None: any (a backend whose mixed-graph attention splits long contexts).
+    mixed_graph_max_context: ClassVar[int | None] = None
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float):
         self.num_heads = num_heads

@@ -32,12 +32,6 @@ from brigade.worker.input_batch import CachedRequestState, HostToDevice, build_s
 logger = logging.getLogger(__name__)
 
 SPEC_GRAPH_MAX_BATCH = 32  # speculative verification graphs are captured up to this many requests
-# Mixed-step graphs attend through one varlen kernel without split-KV: a long context is streamed by only
-# num_kv_heads programs. Measured on the H200 (Llama-3.1-8B shape, one or four decodes plus a 64-token prefill,
-# benchmarks/gpu/mixed_step_cost.py, session 11 calls EC and ED): the mixed graph took 7.7 ms at 4k-token contexts,
-# 10.8-11.1 at 8k, 13.8-14.4 at 12k, 16.9 at 16k and 29 at 32k; the same step run eagerly (split-KV decode) took
-# 13-15 ms on one machine and 17-18 on another at every length. The graph wins up to 8k on both.
-MIXED_GRAPH_MAX_CONTEXT = 8192
 PROMPT_LOGPROBS_ROWS = 256  # prompt positions scored per logits block ([rows, vocab] f32 at a time)
 
 
@@ -350,7 +344,8 @@ class ModelRunner:
         if graphs is None and uniform is None:
             mixed = self._mixed_step_graphs()
             longest = max(s.num_computed_tokens + num_scheduled[rid] for rid, s in zip(order, states))
-            if mixed is not None and longest <= MIXED_GRAPH_MAX_CONTEXT \
+            limit = self.attn_backend.mixed_graph_max_context
+            if mixed is not None and (limit is None or longest <= limit) \
                     and mixed.can_run(sum(num_scheduled.values()), len(order)):
                 graphs = mixed
                 self.num_padded_mixed_steps += 1

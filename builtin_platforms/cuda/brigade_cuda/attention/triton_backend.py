@@ -11,7 +11,9 @@ Neither reads device memory on the host (no ``.item()``, no ``.tolist()``); only
 metadata size the grids.
 
 CUDA-graph capture of mixed steps (``metadata.mixed_graph``): the KV write (slot -1 for padding rows), then
-``varlen_attention`` over every request, its grid set by the padded token and request counts only.
+``varlen_attention`` over every request, its grid set by the padded token and request counts only. Long contexts
+split inside that launch (``varlen.py``), so a mixed graph takes any context (``mixed_graph_max_context`` None);
+the step's work plan is computed by the first layer and reused by the others.
 
 CUDA-graph capture of decode steps: capture with a fixed number of decode requests and set
 ``decode_num_splits`` to a fixed value (otherwise it is chosen per step from ``max_seq_len``, which
@@ -33,7 +35,7 @@ from brigade_cuda.attention.decode import DecodeRope, choose_num_splits, decode_
 from brigade_cuda.attention.kv_write import has_contiguous_blocks, write_kv_cache
 from brigade_cuda.attention.prefill import prefill_attention
 from brigade_cuda.attention.rotary_kv_write import rotary_write_kv_cache
-from brigade_cuda.attention.varlen import varlen_attention
+from brigade_cuda.attention.varlen import DEFAULT_SPLIT, varlen_attention, varlen_plan, varlen_tile
 
 
 @functools.cache
@@ -81,6 +83,10 @@ def short_graph_lens() -> tuple[int, ...]:
     return tuple(sorted({int(part) for part in parts} - {0}))
 
 
+# The last step's varlen plan per (BLOCK_Q, BLOCK_N), with the metadata it was made for (held, so its identity
+# cannot be reused by another step's metadata while cached).
+_last_plan: dict[tuple[int, int], tuple[AttentionMetadata, torch.Tensor]] = {}
+
 SHORT_GRAPH_MAX_BATCH = 32  # beyond this, a Llama-shaped batch fills the GPU with one split per request
 
 
@@ -98,6 +104,7 @@ class TritonAttentionBackend(AttentionBackend):
     supported_devices = ("cuda",)
     supports_cuda_graphs = True
     supports_mixed_cuda_graphs = True  # metadata.mixed_graph: one varlen kernel whose grid is the padded sizes
+    mixed_graph_max_context = None  # the varlen kernel splits long contexts
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float,
                  decode_num_splits: int | None = None):
@@ -120,6 +127,18 @@ class TritonAttentionBackend(AttentionBackend):
             return (max_model_len,)
         short = {n for n in (single_split_len(), *short_graph_lens()) if 0 < n < max_model_len}
         return (*sorted(short), max_model_len)
+
+    def _step_plan(self, query: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        """The varlen work plan of this step: computed by the first layer that asks, reused by the others (every
+        layer of a model shares the tile; the plan depends only on the step's lengths)."""
+        block_q, _, block_n, _, _ = varlen_tile(query.dtype, self.head_size, self.num_heads // self.num_kv_heads)
+        key = (block_q, block_n)
+        cached = _last_plan.get(key)
+        if cached is None or cached[0] is not metadata:
+            plan = varlen_plan(metadata.query_start_loc, metadata.seq_lens, num_reqs=metadata.num_reqs,
+                               block_q=block_q, block_n=block_n, split=DEFAULT_SPLIT)
+            cached = _last_plan[key] = (metadata, plan)
+        return cached[1]
 
     def _multiprocessors(self, device: torch.device) -> int:
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -184,7 +203,8 @@ class TritonAttentionBackend(AttentionBackend):
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if metadata.mixed_graph:  # a mixed-step graph: every request through the varlen kernel
             varlen_attention(query, kv_cache, metadata.block_table, metadata.seq_lens, metadata.query_start_loc,
-                             out, num_reqs=metadata.num_reqs, scale=self.scale)
+                             out, num_reqs=metadata.num_reqs, scale=self.scale,
+                             plan=self._step_plan(query, metadata))
             return out
         num_decodes = metadata.num_decodes
         if num_decodes:
