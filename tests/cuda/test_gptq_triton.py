@@ -73,6 +73,27 @@ def test_kernel_matches_the_dequantized_product(m, n, k, layout, dtype, rel_err)
     assert not got.isnan().any() and rel_err(got, want) < LIMIT[dtype]
 
 
+@pytest.mark.parametrize("split_k", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("layout", [(4, 128, True, 1), (8, 64, False, 0), (4, -1, False, 1)], ids=str)
+def test_split_k_counts_match_the_dequantized_product(split_k, dtype, layout, rel_err):
+    """Forced split counts at decode sizes (the down projection's tall K, a ragged N) with bias, and that a
+    call with the same split twice gives the same bits (the partials are summed in a fixed order)."""
+    bits, group_size, act_order, zero_offset = layout
+    k, n = 14336, 1000
+    qweight, qzeros, scales, g_idx = _random_gptq(k, n, bits, group_size, act_order, seed=split_k + bits)
+    w = dequantize(qweight, qzeros, scales, g_idx, bits=bits, zero_offset=zero_offset, dtype=dtype)
+    bias = torch.randn(n, device="cuda").to(dtype)
+    for m in (1, 16):
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        call = lambda: gptq_gemm(x, qweight, qzeros, scales, g_idx, bits=bits, zero_offset=zero_offset,  # noqa: E731
+                                 group_size=k if group_size == -1 else group_size, trivial_g_idx=not act_order,
+                                 bias=bias, split_k=split_k)
+        got = call()
+        assert not got.isnan().any() and rel_err(got, x.float() @ w.float() + bias.float()) < LIMIT[dtype]
+        assert torch.equal(got, call())
+
+
 @pytest.mark.parametrize("tile", TILES, ids=str)
 def test_every_benchmarked_tile_is_correct(tile, rel_err):
     """Every tile benchmarks/kernels/bench_gptq_gemm.py times (``choose_tile`` picks among them)."""

@@ -266,6 +266,29 @@ for bits, gs, act, zero_offset, dtype, m in [(4, 32, False, 1, torch.float32, 3)
     limit = 1e-3 if dtype == torch.float32 else 1e-2
     assert out.shape == (m, N) and not out.isnan().any() and rel < limit, (bits, gs, act, dtype, rel)
 
+# Split-K: K slices summed by brigade-cuda's split_k_sum (forced counts, and choose_split_k's own at decode size:
+# one 64-column tile of K 512 in 16 steps of 32 rows gives 2), trivial and act-order groups, with and without bias.
+K, N = 512, 64
+for bits, gs, act, dtype, m, split in [(4, 64, False, torch.float32, 3, 4), (4, 128, True, torch.float16, 2, 2),
+                                       (8, 32, False, torch.float16, 16, 8), (4, 64, True, torch.float32, 5, None)]:
+    groups = K // gs
+    q = torch.randint(0, 2 ** bits, (K, N), generator=gen)
+    z = torch.randint(0, 2 ** bits - 1, (groups, N), generator=gen)
+    s = (torch.rand(groups, N, generator=gen) * 0.01 + 1e-3).half()
+    g = (torch.arange(K) // gs).int()
+    if act:
+        g = g[torch.randperm(K, generator=gen)]
+    qw, qz = pack_rows(q, bits), pack_cols(z, bits)
+    x = torch.randn(m, K, generator=gen).to(dtype)
+    bias = torch.randn(N, generator=gen).to(dtype) if split != 8 else None
+    ref = x.double() @ dequantize(qw, qz, s, g, bits=bits, zero_offset=1, dtype=dtype).double()
+    ref = ref + bias.double() if bias is not None else ref
+    out = gptq_gemm(x, qw, qz, s, g, bits=bits, zero_offset=1, group_size=gs, trivial_g_idx=not act, bias=bias,
+                    split_k=split)
+    rel = ((out.double() - ref).norm() / ref.norm()).item()
+    limit = 1e-3 if dtype == torch.float32 else 1e-2
+    assert out.shape == (m, N) and not out.isnan().any() and rel < limit, ("split", split, bits, act, dtype, rel)
+
 # Through a layer: act-order rows re-stored in group order at load, x permuted, per-projection g_idx.
 from brigade.model_executor.layers.linear import QKVLinear
 from brigade_gptq.config import GPTQConfig
@@ -296,7 +319,7 @@ print("ok")
 
 
 def test_triton_kernel_logic_under_the_cpu_interpreter():
-    """The kernel's indexing (packing, groups, act-order gathers, tails, bias), and a q/k/v layer bound to it
+    """The kernel's indexing (packing, groups, act-order gathers, tails, bias, split-K), and a q/k/v layer bound to it
     (act-order rows re-stored in group order, x permuted), under ``TRITON_INTERPRET=1``, in a subprocess so the
     interpreter mode stays out of this one. bf16 is left out: the interpreter computes bf16
     dots wrongly (a plain 16x16 bf16 ``tl.dot`` is off by 1e10 under Triton 3.9), so it runs on CUDA only

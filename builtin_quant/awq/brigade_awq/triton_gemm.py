@@ -25,9 +25,10 @@ Otherwise (a group size that no power of two from 16 up divides, e.g. 8 or 24) e
 (``[BLOCK_K, BLOCK_N]`` zeros and scales, masked at the K tail). N and K tails are masked.
 
 Split-K (``split_k > 1``): program ``(n, m, s)`` covers rows ``[s * Ks, (s + 1) * Ks)`` of K (``Ks`` a multiple of
-``BLOCK_K``) and writes its fp32 partial tile to a ``[split_k, M, N]`` workspace; a second small kernel sums the
-partials in a fixed order (deterministic: no atomics), adds the bias and casts to x's dtype. It exists for
-decode: a few rows against a tall K (down_proj's 14336) leave too few programs per SM to hide the loads.
+``BLOCK_K``) and writes its fp32 partial tile to a ``[split_k, M, N]`` workspace; brigade-cuda's ``split_k_sum``
+adds the partials in a fixed order (deterministic: no atomics), with the bias, in x's dtype. It exists for
+decode: a few rows against a tall K (down_proj's 14336) leave too few programs per SM to hide the loads. The tile
+buckets, the split decision and the sum are shared with brigade-gptq (``brigade_cuda.ops.quant_gemm``).
 
 fp32 activations use ``input_precision="ieee"`` (no TF32), so fp32 results track a float32 matmul closely. The GEMM
 kernel is marked ``do_not_specialize`` on M, and both kernels on the split-K workspace's stride (``M * N``), so
@@ -43,11 +44,12 @@ summed workspace); the tile structure follows ``brigade_gptq.triton_gemm``. Impo
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
+
+from brigade_cuda.ops.quant_gemm import (choose_split_k, choose_tile, num_sms, split_k_slices, split_k_sum,
+                                         split_k_workspace)
 
 
 # Batch sizes must not compile variants mid-serving: M, and the workspace's split stride M * N (whose divisibility
@@ -113,40 +115,6 @@ def _awq_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, y_ptr, M, N, K, group_
         tl.store(y_ptrs, acc, mask=out_ok)
 
 
-@triton.jit(do_not_specialize=["stride_ws"])  # M * N, as stride_ys above
-def _split_k_sum_kernel(ws_ptr, b_ptr, y_ptr, N, stride_ws, stride_ym,
-                        SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    # Row pid(0) of y: the sum over the split-K partials (in split order), plus bias, in y's dtype.
-    row = tl.program_id(0).to(tl.int64)
-    pid_n = tl.program_id(1)
-    offs = pid_n * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < N
-    total = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        total += tl.load(ws_ptr + s * stride_ws + row * N + offs, mask=ok, other=0.0)
-    if HAS_BIAS:
-        total += tl.load(b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_ym + offs, total.to(y_ptr.dtype.element_ty), mask=ok)
-
-
-def choose_tile(m: int, n: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` for ``m`` rows of ``x`` and ``n`` output columns.
-
-    The buckets and tiles are brigade-gptq's (``choose_tile`` there, tuned on an H200 for Llama-3.1-8B shapes,
-    4-bit g128): decode-sized batches (at most 16 rows) take narrow N tiles so that more programs stream the
-    weight, larger batches reuse each dequantized tile over more rows, wide outputs with wider N tiles; fp32
-    (IEEE dot) takes smaller tiles. Not yet re-tuned for the AWQ layout (``benchmarks/kernels/bench_awq_gemm.py
-    --sweep`` times the alternatives).
-    """
-    if dtype == torch.float32:
-        return (16 if m <= 16 else 64), 64, 32, 4, 2
-    if m <= 16:
-        return 16, 32, 128, 4, 3
-    if m <= 64:
-        return 64, 64, 64, 4, 3
-    return (128, 256, 64, 8, 3) if n >= 16384 else (128, 128, 64, 8, 3)
-
-
 def block_k_for_groups(block_k: int, group_size: int, groups: int) -> tuple[int, bool]:
     """``(BLOCK_K, per_row_groups)``: the tile's ``block_k`` when it divides ``group_size`` (or the layer has one
     group), else the largest of 64, 32, 16 below it that does (one zero/scale row per K step); when none does,
@@ -157,36 +125,6 @@ def block_k_for_groups(block_k: int, group_size: int, groups: int) -> tuple[int,
         if bk <= block_k and group_size % bk == 0:
             return bk, False
     return block_k, True
-
-
-def choose_split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, num_sms: int) -> int:
-    """How many slices of K to run in parallel (1, 2, 4 or 8): more only for decode-sized batches (at most 16 rows)
-    whose output tiles leave fewer than two programs per SM (doubling while they do), as long as every slice keeps
-    at least 8 K steps.
-
-    Measured with ``benchmarks/kernels/bench_awq_gemm.py`` on an H200 (session 11): at one row split 2 took qkv
-    from 45 to 34 us, split 4 o_proj from 33 to 25 and down_proj from 100 to 65. For Llama-3.1-8B decode on an
-    H200 (132 SMs) it gives down_proj
-    (K 14336, N 4096: 128 tiles of 32 columns) 4, o_proj (4096 x 4096) 4 and qkv (6144 columns) 2; gate_up
-    (28672 columns) stays at 1.
-    """
-    if m > 16:
-        return 1
-    tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
-    steps = triton.cdiv(k, block_k)
-    split = 1
-    while split < 8 and tiles * split < 2 * num_sms and steps // (2 * split) >= 8:
-        split *= 2
-    return split
-
-
-@functools.lru_cache(maxsize=None)
-def num_sms(device: torch.device) -> int:
-    """The SM count ``choose_split_k`` plans for: the device's, or an H200's 132 for CPU tensors (the interpreter),
-    so the CPU tests take the decisions an H200 would."""
-    if device.type != "cuda":
-        return 132
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
@@ -246,13 +184,8 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scale
     block_k, per_row = block_k_for_groups(block_k, group_size, groups)
     if split_k is None:
         split_k = choose_split_k(m, n, k, block_m, block_n, block_k, num_sms(x.device))
-    if split_k < 1 or split_k & (split_k - 1):
-        raise ValueError(f"split_k must be a power of two >= 1, not {split_k}")
-    steps = triton.cdiv(k, block_k)
-    split_k = min(split_k, steps)  # no empty slices
-    k_per_split = triton.cdiv(steps, split_k) * block_k
-    split_k = triton.cdiv(k, k_per_split)  # what remains after rounding each slice up to whole steps
-    dest = out if split_k == 1 else torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
+    split_k, k_per_split = split_k_slices(k, block_k, split_k)  # raises on a split_k that is no power of two
+    dest = out if split_k == 1 else split_k_workspace(split_k, m, n, x.device)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)
     _awq_gemm_kernel[grid](
         x, qweight, qzeros, scales, bias if bias is not None else scales, dest, m, n, k, group_size, k_per_split,
@@ -260,8 +193,5 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scale
         PER_ROW_GROUPS=per_row, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, SPLIT_K=split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
     if split_k > 1:
-        block = 256
-        _split_k_sum_kernel[(m, triton.cdiv(n, block))](
-            dest, bias if bias is not None else scales, out, n, dest.stride(0), out.stride(0),
-            SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=block, num_warps=2)
+        split_k_sum(dest, bias, out)
     return out

@@ -9,6 +9,11 @@ tensor-core ``tl.dot`` with an fp32 accumulator. The dequantized weight never re
 ``bits / 16`` of an fp16 weight's bytes, which is the point of weight-only quantization in a memory-bound
 decode step (design after AutoGPTQ's ``triton`` QuantLinear and vLLM's GPTQ kernels).
 
+Split-K (``split_k > 1``, decode-sized batches whose output tiles underfeed the SMs; ``choose_split_k``): program
+``(n, m, s)`` covers one slice of K and writes an fp32 partial tile to a ``[split_k, M, N]`` workspace that
+``split_k_sum`` adds up in order, with the bias. The tile buckets, the split decision and the sum are shared with
+brigade-awq (``brigade_cuda.ops.quant_gemm``).
+
 Groups: with act-order (``desc_act``) checkpoints a row's group is ``g_idx[k]``, loaded per row, and the zeros and
 scales are gathered per row (``[BLOCK_K, BLOCK_N]``). When ``g_idx`` is ``k // group_size`` and a K block never
 straddles two groups, the group is one scalar per block and one ``[BLOCK_N]`` row of zeros and scales serves it.
@@ -23,27 +28,34 @@ import torch
 import triton
 import triton.language as tl
 
+from brigade_cuda.ops.quant_gemm import (choose_split_k, choose_tile, num_sms, split_k_slices, split_k_sum,
+                                         split_k_workspace)
 
-@triton.jit(do_not_specialize=["M"])  # batch sizes must not compile variants mid-serving
-def _gptq_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, M, N, K, group_size,
-                      stride_xm, stride_qwk, stride_qzg, stride_sg, stride_ym,
+
+# Batch sizes must not compile variants mid-serving: M, and the split-K workspace's stride M * N.
+@triton.jit(do_not_specialize=["M", "stride_ys"])
+def _gptq_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, M, N, K, group_size, k_per_split,
+                      stride_xm, stride_qwk, stride_qzg, stride_sg, stride_ym, stride_ys,
                       BITS: tl.constexpr, PACK: tl.constexpr, MAXQ: tl.constexpr, ZERO_OFFSET: tl.constexpr,
                       PER_ROW_GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    pid_s = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
     n_ok = offs_n < N
-    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
-    qw_ptrs = qw_ptr + (offs_k[:, None] // PACK).to(tl.int64) * stride_qwk + offs_n[None, :]
+    k_start = pid_s * k_per_split  # a multiple of BLOCK_K, so of PACK
+    k_end = tl.minimum(k_start + k_per_split, K)
+    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_start + offs_k)[None, :]
+    qw_ptrs = qw_ptr + ((k_start + offs_k)[:, None] // PACK).to(tl.int64) * stride_qwk + offs_n[None, :]
     shift_k = ((offs_k % PACK) * BITS)[:, None]  # [BLOCK_K, 1]: each row's field in its word
     shift_n = ((offs_n % PACK) * BITS)[None, :]  # [1, BLOCK_N]: each column's field in its qzeros word
     qz_cols = (offs_n // PACK)[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_start, k_end, BLOCK_K):
         k_ok = (k0 + offs_k) < K
         if PER_ROW_GROUPS:
             g = tl.load(g_ptr + k0 + offs_k, mask=k_ok, other=0)[:, None]  # [BLOCK_K, 1]
@@ -62,33 +74,21 @@ def _gptq_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, M, N, K
             acc = tl.dot(a, w, acc)
         x_ptrs += BLOCK_K
         qw_ptrs += (BLOCK_K // PACK) * stride_qwk
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
-
-def choose_tile(m: int, n: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` for ``m`` rows of ``x`` and ``n`` output columns.
-
-    Decode-sized batches (at most 16 rows) take narrow N tiles so that more programs stream the weight; larger
-    batches reuse each dequantized tile over more rows, wide outputs (gate_up) with wider N tiles. Chosen from
-    the tile sweep of ``benchmarks/kernels/bench_gptq_gemm.py`` on an H200 (Llama-3.1-8B shapes, 4-bit g128;
-    ``benchmarks/kernels/results/h200_bench_gptq_gemm_sweep.json``). fp32 (IEEE dot) takes smaller tiles.
-    """
-    if dtype == torch.float32:
-        return (16 if m <= 16 else 64), 64, 32, 4, 2
-    if m <= 16:
-        return 16, 32, 128, 4, 3
-    if m <= 64:
-        return 64, 64, 64, 4, 3
-    return (128, 256, 64, 8, 3) if n >= 16384 else (128, 128, 64, 8, 3)
+    out_ok = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
+    else:  # an fp32 partial tile into workspace slice pid_s ([SPLIT_K, M, N], contiguous)
+        y_ptrs = y_ptr + pid_s.to(tl.int64) * stride_ys + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        tl.store(y_ptrs, acc, mask=out_ok)
 
 
 def gptq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
               g_idx: torch.Tensor, *, bits: int, zero_offset: int, group_size: int, trivial_g_idx: bool,
               bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
-              tile: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+              tile: tuple[int, int, int, int, int] | None = None, split_k: int | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for the GPTQ weight ``W.T[k, n] = (q[k, n] - zero[g_idx[k], n]) * scales[g_idx[k], n]``.
 
     Args:
@@ -101,6 +101,7 @@ def gptq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
         bias: [N] or None. out: [M, N] in x's dtype with unit stride along N, or None to allocate.
         tile: ``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` instead of ``choose_tile``'s (tests and
             benchmarks/kernels/bench_gptq_gemm.py); BLOCK_K a multiple of 32.
+        split_k: K slices (power of two, >= 1) instead of ``choose_split_k``'s (decode-sized batches only split).
 
     Returns:
         [M, N] in x's dtype (``out`` when given).
@@ -138,11 +139,18 @@ def gptq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
             if groups == 1 or group_size % bk == 0:
                 block_k, per_row = bk, False
                 break
-    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
+    if split_k is None:
+        split_k = choose_split_k(m, n, k, block_m, block_n, block_k, num_sms(x.device))
+    split_k, k_per_split = split_k_slices(k, block_k, split_k)  # raises on a split_k that is no power of two
+    dest = out if split_k == 1 else split_k_workspace(split_k, m, n, x.device)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)
     _gptq_gemm_kernel[grid](
-        x, qweight, qzeros, scales, g_idx, bias if bias is not None else scales, out, m, n, k, group_size,
-        x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0),
+        x, qweight, qzeros, scales, g_idx, bias if bias is not None else scales, dest, m, n, k, group_size,
+        k_per_split, x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), dest.stride(-2),
+        dest.stride(0),
         BITS=bits, PACK=pack, MAXQ=(1 << bits) - 1, ZERO_OFFSET=zero_offset, PER_ROW_GROUPS=per_row,
-        HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
+        HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, SPLIT_K=split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+    if split_k > 1:
+        split_k_sum(dest, bias, out)
     return out
