@@ -27,7 +27,7 @@ from brigade.model_executor.layers.linear import Linear
 from brigade_gptq.config import GPTQConfig
 from brigade_gptq.packing import pack_cols, pack_rows
 from brigade_cuda.ops.quant_gemm import choose_split_k, num_sms
-from brigade_gptq.triton_gemm import choose_tile, gptq_gemm
+from brigade_gptq.triton_gemm import SPLIT_K_MIN_K, choose_tile, gptq_gemm
 
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
 ROWS = (1, 16, 256, 2048)
@@ -66,7 +66,7 @@ def main() -> None:
                 return 1e3 * min(triton.testing.do_bench(fn) for _ in range(3))
 
             row = {"shape": name, "k": k, "n": n, "m": m, "tile": tile,
-                   "split_k": choose_split_k(m, n, k, tile[0], tile[1], tile[2], num_sms(x.device)),
+                   "split_k": choose_split_k(m, n, k, tile[0], tile[1], tile[2], num_sms(x.device), min_k=SPLIT_K_MIN_K),
                    "cublas_bf16_us": us(lambda: F.linear(x, dense)),
                    "gptq_us": us(lambda: gptq_gemm(
                        x, qweight, qzeros, scales, g_idx, bits=4, zero_offset=1, group_size=128, trivial_g_idx=True)),

@@ -181,6 +181,8 @@ def test_tile_and_split_rules():
     assert choose_split_k(1, 64, 256, 16, 64, 32, 132) == 1  # 8 steps: too short to split
     assert choose_split_k(3, 64, 512, 16, 64, 32, 132) == 2  # the interpreted "split-k-default" case
     assert choose_split_k(1, 32, 1 << 20, 16, 32, 128, 132) == 8  # at most 8
+    assert choose_split_k(1, 4096, 4096, 16, 32, 128, 132, min_k=8192) == 1  # brigade-gptq's rule: K too short
+    assert choose_split_k(1, 4096, 14336, 16, 32, 128, 132, min_k=8192) == 4
 
 
 def test_bad_arguments_raise_before_launch():

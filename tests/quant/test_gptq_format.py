@@ -266,8 +266,8 @@ for bits, gs, act, zero_offset, dtype, m in [(4, 32, False, 1, torch.float32, 3)
     limit = 1e-3 if dtype == torch.float32 else 1e-2
     assert out.shape == (m, N) and not out.isnan().any() and rel < limit, (bits, gs, act, dtype, rel)
 
-# Split-K: K slices summed by brigade-cuda's split_k_sum (forced counts, and choose_split_k's own at decode size:
-# one 64-column tile of K 512 in 16 steps of 32 rows gives 2), trivial and act-order groups, with and without bias.
+# Split-K: K slices summed by brigade-cuda's split_k_sum (forced counts; the default leaves K 512 unsplit, below
+# SPLIT_K_MIN_K), trivial and act-order groups, with and without bias.
 K, N = 512, 64
 for bits, gs, act, dtype, m, split in [(4, 64, False, torch.float32, 3, 4), (4, 128, True, torch.float16, 2, 2),
                                        (8, 32, False, torch.float16, 16, 8), (4, 64, True, torch.float32, 5, None)]:

@@ -9,7 +9,8 @@ tensor-core ``tl.dot`` with an fp32 accumulator. The dequantized weight never re
 ``bits / 16`` of an fp16 weight's bytes, which is the point of weight-only quantization in a memory-bound
 decode step (design after AutoGPTQ's ``triton`` QuantLinear and vLLM's GPTQ kernels).
 
-Split-K (``split_k > 1``, decode-sized batches whose output tiles underfeed the SMs; ``choose_split_k``): program
+Split-K (``split_k > 1``, decode-sized batches whose output tiles underfeed the SMs, with K of at least
+``SPLIT_K_MIN_K`` rows: measured on an H200 it pays on down_proj's 14336 and costs at 4096; ``choose_split_k``): program
 ``(n, m, s)`` covers one slice of K and writes an fp32 partial tile to a ``[split_k, M, N]`` workspace that
 ``split_k_sum`` adds up in order, with the bias. The tile buckets, the split decision and the sum are shared with
 brigade-awq (``brigade_cuda.ops.quant_gemm``).
@@ -33,6 +34,9 @@ from brigade_cuda.ops.quant_gemm import (choose_split_k, choose_tile, num_sms, s
 
 
 # Batch sizes must not compile variants mid-serving: M, and the split-K workspace's stride M * N.
+SPLIT_K_MIN_K = 8192  # shorter K runs unsplit by default (session 12 call FE, docs/benchmarks.md)
+
+
 @triton.jit(do_not_specialize=["M", "stride_ys"])
 def _gptq_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, M, N, K, group_size, k_per_split,
                       stride_xm, stride_qwk, stride_qzg, stride_sg, stride_ym, stride_ys,
@@ -140,7 +144,7 @@ def gptq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
                 block_k, per_row = bk, False
                 break
     if split_k is None:
-        split_k = choose_split_k(m, n, k, block_m, block_n, block_k, num_sms(x.device))
+        split_k = choose_split_k(m, n, k, block_m, block_n, block_k, num_sms(x.device), min_k=SPLIT_K_MIN_K)
     split_k, k_per_split = split_k_slices(k, block_k, split_k)  # raises on a split_k that is no power of two
     dest = out if split_k == 1 else split_k_workspace(split_k, m, n, x.device)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)
