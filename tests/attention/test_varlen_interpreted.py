@@ -130,10 +130,6 @@ check("split-empty", [(1, 150), (2, 147), (0, 0)], num_heads=8, num_kv_heads=2, 
 # Run twice on the same buffers: the merge counters must be back at zero after a launch.
 check("split-again", [(1, 150), (2, 147), (0, 0)], num_heads=8, num_kv_heads=2, head_size=16, pad_tokens=1,
       seed=7, tile=(16, 16, 4, 1), split=VarlenSplit(min_chunk=16, max_splits=8, extra=16), expect_splits=[8, 8, 1])
-# The default fp32 tile (64 rows: 16 tokens x 4 heads) with split-KV: decodes and a 3-token query take the 16-row
-# small tile (their partials still laid out 64 rows per slot), a 5-token query and a prefill the full one.
-check("split-small-tile", [(1, 150), (3, 200), (5, 180), (1, 70), (20, 20), (0, 0)], num_heads=8, num_kv_heads=2,
-      head_size=32, pad_tokens=2, seed=10, split=VarlenSplit(min_chunk=32, max_splits=4, extra=16))
 # No budget: nothing splits.
 check("split-none", [(1, 150), (1, 90)], num_heads=4, num_kv_heads=1, head_size=16, pad_tokens=0, seed=8,
       tile=(16, 16, 4, 1), split=VarlenSplit(min_chunk=16, max_splits=8, extra=0), expect_splits=[1, 1])

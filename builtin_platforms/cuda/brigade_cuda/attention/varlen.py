@@ -110,7 +110,6 @@ def _varlen_kernel(
     NUM_KV_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SMALL_M: tl.constexpr, HAS_SMALL: tl.constexpr,
 ):
     item = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -133,41 +132,9 @@ def _varlen_kernel(
     q_start = tl.load(query_start_loc_ptr + req)
     q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + req)
-    # A query of a few tokens (a decode: GROUP rows) takes a SMALL_M-row tile when that is smaller than the full
-    # one: a quarter of the dot work and registers for Llama-3-8B's 64 rows (the split-KV decode kernel's tile).
-    if HAS_SMALL:
-        if q_len * GROUP_P2 <= SMALL_M:
-            _varlen_block(q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, out_ptr, plan_ptr, mid_o_ptr, mid_lse_ptr,
-                              counter_ptr, scale_log2, num_reqs, req, j, split, splits, q_start, q_len, seq_len,
-                              kv_head, stride_q_t, stride_q_h, stride_out_t, stride_out_h, stride_cache_block,
-                              stride_cache_tok, stride_cache_h, stride_bt_r, NUM_KV_HEADS, BLOCK_SIZE, GROUP, GROUP_P2,
-                              HEAD_SIZE, HEAD_P2, BLOCK_Q, SMALL_M, BLOCK_M, BLOCK_N, DOT_PRECISION)
-        else:
-            _varlen_block(q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, out_ptr, plan_ptr, mid_o_ptr, mid_lse_ptr,
-                              counter_ptr, scale_log2, num_reqs, req, j, split, splits, q_start, q_len, seq_len,
-                              kv_head, stride_q_t, stride_q_h, stride_out_t, stride_out_h, stride_cache_block,
-                              stride_cache_tok, stride_cache_h, stride_bt_r, NUM_KV_HEADS, BLOCK_SIZE, GROUP, GROUP_P2,
-                              HEAD_SIZE, HEAD_P2, BLOCK_Q, BLOCK_M, BLOCK_M, BLOCK_N, DOT_PRECISION)
-    else:
-        _varlen_block(q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, out_ptr, plan_ptr, mid_o_ptr, mid_lse_ptr,
-                              counter_ptr, scale_log2, num_reqs, req, j, split, splits, q_start, q_len, seq_len,
-                              kv_head, stride_q_t, stride_q_h, stride_out_t, stride_out_h, stride_cache_block,
-                              stride_cache_tok, stride_cache_h, stride_bt_r, NUM_KV_HEADS, BLOCK_SIZE, GROUP, GROUP_P2,
-                              HEAD_SIZE, HEAD_P2, BLOCK_Q, BLOCK_M, BLOCK_M, BLOCK_N, DOT_PRECISION)
-
-
-@triton.jit
-def _varlen_block(q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, out_ptr, plan_ptr, mid_o_ptr, mid_lse_ptr,
-                  counter_ptr, scale_log2, num_reqs, req, j, split, splits, q_start, q_len, seq_len, kv_head,
-                  stride_q_t, stride_q_h, stride_out_t, stride_out_h, stride_cache_block, stride_cache_tok,
-                  stride_cache_h, stride_bt_r,
-                  NUM_KV_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
-                  HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, BLOCK_Q: tl.constexpr, ROWS: tl.constexpr,
-                  MID_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One work item: query block ``j`` of request ``req`` (split ``split`` of ``splits``) in a ``ROWS``-row tile;
-    partial outputs are laid out ``MID_ROWS`` rows per (slot, KV head) whatever the tile."""
     context_len = seq_len - q_len
-    m = tl.arange(0, ROWS)
+
+    m = tl.arange(0, BLOCK_M)
     tok_local = j * BLOCK_Q + m // GROUP_P2  # [M] query token of each row, within the request
     in_group = m % GROUP_P2
     heads = kv_head * GROUP + in_group  # [M] query head of each row
@@ -187,23 +154,9 @@ def _varlen_block(q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, out_ptr, pla
     if splits == 1:
         o = _attend_causal(q, q_pos, context_len + j * BLOCK_Q, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
                            head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
-                           ROWS, HEAD_P2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION)
+                           BLOCK_M, HEAD_P2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION)
         tl.store(out_rows, o.to(out_ptr.dtype.element_ty), mask=io_mask)
-    else:
-        _split_and_merge(q, q_pos, kv_end, context_len, bt_row, k_cache_ptr, v_cache_ptr, head_off, dims, dim_mask,
-                         m, row_mask, io_mask, out_rows, out_ptr, plan_ptr, mid_o_ptr, mid_lse_ptr, counter_ptr,
-                         scale_log2, num_reqs, req, split, splits, kv_head, stride_cache_block, stride_cache_tok,
-                         NUM_KV_HEADS, BLOCK_SIZE, HEAD_P2, ROWS, MID_ROWS, BLOCK_N, DOT_PRECISION)
-
-
-@triton.jit
-def _split_and_merge(q, q_pos, kv_end, context_len, bt_row, k_cache_ptr, v_cache_ptr, head_off, dims, dim_mask,
-                     m, row_mask, io_mask, out_rows, out_ptr, plan_ptr, mid_o_ptr, mid_lse_ptr, counter_ptr,
-                     scale_log2, num_reqs, req, split, splits, kv_head, stride_cache_block, stride_cache_tok,
-                     NUM_KV_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_P2: tl.constexpr,
-                     ROWS: tl.constexpr, MID_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Split ``split`` of a one-block query: its partial output and log-sum-exp to the slot buffers, and the
-    merge by whichever split finishes last."""
+        return
 
     # Split: this program's whole key tiles before the query (visible to every row), and the last split the
     # causal tail too. An empty split (rounding) leaves l_i 0: it writes weight -inf.
@@ -211,9 +164,9 @@ def _split_and_merge(q, q_pos, kv_end, context_len, bt_row, k_cache_ptr, v_cache
     chunk = tl.cdiv(tl.cdiv(full_end, splits), BLOCK_N) * BLOCK_N
     n_lo = split * chunk
     n_hi = tl.minimum(n_lo + chunk, full_end)
-    m_i = tl.full([ROWS], float("-inf"), tl.float32)
-    l_i = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, HEAD_P2], tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_P2], tl.float32)
     for n0 in range(n_lo, n_hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
                                      head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
@@ -225,7 +178,7 @@ def _split_and_merge(q, q_pos, kv_end, context_len, bt_row, k_cache_ptr, v_cache
                                          stride_cache_tok, BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION)
     has_any = l_i > 0
     first_slot = tl.load(plan_ptr + 2 * num_reqs + 1 + req)
-    mid_rows = ((first_slot + split) * NUM_KV_HEADS + kv_head).to(tl.int64) * MID_ROWS + m  # [M]
+    mid_rows = ((first_slot + split) * NUM_KV_HEADS + kv_head).to(tl.int64) * BLOCK_M + m  # [M]
     tl.store(mid_o_ptr + mid_rows[:, None] * HEAD_P2 + dims[None, :],
              acc / tl.where(has_any, l_i, 1.0)[:, None], mask=io_mask)
     tl.store(mid_lse_ptr + mid_rows, tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf")),
@@ -236,11 +189,11 @@ def _split_and_merge(q, q_pos, kv_end, context_len, bt_row, k_cache_ptr, v_cache
     counter = counter_ptr + first_slot * NUM_KV_HEADS + kv_head
     if tl.atomic_add(counter, 1, sem="acq_rel") == splits - 1:
         tl.store(counter, 0)  # ready for the next step (the same buffer serves every layer and step)
-        best = tl.full([ROWS], float("-inf"), tl.float32)
-        den = tl.zeros([ROWS], tl.float32)
-        num = tl.zeros([ROWS, HEAD_P2], tl.float32)
+        best = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        den = tl.zeros([BLOCK_M], tl.float32)
+        num = tl.zeros([BLOCK_M, HEAD_P2], tl.float32)
         for s in range(0, splits):
-            rows = ((first_slot + s) * NUM_KV_HEADS + kv_head).to(tl.int64) * MID_ROWS + m
+            rows = ((first_slot + s) * NUM_KV_HEADS + kv_head).to(tl.int64) * BLOCK_M + m
             lse = tl.load(mid_lse_ptr + rows, mask=row_mask, other=float("-inf"), cache_modifier=".cg")
             part = tl.load(mid_o_ptr + rows[:, None] * HEAD_P2 + dims[None, :], mask=io_mask, other=0.0,
                            cache_modifier=".cg")
@@ -408,7 +361,6 @@ def varlen_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         plan = varlen_plan(query_start_loc, seq_lens, num_reqs=num_reqs, block_q=block_q, block_n=block_n,
                            split=split)
     head_p2 = max(16, triton.next_power_of_2(head_size))
-    small_m = max(16, triton.next_power_of_2(group))  # the tile of queries of GROUP_P2-row multiples up to 16 rows
     mid_o, mid_lse, counters = _buffers(query.device, 2 * split.extra, num_kv_heads, block_m, head_p2)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     grid = (num_tokens // block_q + num_reqs + split.extra, num_kv_heads)
@@ -420,7 +372,7 @@ def varlen_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
         NUM_KV_HEADS=num_kv_heads, BLOCK_SIZE=block_size, GROUP=group, GROUP_P2=triton.next_power_of_2(group),
         HEAD_SIZE=head_size, HEAD_P2=head_p2,
-        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, SMALL_M=small_m, HAS_SMALL=small_m < block_m,
+        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=num_warps, num_stages=num_stages,
     )
