@@ -28,6 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 from brigade import LLM
 from brigade.benchmarks.datasets import random_requests
 from brigade.benchmarks.throughput import bench_sampling_params
+from profile_decode import _union as busy_time  # the length of a union of [start, end) intervals (µs)
 
 # (category, substrings of the kernel name), first match wins; matched on the lowercased name.
 CATEGORIES = (
@@ -47,19 +48,6 @@ def category(name: str) -> str:
         if any(k in low for k in keys):
             return cat
     return "other"
-
-
-def busy_time(intervals: list[tuple[float, float]]) -> float:
-    """The length of the union of [start, end) intervals (µs)."""
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if s > end:
-            total += e - s
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from brigade_cuda.ops.quant_gemm import (choose_split_k, choose_tile, num_sms, split_k_slices, split_k_sum,
-                                         split_k_workspace)
+                                         split_k_workspace, store_output_tile)
 
 
 # Batch sizes must not compile variants mid-serving: M, and the split-K workspace's stride M * N.
@@ -78,15 +78,7 @@ def _gptq_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, M, N, K
             acc = tl.dot(a, w, acc)
         x_ptrs += BLOCK_K
         qw_ptrs += (BLOCK_K // PACK) * stride_qwk
-    out_ok = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
-    else:  # an fp32 partial tile into workspace slice pid_s ([SPLIT_K, M, N], contiguous)
-        y_ptrs = y_ptr + pid_s.to(tl.int64) * stride_ys + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-        tl.store(y_ptrs, acc, mask=out_ok)
+    store_output_tile(acc, y_ptr, b_ptr, offs_m, offs_n, m_ok, n_ok, pid_s, N, stride_ym, stride_ys, SPLIT_K, HAS_BIAS)
 
 
 def gptq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,

@@ -33,6 +33,22 @@ def _split_k_sum_kernel(ws_ptr, b_ptr, y_ptr, N, stride_ws, stride_ym,
     tl.store(y_ptr + row * stride_ym + offs, total.to(y_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def store_output_tile(acc, y_ptr, b_ptr, offs_m, offs_n, m_ok, n_ok, pid_s, N, stride_ym, stride_ys,
+                      SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """A GEMM program's fp32 ``[BLOCK_M, BLOCK_N]`` tile: with one slice, plus bias, into ``y`` in its dtype; with
+    split-K, as is into workspace slice ``pid_s`` (``[SPLIT_K, M, N]``, contiguous; ``split_k_sum`` adds them)."""
+    out_ok = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
+    else:
+        y_ptrs = y_ptr + pid_s.to(tl.int64) * stride_ys + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        tl.store(y_ptrs, acc, mask=out_ok)
+
+
 def choose_tile(m: int, n: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` for ``m`` rows of ``x`` and ``n`` output columns.
 
@@ -116,4 +132,5 @@ def split_k_sum(workspace: torch.Tensor, bias: torch.Tensor | None, out: torch.T
         SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=block, num_warps=2)
 
 
-__all__ = ["choose_split_k", "choose_tile", "num_sms", "split_k_slices", "split_k_sum", "split_k_workspace"]
+__all__ = ["choose_split_k", "choose_tile", "num_sms", "split_k_slices", "split_k_sum", "split_k_workspace",
+           "store_output_tile"]
