@@ -83,3 +83,28 @@ def test_structured_outputs_json_of_a_wrong_type_says_what_json_accepts(http, va
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "structured_outputs": {"json": value}}
     error = assert_400(http.post("/v1/completions", json=body), "structured_outputs")
     assert "JSON schema" in error["message"] and "boolean" not in error["message"], error
+
+
+# ---- 6. a server kept alive after its engine died --------------------------------------------------------
+
+def test_kept_alive_server_answers_503_on_every_v1_route_without_promising_a_recovery(smollm2_path):
+    server = RemoteServer(smollm2_path, ["--served-model-name", MODEL, "--max-model-len", "256",
+                                         "--num-gpu-blocks-override", "32", "--disable-log-requests"],
+                          env={"BRIGADE_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
+    try:
+        assert httpx.get(server.url("/v1/models")).status_code == 200
+        os.kill(engine_core_pid(server.proc.pid), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while httpx.get(server.url("/health")).status_code != 503:
+            assert time.monotonic() < deadline, "/health never reported the dead engine"
+            time.sleep(0.2)
+        for response in (httpx.get(server.url("/v1/models")), httpx.get(server.url(f"/v1/models/{MODEL}")),
+                         httpx.post(server.url("/v1/completions"), json={"prompt": "Hi", "max_tokens": 2}),
+                         httpx.get(server.url("/health"))):
+            assert response.status_code == 503, response.text
+            error = response.json()["error"]
+            assert error["code"] == "engine_unavailable" and error["type"] == "server_error", error
+            assert "retry" not in error["message"].lower() and "restart" in error["message"], error
+        assert httpx.get(server.url("/version")).status_code == 200
+    finally:
+        server.stop()
