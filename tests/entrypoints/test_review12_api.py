@@ -65,6 +65,52 @@ def tokenize(http: httpx.Client, **fields) -> list[int]:
     return response.json()["tokens"]
 
 
+# ---- 1. chat_template_kwargs: template variables override, the call's own arguments are refused ---------
+
+@pytest.mark.parametrize("key", ["tools", "tokenize", "chat_template", "messages", "conversation", "return_dict",
+                                 "return_tensors"])
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/tokenize"])
+def test_reserved_chat_template_kwargs_are_a_400_naming_the_key(http, key, route):
+    body = chat_body(chat_template_kwargs={key: 1})
+    if route == "/tokenize":
+        body = {"model": MODEL, "messages": QUESTION, "chat_template_kwargs": {key: 1}}
+    error = assert_400(http.post(route, json=body), "chat_template_kwargs")
+    assert repr(key) in error["message"] or f"'{key}'" in error["message"], error
+    assert "internal" not in error["message"] and "apply_chat_template" not in error["message"], error
+
+
+def test_chat_template_kwargs_override_the_template_variables(http):
+    with_prompt = tokenize(http, messages=QUESTION)
+    without = tokenize(http, messages=QUESTION, chat_template_kwargs={"add_generation_prompt": False})
+    assert tokenize(http, messages=QUESTION, add_generation_prompt=False) == without
+    assert len(without) < len(with_prompt) and with_prompt[:len(without)] == without
+    out = http.post("/v1/chat/completions", json=chat_body(chat_template_kwargs={"add_generation_prompt": False}))
+    assert out.status_code == 200, out.text
+    assert out.json()["usage"]["prompt_tokens"] == len(without)
+    # continue_final_message from the kwargs continues the assistant's message, as the request field does.
+    continued = tokenize(http, messages=CONTINUED, chat_template_kwargs={"continue_final_message": True})
+    assert continued == tokenize(http, messages=CONTINUED, add_generation_prompt=False, continue_final_message=True)
+    out = http.post("/v1/chat/completions", json=chat_body(messages=CONTINUED,
+                                                          chat_template_kwargs={"continue_final_message": True}))
+    assert out.status_code == 200 and out.json()["usage"]["prompt_tokens"] == len(continued), out.text
+
+
+def test_free_template_variables_and_documents_are_passed(http):
+    for kwargs in ({"enable_thinking": False}, {"documents": [{"title": "a", "text": "b"}]}):
+        out = http.post("/v1/chat/completions", json=chat_body(chat_template_kwargs=kwargs))
+        assert out.status_code == 200, out.text
+
+
+@pytest.mark.parametrize("kwargs", [{"documents": 1}, {"documents": [1]}, {"add_generation_prompt": "yes"},
+                                    {"continue_final_message": 1},
+                                    {"add_generation_prompt": True, "continue_final_message": True}])
+def test_template_kwargs_the_template_cannot_take_are_a_400(http, kwargs):
+    error = assert_400(http.post("/v1/chat/completions", json=chat_body(messages=CONTINUED,
+                                                                       chat_template_kwargs=kwargs)),
+                       "chat_template_kwargs")
+    assert "internal" not in error["message"], error
+
+
 # ---- 2. a JSON number too long for Python to read ------------------------------------------------------
 
 @pytest.mark.parametrize("route,fields", [("/v1/completions", '"prompt":"hi","max_tokens":'),
@@ -74,6 +120,19 @@ def test_a_number_of_thousands_of_digits_is_a_400(http, route, fields):
     response = http.post(route, content=body, headers={"content-type": "application/json"})
     error = assert_400(response, None)
     assert error["message"].startswith("the request body is not valid JSON: ") and "4300" in error["message"], error
+
+
+# ---- 3b. a chat_template in the request is refused, not ignored ----------------------------------------
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/tokenize"])
+def test_a_request_chat_template_is_refused(http, route):
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    body = chat_body(chat_template=template) if route != "/tokenize" else \
+        {"model": MODEL, "messages": QUESTION, "chat_template": template}
+    error = assert_400(http.post(route, json=body), "chat_template")
+    assert "--chat-template" in error["message"], error
+    accepted = http.post(route, json={**body, "chat_template": None})
+    assert accepted.status_code == 200, accepted.text
 
 
 # ---- 5. structured_outputs.json says what it takes -----------------------------------------------------

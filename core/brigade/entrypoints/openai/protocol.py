@@ -278,6 +278,9 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: StrictBool = False
     add_special_tokens: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    """Template variables, over add_generation_prompt and continue_final_message (chat_template.py)."""
+    chat_template: str | None = None
+    """vLLM's per-request template: refused unless null (chat_template.refuse_request_chat_template)."""
 
     _chat_null_defaults = field_validator(*NULL_IS_DEFAULT["ChatCompletionRequest"])(classmethod(_null_is_default))
 
@@ -289,13 +292,18 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(OpenAIBaseModel):
-    """POST /tokenize: either ``prompt`` (a string) or ``messages`` (rendered with the chat template)."""
+    """POST /tokenize: either ``prompt`` (a string) or ``messages`` (rendered with the chat template, with the
+    template options of a chat request)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: StrictBool | None = None
     add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
+    """Refused unless null, as in a chat request."""
     return_token_strs: StrictBool = False
 
 

@@ -16,6 +16,8 @@ import jinja2
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from brigade.entrypoints.openai.chat_template import (control_arguments, refuse_request_chat_template,
+                                                      template_options)
 from brigade.entrypoints.openai.errors import OpenAIError
 from brigade.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from brigade.entrypoints.openai.responses import (ChatChoice, ChatCompletionResponse, ChatCompletionStreamResponse,
@@ -29,6 +31,10 @@ from brigade.entrypoints.openai.tool_calls import (ToolPlan, ToolStream, make_to
 from brigade.outputs import Logprob
 from brigade.sampling_params import MAX_LOGPROBS, SamplingParams
 
+TEMPLATE_RUNTIME_ERRORS = (TypeError, AttributeError, LookupError, ArithmeticError)
+"""What a chat template (or transformers around it) raises on a value it cannot use, e.g. ``documents: 1``:
+the request's fault, so a 400, never a 500."""
+
 
 class OpenAIServingChat(OpenAIServing):
     """The /v1/chat/completions handler.
@@ -40,6 +46,8 @@ class OpenAIServingChat(OpenAIServing):
     def __init__(self, engine: Any, *, chat_template: str | None = None, **kwargs: Any):
         super().__init__(engine, **kwargs)
         self.chat_template = chat_template
+        # The template call's own arguments, which chat_template_kwargs may not set.
+        self.control_arguments = control_arguments(self.tokenizer)
 
     async def render_messages(self, messages: list[ChatMessage], *, add_generation_prompt: bool,
                               continue_final_message: bool = False, add_special_tokens: bool = False,
@@ -47,20 +55,23 @@ class OpenAIServingChat(OpenAIServing):
                               tool_plan: ToolPlan | None = None, length_param: str | None = None) -> list[int]:
         """Messages -> prompt token ids, through the chat template, on the tokenizer thread.
 
+        ``add_generation_prompt`` and ``continue_final_message`` are the request's fields; its
+        ``template_kwargs`` (chat_template_kwargs) override them and add template variables, and continuing the
+        final message turns the default generation prompt off (chat_template.template_options).
         ``add_special_tokens`` is False by default: the template already writes BOS and the role markers.
         ``tool_plan``'s tools go to a template that reads ``tools``; one that does not gets them described
         in the system message (tool_calls.prepare_conversation). With ``length_param``, a rendered text
         certainly too long for the model is refused before it is tokenized (check_text_length).
 
         Raises:
-            OpenAIError: 400 for no messages, non-text content, no template, a template error, or (with
-                ``length_param``, naming it) a prompt certainly too long.
+            OpenAIError: 400 for no messages, non-text content, no template, a chat_template_kwargs key the
+                template call owns, a template error (whatever the template raised, a TypeError included), or
+                (with ``length_param``, naming it) a prompt certainly too long.
         """
         if not messages:
             raise OpenAIError.bad_param("messages must hold at least one message", "messages")
-        if add_generation_prompt and continue_final_message:
-            raise OpenAIError.bad_param("add_generation_prompt and continue_final_message exclude each other",
-                                        "continue_final_message")
+        options = template_options(template_kwargs, add_generation_prompt=add_generation_prompt,
+                                   continue_final_message=continue_final_message, control=self.control_arguments)
         conversation = [m.to_template_dict(i) for i, m in enumerate(messages)]
         if self.chat_template is None and not getattr(self.tokenizer, "chat_template", None):
             raise OpenAIError.bad_param("this model's tokenizer has no chat template; start the server with "
@@ -75,18 +86,22 @@ class OpenAIServingChat(OpenAIServing):
                                                        "parameters": t.parameters}} for t in plan.tools.values()]
 
         def render() -> list[int]:
-            text = self.tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message, chat_template=self.chat_template, tools=tools,
-                **(template_kwargs or {}))
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    conversation, tokenize=False, add_generation_prompt=options.add_generation_prompt,
+                    continue_final_message=options.continue_final_message, chat_template=self.chat_template,
+                    tools=tools, **options.variables)
+            except (jinja2.TemplateError, ValueError) as exc:  # the template rejected these messages
+                raise OpenAIError.bad_param(f"the chat template rejected the messages: {exc}", "messages") from None
+            except TEMPLATE_RUNTIME_ERRORS as exc:  # a value the template (or transformers) could not use
+                param = "chat_template_kwargs" if options.variables else "messages"
+                raise OpenAIError.bad_param(f"the chat template failed on this request's {param}: "
+                                            f"{type(exc).__name__}: {exc}", param) from None
             if length_param is not None:
                 self.check_text_length(len(text), length_param)
             return self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
 
-        try:
-            return await self.run_tokenizer(render)
-        except (jinja2.TemplateError, ValueError) as exc:  # the template rejected these messages
-            raise OpenAIError.bad_param(f"the chat template rejected the messages: {exc}", "messages") from None
+        return await self.run_tokenizer(render)
 
     async def create_chat_completion(self, request: ChatCompletionRequest, raw_request: Request) -> Response:
         """Validate and render before queuing, then generate (streamed or not).
@@ -95,16 +110,17 @@ class OpenAIServingChat(OpenAIServing):
             OpenAIError: 400 (bad field, tools, too long), 404 (model), 503 (engine dead).
         """
         await self.check_request(request)
+        refuse_request_chat_template(request.chat_template)
         own_constraint = self.structured_outputs(request)
         plan = make_tool_plan(request.tools, request.tool_choice, request.parallel_tool_calls,
                               other_constraint=own_constraint is not None)
         num_logprobs = self._num_logprobs(request)
         keep = self.truncation(request)  # truncate_prompt_tokens: the prompt's last tokens, before the length check
         prompt_ids = await self.render_messages(
-            request.messages, add_generation_prompt=request.add_generation_prompt and not
-            request.continue_final_message, continue_final_message=request.continue_final_message,
-            add_special_tokens=request.add_special_tokens, template_kwargs=request.chat_template_kwargs,
-            tool_plan=plan, length_param="messages" if keep is None else None)
+            request.messages, add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message, add_special_tokens=request.add_special_tokens,
+            template_kwargs=request.chat_template_kwargs, tool_plan=plan,
+            length_param="messages" if keep is None else None)
         if keep is not None:
             prompt_ids = prompt_ids[-keep:]
         wanted, param = request.wanted_max_tokens()
