@@ -281,6 +281,10 @@ class ChatCompletionRequest(SamplingFields):
     """Template variables, over add_generation_prompt and continue_final_message (chat_template.py)."""
     chat_template: str | None = None
     """vLLM's per-request template: refused unless null (chat_template.refuse_request_chat_template)."""
+    echo: StrictBool = False
+    """vLLM's: the reply's content starts with the last message's, when that message is the assistant's."""
+    prompt_logprobs: StrictInt | None = None
+    """vLLM's: the response's top-level ``prompt_logprobs``, as a completion choice's (not with ``stream``)."""
 
     _chat_null_defaults = field_validator(*NULL_IS_DEFAULT["ChatCompletionRequest"])(classmethod(_null_is_default))
 

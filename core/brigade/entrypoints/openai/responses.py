@@ -139,6 +139,8 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo
     system_fingerprint: str | None = None
+    # vLLM's extra, as a completion choice's: per prompt token, None for the first, else {token id: PromptLogprob}.
+    prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
 
 
 class _DropNone(BaseModel):

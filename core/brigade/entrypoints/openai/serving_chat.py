@@ -111,6 +111,8 @@ class OpenAIServingChat(OpenAIServing):
         """
         await self.check_request(request)
         refuse_request_chat_template(request.chat_template)
+        if request.prompt_logprobs is not None and request.stream:  # vLLM's rule: they come with the whole reply
+            raise OpenAIError.bad_param("prompt_logprobs are not available with stream=true", "prompt_logprobs")
         own_constraint = self.structured_outputs(request)
         plan = make_tool_plan(request.tools, request.tool_choice, request.parallel_tool_calls,
                               other_constraint=own_constraint is not None)
@@ -127,7 +129,8 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = self.check_length(len(prompt_ids), wanted, prompt_param="messages", max_tokens_param=param)
         params = await self.with_bad_words_ids(
             self.sampling_params(request, max_tokens=max_tokens, logprobs=num_logprobs,
-                                 structured_outputs=plan.constraint() or own_constraint))
+                                 structured_outputs=plan.constraint() or own_constraint,
+                                 prompt_logprobs=request.prompt_logprobs))
         response_id, request_id = self.response_ids("chatcmpl", request)
         if request.stream:
             return StreamingResponse(self._stream(request, prompt_ids, params, response_id, request_id, plan),
@@ -148,6 +151,15 @@ class OpenAIServingChat(OpenAIServing):
         if not request.logprobs:
             return None
         return request.top_logprobs or 0
+
+    @staticmethod
+    def _echo(request: ChatCompletionRequest) -> str:
+        """What ``echo`` puts before the reply, as vLLM: the last message's content when it is the assistant's
+        (the message the reply continues, or an assistant turn the reply follows); "" otherwise."""
+        last = request.messages[-1]
+        if not request.echo or last.role != "assistant":
+            return ""
+        return last.to_template_dict(len(request.messages) - 1)["content"]
 
     def _logprobs(self, token_ids: list[int], logprobs: list[dict[int, Logprob]], num_top: int) -> ChatLogprobs:
         content = []
@@ -176,6 +188,7 @@ class OpenAIServingChat(OpenAIServing):
             if not finished:  # an error or a client disconnect: free the engine's KV blocks now
                 await shielded(lambda: self.abort([request_id]))
         choices = []
+        echo = self._echo(request)
         for j in range(request.n):
             state = result.choices.get(j)
             if state is None:
@@ -184,10 +197,14 @@ class OpenAIServingChat(OpenAIServing):
             logprobs = (self._logprobs(state.token_ids, state.logprobs, params.logprobs)
                         if params.logprobs is not None else None)
             message, finish_reason = self._message(state.text, state.finish_reason, plan)
+            if echo:
+                message.content = echo + (message.content or "")
             choices.append(ChatChoice(index=j, message=message, logprobs=logprobs, finish_reason=finish_reason,
                                       stop_reason=state.stop_reason))
         usage = UsageInfo.from_counts(len(prompt_ids), result.num_generated_tokens(), result.num_cached_tokens)
-        return ChatCompletionResponse(id=response_id, model=self.model_name(request), choices=choices, usage=usage)
+        prompt_logprobs = self.prompt_logprobs(result) if request.prompt_logprobs is not None else None
+        return ChatCompletionResponse(id=response_id, model=self.model_name(request), choices=choices, usage=usage,
+                                      prompt_logprobs=prompt_logprobs)
 
     @staticmethod
     def _message(text: str, finish_reason: str | None, plan: ToolPlan) -> tuple[ChatResponseMessage, str | None]:
@@ -216,8 +233,11 @@ class OpenAIServingChat(OpenAIServing):
         tool_streams = {j: ToolStream(plan) for j in range(request.n)}
         finished = False
         try:
+            echo = self._echo(request)
             for j in range(request.n):
                 yield chunk([ChatStreamChoice(index=j, delta=DeltaMessage(role="assistant", content=""))])
+                if echo:  # as vLLM: the echoed message is the first content delta
+                    yield chunk([ChatStreamChoice(index=j, delta=DeltaMessage(content=echo))])
             async for output in self.generate(prompt_ids, params, request_id, request):
                 finished = output.finished
                 for delta in result.add(output):

@@ -17,7 +17,7 @@ from fastapi.responses import Response, StreamingResponse
 from brigade.entrypoints.openai.errors import OpenAIError
 from brigade.entrypoints.openai.protocol import CompletionRequest
 from brigade.entrypoints.openai.responses import (CompletionChoice, CompletionLogprobs, CompletionResponse,
-                                                  CompletionStreamResponse, PromptLogprob, UsageInfo)
+                                                  CompletionStreamResponse, UsageInfo)
 from brigade.entrypoints.openai.serving_base import OpenAIServing, PromptResult
 from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_response, merge_async_iterators,
                                                   run_unless_disconnected, shielded, sse_error_event, sse_event)
@@ -162,12 +162,9 @@ class OpenAIServingCompletion(OpenAIServing):
                                   top_logprobs=part.top_logprobs + generated.top_logprobs)
 
     def _prompt_logprobs(self, request: CompletionRequest, result: PromptResult) -> list | None:
-        """vLLM's ``prompt_logprobs`` field of a choice, when the request asked for it."""
-        if request.prompt_logprobs is None or result.prompt_logprobs is None:
-            return None
-        return [None if entry is None else
-                {tid: PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=self.decode_token(tid, lp))
-                 for tid, lp in entry.items()} for entry in result.prompt_logprobs]
+        """vLLM's ``prompt_logprobs`` field of a choice, when the request asked for it (echo with logprobs also
+        makes the engine score the prompt, without the field)."""
+        return self.prompt_logprobs(result) if request.prompt_logprobs is not None else None
 
     async def _full(self, request: CompletionRequest, prompts: list[PromptInput], params: list[SamplingParams],
                     base_id: str, request_ids: list[str]) -> CompletionResponse:
