@@ -16,6 +16,7 @@ as OpenAI and vLLM do (NULL_IS_DEFAULT).
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, Strict, StrictBool, ValidationInfo, field_validator
@@ -371,5 +372,8 @@ def parse_json_body(body: bytes) -> Any:
                                 "JSON", param=None) from None
     try:
         return json.loads(text)
-    except ValueError as exc:  # JSONDecodeError, or a number too long to read (over 4300 digits)
+    except json.JSONDecodeError as exc:
         raise InvalidParamError(f"the request body is not valid JSON: {exc}", param=None) from None
+    except ValueError:  # int() refused a number too long to convert (Python's own advice is for the server's code)
+        raise InvalidParamError(f"the request body is not valid JSON: it holds a number of more than "
+                                f"{sys.get_int_max_str_digits()} digits", param=None) from None
