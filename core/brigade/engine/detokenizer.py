@@ -12,8 +12,9 @@ from tokenizers.decoders import DecodeStream
 from brigade.sampling_params import SamplingParams
 
 # Prompt tokens fed to the decoder first, so the first output token decodes with its real left context
-# (sentencepiece drops a leading space at the start of a text).
-_PROMPT_CONTEXT_TOKENS = 4
+# (sentencepiece drops a leading space at the start of a text). The server's logprobs text offsets decode with
+# the same context (entrypoints/openai/text_offsets.py).
+PROMPT_CONTEXT_TOKENS = 4
 
 
 class IncrementalDetokenizer:
@@ -28,7 +29,7 @@ class IncrementalDetokenizer:
         if self._enabled:
             self._backend = tokenizer.backend_tokenizer
             self._stream = DecodeStream(skip_special_tokens=params.skip_special_tokens)
-            for token_id in prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:]:
+            for token_id in prompt_token_ids[-PROMPT_CONTEXT_TOKENS:]:
                 self._stream.step(self._backend, token_id)
         self.params = params
         self.output_text = ""

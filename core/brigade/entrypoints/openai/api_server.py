@@ -225,11 +225,15 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
 
     @app.get("/v1/models")
     async def models() -> ModelList:
+        """The served models; 503 once the engine died, as every /v1 route (nothing it lists can be served)."""
+        await engine.check_health()  # EngineDeadError: the 503 handler
         return ModelList(data=list(model_cards().values()))
 
     @app.get("/v1/models/{model_id:path}")
     async def retrieve_model(model_id: str) -> ModelCard:
-        """One model or adapter by id (the openai client's ``models.retrieve``); 404 ``model_not_found`` otherwise."""
+        """One model or adapter by id (the openai client's ``models.retrieve``); 404 ``model_not_found`` otherwise;
+        503 once the engine died."""
+        await engine.check_health()
         card = model_cards().get(model_id)
         if card is None:
             raise OpenAIError.model_not_found(model_id, served_names, list(adapters))

@@ -67,7 +67,10 @@ class OpenAIError(Exception):
 
     @classmethod
     def engine_dead(cls, reason: str = "") -> "OpenAIError":
-        message = "The engine is not healthy; retry later" + (f" ({reason})" if reason else "")
+        """503 ``engine_unavailable``: the engine process died. Nothing restarts it in-process, so the message
+        promises no recovery: the server must be restarted (it exits by itself unless kept alive)."""
+        message = ("The engine has died; this server cannot serve requests until it is restarted"
+                   + (f" ({reason})" if reason else ""))
         return cls(message, status_code=503, type="server_error", code="engine_unavailable")
 
 

@@ -16,9 +16,11 @@ as OpenAI and vLLM do (NULL_IS_DEFAULT).
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, Strict, StrictBool, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from brigade.sampling_params import InvalidParamError, StructuredOutputsParams
 
@@ -74,12 +76,26 @@ class ResponseFormat(OpenAIBaseModel):
 
 
 class StructuredOutputsRequest(OpenAIBaseModel):
-    """vLLM's ``structured_outputs`` extra: exactly one of json, regex, choice, grammar."""
+    """vLLM's ``structured_outputs`` extra: exactly one of json, regex, choice, grammar.
+
+    ``json`` is a JSON schema (an object), the text of one, or ``true`` for any JSON object; another JSON type is
+    refused saying so (not with the message of whichever union member pydantic tried last).
+    """
 
     json_: str | dict | bool | None = Field(default=None, alias="json")
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+
+    @field_validator("json_", mode="before")
+    @classmethod
+    def _json_is_a_schema(cls, value: Any) -> Any:
+        if value is None or isinstance(value, (str, dict, bool)):
+            return value
+        # A number is quoted back by the error's formatting (errors.from_validation_error); an array is named here.
+        got = ", got an array" if isinstance(value, list) else ""
+        raise PydanticCustomError("json_schema_type", "must be a JSON schema (an object), a JSON string of one, or "
+                                  f"true for any JSON object{got}")
 
 
 class SamplingFields(OpenAIBaseModel):
@@ -263,6 +279,13 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: StrictBool = False
     add_special_tokens: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    """Template variables, over add_generation_prompt and continue_final_message (chat_template.py)."""
+    chat_template: str | None = None
+    """vLLM's per-request template: refused unless null (chat_template.refuse_request_chat_template)."""
+    echo: StrictBool = False
+    """vLLM's: the reply's content starts with the last message's, when that message is the assistant's."""
+    prompt_logprobs: StrictInt | None = None
+    """vLLM's: the response's top-level ``prompt_logprobs``, as a completion choice's (not with ``stream``)."""
 
     _chat_null_defaults = field_validator(*NULL_IS_DEFAULT["ChatCompletionRequest"])(classmethod(_null_is_default))
 
@@ -274,13 +297,18 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(OpenAIBaseModel):
-    """POST /tokenize: either ``prompt`` (a string) or ``messages`` (rendered with the chat template)."""
+    """POST /tokenize: either ``prompt`` (a string) or ``messages`` (rendered with the chat template, with the
+    template options of a chat request)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: StrictBool | None = None
     add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
+    """Refused unless null, as in a chat request."""
     return_token_strs: StrictBool = False
 
 
@@ -332,7 +360,8 @@ def parse_json_body(body: bytes) -> Any:
     """Decode a request body as JSON.
 
     Raises:
-        InvalidParamError: the body is empty or not JSON (param None: it is the whole body).
+        InvalidParamError: the body is empty, not UTF-8, or not JSON, or holds an integer of more digits than
+            Python converts (``sys.get_int_max_str_digits()``, 4300); param None: it is the whole body.
     """
     if not body.strip():
         raise InvalidParamError("the request body is empty; send a JSON object", param=None)
@@ -345,3 +374,6 @@ def parse_json_body(body: bytes) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidParamError(f"the request body is not valid JSON: {exc}", param=None) from None
+    except ValueError:  # int() refused a number too long to convert (Python's own advice is for the server's code)
+        raise InvalidParamError(f"the request body is not valid JSON: it holds a number of more than "
+                                f"{sys.get_int_max_str_digits()} digits", param=None) from None

@@ -48,7 +48,8 @@ class UsageInfo(BaseModel):
 class CompletionLogprobs(BaseModel):
     """The legacy completions logprobs object: one entry per token, parallel lists.
 
-    text_offset[i] is the character offset of tokens[i] in the choice's text; top_logprobs[i] maps a
+    text_offset[i] is the character offset in the choice's text where tokens[i]'s text starts (a token holding
+    part of a character starts at that character; text_offsets.py), never decreasing; top_logprobs[i] maps a
     candidate's text to its logprob (None for the first prompt token under echo, which has no logprob).
     """
 
@@ -139,6 +140,8 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo
     system_fingerprint: str | None = None
+    # vLLM's extra, as a completion choice's: per prompt token, None for the first, else {token id: PromptLogprob}.
+    prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
 
 
 class _DropNone(BaseModel):

@@ -23,6 +23,7 @@ from brigade.engine.async_llm import EngineDeadError
 from brigade.engine.input_processor import bad_words_token_ids, validate_plugin_logits_processors
 from brigade.entrypoints.openai.errors import OpenAIError, from_invalid_param, from_validation_error
 from brigade.entrypoints.openai.protocol import SamplingFields, parse_json_body
+from brigade.entrypoints.openai.responses import PromptLogprob
 from brigade.entrypoints.openai.shutdown import Drain
 from brigade.lora.request import LoRARequest
 from brigade.outputs import CompletionOutput, Logprob, RequestOutput
@@ -377,6 +378,15 @@ class OpenAIServing:
         if logprob is not None and logprob.decoded_token is not None:
             return logprob.decoded_token
         return self.tokenizer.decode([token_id])
+
+    def prompt_logprobs(self, result: PromptResult) -> list[dict[int, PromptLogprob] | None] | None:
+        """vLLM's ``prompt_logprobs`` field (a completion choice's, a chat response's): per prompt token, None for
+        the first (it has no context), else {token id: PromptLogprob}; None when the engine scored no prompt."""
+        if result.prompt_logprobs is None:
+            return None
+        return [None if entry is None else
+                {tid: PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=self.decode_token(tid, lp))
+                 for tid, lp in entry.items()} for entry in result.prompt_logprobs]
 
     # ---- SamplingParams ------------------------------------------------------------------------------
     def sampling_params(self, request: SamplingFields, *, max_tokens: int, logprobs: int | None,

@@ -16,6 +16,8 @@ import jinja2
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from brigade.entrypoints.openai.chat_template import (control_arguments, refuse_request_chat_template,
+                                                      template_options)
 from brigade.entrypoints.openai.errors import OpenAIError
 from brigade.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from brigade.entrypoints.openai.responses import (ChatChoice, ChatCompletionResponse, ChatCompletionStreamResponse,
@@ -29,6 +31,10 @@ from brigade.entrypoints.openai.tool_calls import (ToolPlan, ToolStream, make_to
 from brigade.outputs import Logprob
 from brigade.sampling_params import MAX_LOGPROBS, SamplingParams
 
+TEMPLATE_RUNTIME_ERRORS = (TypeError, AttributeError, LookupError, ArithmeticError)
+"""What a chat template (or transformers around it) raises on a value it cannot use, e.g. ``documents: 1``:
+the request's fault, so a 400, never a 500."""
+
 
 class OpenAIServingChat(OpenAIServing):
     """The /v1/chat/completions handler.
@@ -40,6 +46,8 @@ class OpenAIServingChat(OpenAIServing):
     def __init__(self, engine: Any, *, chat_template: str | None = None, **kwargs: Any):
         super().__init__(engine, **kwargs)
         self.chat_template = chat_template
+        # The template call's own arguments, which chat_template_kwargs may not set.
+        self.control_arguments = control_arguments(self.tokenizer)
 
     async def render_messages(self, messages: list[ChatMessage], *, add_generation_prompt: bool,
                               continue_final_message: bool = False, add_special_tokens: bool = False,
@@ -47,20 +55,23 @@ class OpenAIServingChat(OpenAIServing):
                               tool_plan: ToolPlan | None = None, length_param: str | None = None) -> list[int]:
         """Messages -> prompt token ids, through the chat template, on the tokenizer thread.
 
+        ``add_generation_prompt`` and ``continue_final_message`` are the request's fields; its
+        ``template_kwargs`` (chat_template_kwargs) override them and add template variables, and continuing the
+        final message turns the default generation prompt off (chat_template.template_options).
         ``add_special_tokens`` is False by default: the template already writes BOS and the role markers.
         ``tool_plan``'s tools go to a template that reads ``tools``; one that does not gets them described
         in the system message (tool_calls.prepare_conversation). With ``length_param``, a rendered text
         certainly too long for the model is refused before it is tokenized (check_text_length).
 
         Raises:
-            OpenAIError: 400 for no messages, non-text content, no template, a template error, or (with
-                ``length_param``, naming it) a prompt certainly too long.
+            OpenAIError: 400 for no messages, non-text content, no template, a chat_template_kwargs key the
+                template call owns, a template error (whatever the template raised, a TypeError included), or
+                (with ``length_param``, naming it) a prompt certainly too long.
         """
         if not messages:
             raise OpenAIError.bad_param("messages must hold at least one message", "messages")
-        if add_generation_prompt and continue_final_message:
-            raise OpenAIError.bad_param("add_generation_prompt and continue_final_message exclude each other",
-                                        "continue_final_message")
+        options = template_options(template_kwargs, add_generation_prompt=add_generation_prompt,
+                                   continue_final_message=continue_final_message, control=self.control_arguments)
         conversation = [m.to_template_dict(i) for i, m in enumerate(messages)]
         if self.chat_template is None and not getattr(self.tokenizer, "chat_template", None):
             raise OpenAIError.bad_param("this model's tokenizer has no chat template; start the server with "
@@ -75,18 +86,22 @@ class OpenAIServingChat(OpenAIServing):
                                                        "parameters": t.parameters}} for t in plan.tools.values()]
 
         def render() -> list[int]:
-            text = self.tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message, chat_template=self.chat_template, tools=tools,
-                **(template_kwargs or {}))
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    conversation, tokenize=False, add_generation_prompt=options.add_generation_prompt,
+                    continue_final_message=options.continue_final_message, chat_template=self.chat_template,
+                    tools=tools, **options.variables)
+            except (jinja2.TemplateError, ValueError) as exc:  # the template rejected these messages
+                raise OpenAIError.bad_param(f"the chat template rejected the messages: {exc}", "messages") from None
+            except TEMPLATE_RUNTIME_ERRORS as exc:  # a value the template (or transformers) could not use
+                param = "chat_template_kwargs" if options.variables else "messages"
+                raise OpenAIError.bad_param(f"the chat template failed on this request's {param}: "
+                                            f"{type(exc).__name__}: {exc}", param) from None
             if length_param is not None:
                 self.check_text_length(len(text), length_param)
             return self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
 
-        try:
-            return await self.run_tokenizer(render)
-        except (jinja2.TemplateError, ValueError) as exc:  # the template rejected these messages
-            raise OpenAIError.bad_param(f"the chat template rejected the messages: {exc}", "messages") from None
+        return await self.run_tokenizer(render)
 
     async def create_chat_completion(self, request: ChatCompletionRequest, raw_request: Request) -> Response:
         """Validate and render before queuing, then generate (streamed or not).
@@ -95,23 +110,27 @@ class OpenAIServingChat(OpenAIServing):
             OpenAIError: 400 (bad field, tools, too long), 404 (model), 503 (engine dead).
         """
         await self.check_request(request)
+        refuse_request_chat_template(request.chat_template)
+        if request.prompt_logprobs is not None and request.stream:  # vLLM's rule: they come with the whole reply
+            raise OpenAIError.bad_param("prompt_logprobs are not available with stream=true", "prompt_logprobs")
         own_constraint = self.structured_outputs(request)
         plan = make_tool_plan(request.tools, request.tool_choice, request.parallel_tool_calls,
                               other_constraint=own_constraint is not None)
         num_logprobs = self._num_logprobs(request)
         keep = self.truncation(request)  # truncate_prompt_tokens: the prompt's last tokens, before the length check
         prompt_ids = await self.render_messages(
-            request.messages, add_generation_prompt=request.add_generation_prompt and not
-            request.continue_final_message, continue_final_message=request.continue_final_message,
-            add_special_tokens=request.add_special_tokens, template_kwargs=request.chat_template_kwargs,
-            tool_plan=plan, length_param="messages" if keep is None else None)
+            request.messages, add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message, add_special_tokens=request.add_special_tokens,
+            template_kwargs=request.chat_template_kwargs, tool_plan=plan,
+            length_param="messages" if keep is None else None)
         if keep is not None:
             prompt_ids = prompt_ids[-keep:]
         wanted, param = request.wanted_max_tokens()
         max_tokens = self.check_length(len(prompt_ids), wanted, prompt_param="messages", max_tokens_param=param)
         params = await self.with_bad_words_ids(
             self.sampling_params(request, max_tokens=max_tokens, logprobs=num_logprobs,
-                                 structured_outputs=plan.constraint() or own_constraint))
+                                 structured_outputs=plan.constraint() or own_constraint,
+                                 prompt_logprobs=request.prompt_logprobs))
         response_id, request_id = self.response_ids("chatcmpl", request)
         if request.stream:
             return StreamingResponse(self._stream(request, prompt_ids, params, response_id, request_id, plan),
@@ -132,6 +151,15 @@ class OpenAIServingChat(OpenAIServing):
         if not request.logprobs:
             return None
         return request.top_logprobs or 0
+
+    @staticmethod
+    def _echo(request: ChatCompletionRequest) -> str:
+        """What ``echo`` puts before the reply, as vLLM: the last message's content when it is the assistant's
+        (the message the reply continues, or an assistant turn the reply follows); "" otherwise."""
+        last = request.messages[-1]
+        if not request.echo or last.role != "assistant":
+            return ""
+        return last.to_template_dict(len(request.messages) - 1)["content"]
 
     def _logprobs(self, token_ids: list[int], logprobs: list[dict[int, Logprob]], num_top: int) -> ChatLogprobs:
         content = []
@@ -160,6 +188,7 @@ class OpenAIServingChat(OpenAIServing):
             if not finished:  # an error or a client disconnect: free the engine's KV blocks now
                 await shielded(lambda: self.abort([request_id]))
         choices = []
+        echo = self._echo(request)
         for j in range(request.n):
             state = result.choices.get(j)
             if state is None:
@@ -168,10 +197,14 @@ class OpenAIServingChat(OpenAIServing):
             logprobs = (self._logprobs(state.token_ids, state.logprobs, params.logprobs)
                         if params.logprobs is not None else None)
             message, finish_reason = self._message(state.text, state.finish_reason, plan)
+            if echo:
+                message.content = echo + (message.content or "")
             choices.append(ChatChoice(index=j, message=message, logprobs=logprobs, finish_reason=finish_reason,
                                       stop_reason=state.stop_reason))
         usage = UsageInfo.from_counts(len(prompt_ids), result.num_generated_tokens(), result.num_cached_tokens)
-        return ChatCompletionResponse(id=response_id, model=self.model_name(request), choices=choices, usage=usage)
+        prompt_logprobs = self.prompt_logprobs(result) if request.prompt_logprobs is not None else None
+        return ChatCompletionResponse(id=response_id, model=self.model_name(request), choices=choices, usage=usage,
+                                      prompt_logprobs=prompt_logprobs)
 
     @staticmethod
     def _message(text: str, finish_reason: str | None, plan: ToolPlan) -> tuple[ChatResponseMessage, str | None]:
@@ -200,8 +233,11 @@ class OpenAIServingChat(OpenAIServing):
         tool_streams = {j: ToolStream(plan) for j in range(request.n)}
         finished = False
         try:
+            echo = self._echo(request)
             for j in range(request.n):
                 yield chunk([ChatStreamChoice(index=j, delta=DeltaMessage(role="assistant", content=""))])
+                if echo:  # as vLLM: the echoed message is the first content delta
+                    yield chunk([ChatStreamChoice(index=j, delta=DeltaMessage(content=echo))])
             async for output in self.generate(prompt_ids, params, request_id, request):
                 finished = output.finished
                 for delta in result.add(output):

@@ -17,10 +17,11 @@ from fastapi.responses import Response, StreamingResponse
 from brigade.entrypoints.openai.errors import OpenAIError
 from brigade.entrypoints.openai.protocol import CompletionRequest
 from brigade.entrypoints.openai.responses import (CompletionChoice, CompletionLogprobs, CompletionResponse,
-                                                  CompletionStreamResponse, PromptLogprob, UsageInfo)
+                                                  CompletionStreamResponse, UsageInfo)
 from brigade.entrypoints.openai.serving_base import OpenAIServing, PromptResult
 from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_response, merge_async_iterators,
                                                   run_unless_disconnected, shielded, sse_error_event, sse_event)
+from brigade.entrypoints.openai.text_offsets import TextOffsets, prompt_offsets
 from brigade.outputs import Logprob
 from brigade.sampling_params import SamplingParams
 
@@ -133,14 +134,13 @@ class OpenAIServingCompletion(OpenAIServing):
         return prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids)
 
     def _logprobs(self, token_ids: list[int], logprobs: list[dict[int, Logprob] | None], num_top: int,
-                  text_offset: int) -> CompletionLogprobs:
-        """Legacy completions logprobs for a run of tokens starting at character ``text_offset``."""
+                  text_offsets: list[int]) -> CompletionLogprobs:
+        """Legacy completions logprobs for a run of tokens whose texts start at ``text_offsets`` (TextOffsets)."""
         out = CompletionLogprobs()
-        for token_id, candidates in zip(token_ids, logprobs):
+        for token_id, candidates, offset in zip(token_ids, logprobs, text_offsets):
             token = self.decode_token(token_id, candidates.get(token_id) if candidates else None)
             out.tokens.append(token)
-            out.text_offset.append(text_offset)
-            text_offset += len(token)
+            out.text_offset.append(offset)
             if not candidates:
                 out.token_logprobs.append(None)
                 out.top_logprobs.append(None)
@@ -155,19 +155,23 @@ class OpenAIServingCompletion(OpenAIServing):
     def _echo_logprobs(self, prompt: PromptInput, result: PromptResult, num_top: int,
                        generated: CompletionLogprobs) -> CompletionLogprobs:
         """Logprobs of an echoed prompt (the first token has none), followed by ``generated``'s."""
-        part = self._logprobs(prompt.token_ids, result.prompt_logprobs or [None] * len(prompt.token_ids), num_top, 0)
+        offsets = prompt_offsets(self.tokenizer, prompt.token_ids, self._prompt_text(prompt))
+        part = self._logprobs(prompt.token_ids, result.prompt_logprobs or [None] * len(prompt.token_ids), num_top,
+                              offsets)
         return CompletionLogprobs(text_offset=part.text_offset + generated.text_offset,
                                   token_logprobs=part.token_logprobs + generated.token_logprobs,
                                   tokens=part.tokens + generated.tokens,
                                   top_logprobs=part.top_logprobs + generated.top_logprobs)
 
+    def _text_offsets(self, request: CompletionRequest, prompt: PromptInput, start: int) -> TextOffsets:
+        """The text offsets of one choice's generated tokens, the first at ``start`` (after an echoed prompt)."""
+        return TextOffsets(self.tokenizer, start=start, context=prompt.token_ids,
+                           skip_special_tokens=request.skip_special_tokens)
+
     def _prompt_logprobs(self, request: CompletionRequest, result: PromptResult) -> list | None:
-        """vLLM's ``prompt_logprobs`` field of a choice, when the request asked for it."""
-        if request.prompt_logprobs is None or result.prompt_logprobs is None:
-            return None
-        return [None if entry is None else
-                {tid: PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=self.decode_token(tid, lp))
-                 for tid, lp in entry.items()} for entry in result.prompt_logprobs]
+        """vLLM's ``prompt_logprobs`` field of a choice, when the request asked for it (echo with logprobs also
+        makes the engine score the prompt, without the field)."""
+        return self.prompt_logprobs(result) if request.prompt_logprobs is not None else None
 
     async def _full(self, request: CompletionRequest, prompts: list[PromptInput], params: list[SamplingParams],
                     base_id: str, request_ids: list[str]) -> CompletionResponse:
@@ -199,7 +203,10 @@ class OpenAIServingCompletion(OpenAIServing):
                     text, token_ids, token_logprobs = "", [], []
                 logprobs = None
                 if request.logprobs is not None:
-                    logprobs = self._logprobs(token_ids, token_logprobs, request.logprobs, len(prefix))
+                    # At most the text's length: a stop string may cut the text before the last token's start.
+                    offsets = [min(o, len(prefix) + len(text))
+                               for o in self._text_offsets(request, prompt, len(prefix)).offsets(token_ids)]
+                    logprobs = self._logprobs(token_ids, token_logprobs, request.logprobs, offsets)
                     if request.echo:
                         logprobs = self._echo_logprobs(prompt, result, request.logprobs, logprobs)
                 choices.append(CompletionChoice(index=i * request.n + j, text=prefix + text, logprobs=logprobs,
@@ -217,6 +224,7 @@ class OpenAIServingCompletion(OpenAIServing):
         results = [PromptResult(p.token_ids) for p in prompts]
         echoed: set[int] = set()  # choice indexes whose prompt echo was sent
         offsets: dict[int, int] = {}  # choice index -> characters sent so far
+        text_offsets: dict[int, TextOffsets] = {}  # choice index -> its tokens' offsets (with logprobs)
         finished: set[int] = set()
         iterators = [self.generate(p.token_ids, sp, rid, request)
                      for p, sp, rid in zip(prompts, params, request_ids)]
@@ -234,12 +242,15 @@ class OpenAIServingCompletion(OpenAIServing):
                         echoed.add(index)
                         prefix = self._prompt_text(prompts[i]) if request.echo else ""
                         prompt_logprobs = self._prompt_logprobs(request, results[i])
-                    offset = offsets.get(index, 0) + len(prefix)
+                        text_offsets[index] = self._text_offsets(request, prompts[i], len(prefix))
+                    offsets[index] = offsets.get(index, 0) + len(prefix) + len(text)
                     if request.logprobs is not None:
-                        logprobs = self._logprobs(token_ids, token_logprobs, request.logprobs, offset)
+                        token_offsets = text_offsets[index].offsets(token_ids)
+                        if delta.finish_reason is not None:  # the text is whole now: cut as the full response is
+                            token_offsets = [min(o, offsets[index]) for o in token_offsets]
+                        logprobs = self._logprobs(token_ids, token_logprobs, request.logprobs, token_offsets)
                         if prefix:
                             logprobs = self._echo_logprobs(prompts[i], results[i], request.logprobs, logprobs)
-                    offsets[index] = offset + len(text)
                     choice = CompletionChoice(index=index, text=prefix + text, logprobs=logprobs,
                                               prompt_logprobs=prompt_logprobs,
                                               finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from brigade.entrypoints.openai.chat_template import refuse_request_chat_template
 from brigade.entrypoints.openai.errors import OpenAIError
 from brigade.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
 from brigade.entrypoints.openai.responses import DetokenizeResponse, TokenizeResponse
@@ -16,14 +17,18 @@ class OpenAIServingTokenization:
         self.chat = chat
 
     async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
-        """Raises OpenAIError: 400 unless exactly one of prompt and messages is given; 404 for the model."""
+        """Raises OpenAIError: 400 unless exactly one of prompt and messages is given, for a request chat_template
+        and for chat_template_kwargs a chat request could not send either; 404 for the model."""
         await self.chat.check_request(request)
+        refuse_request_chat_template(request.chat_template)
         if (request.prompt is None) == (request.messages is None):
             raise OpenAIError.bad_param("give exactly one of prompt and messages", "prompt")
         if request.messages is not None:
             token_ids = await self.chat.render_messages(request.messages,
                                                         add_generation_prompt=request.add_generation_prompt,
-                                                        add_special_tokens=bool(request.add_special_tokens))
+                                                        continue_final_message=request.continue_final_message,
+                                                        add_special_tokens=bool(request.add_special_tokens),
+                                                        template_kwargs=request.chat_template_kwargs)
         else:
             add_special = True if request.add_special_tokens is None else request.add_special_tokens
             token_ids = await self.chat.tokenize(request.prompt, add_special_tokens=add_special)
