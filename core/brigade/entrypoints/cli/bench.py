@@ -15,6 +15,8 @@ from urllib.parse import urlparse
 
 from brigade.benchmarks.datasets import DATASETS
 from brigade.benchmarks.hf_peer import PEER_MODES
+from brigade.entrypoints.cli.arg_types import non_negative_int as _non_negative_int
+from brigade.entrypoints.cli.arg_types import positive_int as _positive_int
 
 
 class _ActionRecorder:
@@ -64,26 +66,6 @@ def _add_engine_args(parser: argparse.ArgumentParser, plugin_choices) -> None:
     actions: list[argparse.Action] = []
     add_engine_args(_ActionRecorder(parser, actions), plugin_choices)
     parser.set_defaults(bench_engine_actions=actions)
-
-
-def _int(text: str, least: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least {least}, got {text!r}") from None
-    if value < least:
-        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    """argparse type: an int of at least 1."""
-    return _int(text, 1)
-
-
-def _non_negative_int(text: str) -> int:
-    """argparse type: an int of at least 0."""
-    return _int(text, 0)
 
 
 def _positive_float(text: str, what: str) -> float:
