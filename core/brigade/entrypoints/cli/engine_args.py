@@ -403,8 +403,6 @@ def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
                               ("--attention-backend", args.attention_backend, "attention_backend"),
                               ("--io-processor-plugin", args.io_processor_plugin, "io_processor")):
         _check_choice(flag, value, choices.get(kind, ()))
-    if args.num_gpu_blocks_override is not None and args.num_gpu_blocks_override < 1:
-        raise ConfigError(f"--num-gpu-blocks-override must be at least 1, got {args.num_gpu_blocks_override}")
     _check_paths(args)
     served_names = _served_names(args)
     for name in served_names:

@@ -35,7 +35,8 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
 def check(args: argparse.Namespace) -> None:
     """Every check that needs no engine: the flags, then the platform's and the model's limits on them
     (``prepare_config`` on a copy: ``--kv-cache-memory`` against the RAM on the CPU, ``--max-model-len``
-    against config.json, the architecture, the quantization method and the layers it must hold
+    against config.json, a ``--num-gpu-blocks-override`` pool too small for one request, the architecture, the
+    quantization method and the layers it must hold
     (``check_quantized_layers``: a GPTQ checkpoint without brigade-gptq, ``--quantization gptq`` on an unquantized
     one, 3-bit...), the ``--lora-modules`` adapters). ``brigade``'s main runs it before the start-up log begins, and
     ``run`` before the port is bound, so a bad flag prints one line and a busy port never hides it.
@@ -45,13 +46,17 @@ def check(args: argparse.Namespace) -> None:
     """
     import copy
 
-    from brigade.engine.core import prepare_config
+    from brigade.engine.core import check_kv_capacity, prepare_config
     from brigade.model_executor.loader import check_quantized_layers, get_model_class
 
     config = runnable_config_from_args(args)
     settings_from_args(args)
-    hf_config = prepare_config(copy.deepcopy(config))
+    resolved = copy.deepcopy(config)
+    hf_config = prepare_config(resolved)
     get_model_class(hf_config)
+    blocks = resolved.cache_config.num_gpu_blocks_override
+    if blocks is not None:  # the pool's size is known before any weight loads
+        check_kv_capacity(blocks, resolved.cache_config.block_size, resolved.model_config.max_model_len)
     check_quantized_layers(config.model_config, hf_config)
     if config.lora_config is not None:  # each adapter read and checked against the model, one line if bad
         from brigade.lora.adapter import check_adapters
