@@ -49,6 +49,8 @@ class ModelConfig:
     """Name of an IO-processor plugin to apply to requests and outputs."""
     skip_tokenizer_init: bool = False
     """Load no tokenizer: prompts must be token ids and outputs carry no text (dummy-weight benchmarks)."""
+    trust_remote_code: bool = False
+    """Let transformers run the model folder's own code (``auto_map``) to read its config and tokenizer."""
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:

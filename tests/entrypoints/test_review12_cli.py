@@ -4,10 +4,12 @@ Real subprocesses and a real server on loopback; no mocks."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import pty
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from remote_server import RemoteServer, brigade_command, find_free_port
@@ -131,3 +133,61 @@ def test_the_capacity_hint_never_offers_a_max_model_len_below_1(num_blocks):
     message = str(info.value)
     assert "no usable block" in message and "--max-model-len" not in message, message
     assert "at least 2 blocks" in message, message
+
+
+# ---- 3: vLLM's launch flags --------------------------------------------------------------------------------
+
+def parse(*argv: str) -> argparse.Namespace:
+    from brigade.entrypoints.cli.main import build_parser
+
+    return build_parser({}).parse_args(list(argv))
+
+
+@pytest.mark.parametrize("alias,dtype", [("half", "float16"), ("float", "float32"), ("float16", "float16")])
+def test_dtype_half_and_float_are_vllms_names(smollm2_path, alias, dtype):
+    from brigade.entrypoints.cli.engine_args import config_from_args
+
+    assert config_from_args(parse("serve", str(smollm2_path), "--dtype", alias)).model_config.dtype == dtype
+
+
+def test_dtype_float_generates_and_a_bad_dtype_names_the_aliases(smollm2_path):
+    proc = run_cli("generate", "The capital of France is", "--model", str(smollm2_path), "--dtype", "float",
+                   "--max-tokens", "3", "--max-model-len", "64")
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-3000:]
+    assert_one_line(run_cli("serve", str(smollm2_path), "--dtype", "double"), "brigade serve",
+                    "--dtype 'double' is not known; use one of auto, bfloat16, float16, float32 (or half for float16, "
+                    "float for float32)")
+
+
+@pytest.fixture
+def remote_code_model(smollm2_path, tmp_path):
+    """SmolLM2 whose config.json names its own config class (auto_map), as models with custom code do."""
+    import json
+
+    folder = tmp_path / "remote-code-model"
+    folder.mkdir()
+    for item in Path(smollm2_path).iterdir():
+        if item.name != "config.json":
+            (folder / item.name).symlink_to(item)
+    config = json.loads((Path(smollm2_path) / "config.json").read_text())
+    config.update(model_type="review12_llama", auto_map={"AutoConfig": "configuration_review12.Review12Config"})
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "configuration_review12.py").write_text(
+        "from transformers import LlamaConfig\n\n\nclass Review12Config(LlamaConfig):\n"
+        "    model_type = \"review12_llama\"\n")
+    return folder
+
+
+def test_trust_remote_code_runs_the_models_config_code(remote_code_model, tmp_path):
+    env = {"HF_HOME": str(tmp_path / "hf-home")}  # where transformers copies the folder's code
+    refused = run_cli("serve", str(remote_code_model), env=env)
+    assert_one_line(refused, "brigade serve", "has its own config code (auto_map in config.json), which runs only "
+                                              "with --trust-remote-code")
+    proc = run_cli("generate", "The capital of France is", "--model", str(remote_code_model), "--trust-remote-code",
+                   "--max-tokens", "3", "--max-model-len", "64", env=env)
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-3000:]
+    config = parse("serve", str(remote_code_model), "--trust-remote-code")
+    from brigade.entrypoints.cli.engine_args import config_from_args
+
+    assert config_from_args(config).model_config.trust_remote_code
+    assert not config_from_args(parse("serve", str(remote_code_model))).model_config.trust_remote_code

@@ -33,7 +33,7 @@ def prepare_config(config: BrigadeConfig):
 
     load_plugins("engine")
     current_platform().check_and_update_config(config)
-    hf_config = get_hf_config(config.model_config.model)
+    hf_config = get_hf_config(config.model_config.model, config.model_config.trust_remote_code)
     config.resolve(hf_config)
     return hf_config
 
