@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import errno
 import json
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -14,6 +15,10 @@ from brigade.config import ConfigError
 from brigade.entrypoints.cli.engine_args import add_engine_args, runnable_config_from_args
 
 API_KEY_ENV = "BRIGADE_API_KEY"
+# vLLM's --tool-call-parser names of the formats brigade.entrypoints.openai.tool_calls.parse_tool_calls reads; it
+# always runs under tool_choice "auto" (no --enable-auto-tool-choice needed): <tool_call>{json}</tool_call> blocks.
+TOOL_CALL_PARSERS = ("hermes",)
+STAT_LOG_INTERVAL_ENV = "BRIGADE_LOG_STATS_INTERVAL"  # vLLM's VLLM_LOG_STATS_INTERVAL; default 10 s (ServerSettings)
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
@@ -73,7 +78,23 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     h.add_argument("--api-key", default=None,
                    help=f"require 'Authorization: Bearer KEY' on /v1/* (also read from ${API_KEY_ENV})")
     h.add_argument("--uvicorn-log-level", default="info", help=f"one of {', '.join(UVICORN_LOG_LEVELS)}")
-    h.add_argument("--disable-log-requests", action="store_true", help="do not log each request")
+    h.add_argument("--enable-log-requests", action="store_true",
+                   help="log each request's id, prompt length and sampling parameters at INFO (off by default, "
+                        "as in vLLM)")
+    h.add_argument("--disable-log-requests", action="store_true",
+                   help="deprecated: requests are not logged by default any more (this is the default); use "
+                        "--enable-log-requests to log them")
+    h.add_argument("--disable-log-stats", action="store_true",
+                   help="do not log the periodic stats line (throughput, running and waiting requests, KV cache "
+                        f"usage, prefix cache hit rate; every ${STAT_LOG_INTERVAL_ENV} seconds, default 10) nor call "
+                        "stat logger plugins' log(); /metrics is unaffected")
+    h.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='accepted for vLLM compatibility: Brigade always lets the model choose under tool_choice '
+                        '"auto" (the default when a request has tools) and parses its calls, with or without it')
+    h.add_argument("--tool-call-parser", metavar="NAME",
+                   help=f"format of the tool calls parsed under tool_choice 'auto': {', '.join(TOOL_CALL_PARSERS)} "
+                        "(<tool_call>{...}</tool_call> blocks of JSON with name and arguments, or a bare JSON call), "
+                        "the only one implemented and always on; other vLLM parser names are refused")
     h.add_argument("--shutdown-timeout", type=float, default=5.0, metavar="SECONDS",
                    help="how long in-flight requests may finish after SIGTERM (default 5)")
     for flag, what in (("--allowed-origins", "origins"), ("--allowed-methods", "methods"),
@@ -110,11 +131,30 @@ def settings_from_args(args: argparse.Namespace):
     if args.api_key is not None and not args.api_key.strip():
         raise ConfigError("--api-key is empty, which would serve without any key; give a key, or leave the flag "
                           "out to serve without one on purpose")
+    if args.enable_log_requests and args.disable_log_requests:
+        raise ConfigError("--enable-log-requests and --disable-log-requests contradict each other; requests are not "
+                          "logged by default, so give --enable-log-requests alone to log them")
+    parser = args.tool_call_parser
+    if parser is not None and parser not in TOOL_CALL_PARSERS:
+        raise ConfigError(f"--tool-call-parser {parser!r} is not implemented; Brigade parses tool calls in one format, "
+                          f"always on: use --tool-call-parser {' or '.join(TOOL_CALL_PARSERS)} (<tool_call> blocks "
+                          "of JSON), or leave the flag out")
+    interval = os.environ.get(STAT_LOG_INTERVAL_ENV)
+    stats: dict[str, float] = {}
+    if interval is not None:
+        try:
+            stats["log_stats_interval_s"] = float(interval)
+        except ValueError:
+            stats["log_stats_interval_s"] = math.nan
+        if not 0 < stats["log_stats_interval_s"] < math.inf:
+            raise ConfigError(f"{STAT_LOG_INTERVAL_ENV}={interval!r} is not a positive number of seconds; unset it "
+                              "for the default, 10")
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     return ServerSettings(host=args.host, port=args.port, api_key=api_key, uvicorn_log_level=args.uvicorn_log_level,
-                          log_requests=not args.disable_log_requests, shutdown_timeout_s=args.shutdown_timeout,
+                          log_requests=args.enable_log_requests, log_stats=not args.disable_log_stats,
+                          shutdown_timeout_s=args.shutdown_timeout,
                           allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,
-                          allowed_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
+                          allowed_headers=args.allowed_headers, allow_credentials=args.allow_credentials, **stats)
 
 
 def run(args: argparse.Namespace) -> int:
