@@ -280,3 +280,47 @@ def test_the_stats_line_is_info_while_tokens_flow_then_debug(caplog):
     assert caplog.records[0].getMessage() == (
         "Avg prompt throughput: 4.0 tokens/s, Avg generation throughput: 1.0 tokens/s, Running: 2 reqs, Waiting: 1 "
         "reqs, KV cache usage: 25.0%, Prefix cache hit rate: 25.0%")
+
+
+# ---- 4: no abbreviated flags -------------------------------------------------------------------------------
+
+def _all_parsers(parser: argparse.ArgumentParser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _all_parsers(sub)
+
+
+def test_no_brigade_parser_takes_abbreviations():
+    from brigade.entrypoints.cli.main import build_parser
+
+    parsers = list(_all_parsers(build_parser({})))
+    assert len(parsers) == 9  # brigade, serve, generate, chat, bench and its three, plugins
+    assert [p.prog for p in parsers if p.allow_abbrev] == []
+
+
+@pytest.mark.parametrize("argv,prefix,needle", [
+    (["serve", "{model}", "--enable-prefix-cachin"], "brigade serve",
+     "unrecognized arguments: --enable-prefix-cachin (did you mean --enable-prefix-caching?)"),
+    (["serve", "{model}", "--max-model-le", "64"], "brigade serve",
+     "unrecognized arguments: --max-model-le 64 (did you mean --max-model-len?)"),
+    (["serve", "{model}", "--max_model_le=64"], "brigade serve",
+     "unrecognized arguments: --max-model-le=64 (did you mean --max-model-len?)"),
+    (["chat", "--max-tok", "5"], "brigade chat", "unrecognized arguments: --max-tok 5 (did you mean --max-tokens?)"),
+    (["bench", "latency", "{model}", "--num-iter", "3"], "brigade bench latency",
+     "unrecognized arguments: --num-iter 3 (did you mean --num-iters or --num-iters-warmup?)"),
+    (["serve", "{model}", "--no-such-flag"], "brigade serve", "unrecognized arguments: --no-such-flag"),
+])
+def test_a_prefix_of_a_flag_is_an_error_naming_it(smollm2_path, argv, prefix, needle):
+    proc = run_cli(*[a.format(model=smollm2_path) for a in argv])
+    line = assert_one_line(proc, prefix, needle)
+    if "no-such-flag" in needle:
+        assert "did you mean" not in line, line
+
+
+def test_short_and_negated_flags_still_parse(smollm2_path):
+    args = parse("serve", str(smollm2_path), "-O0", "-tp", "1", "-q", "fp8", "--no-enable-prefix-caching",
+                 "-cc", '{"cudagraph_mode": "NONE"}')
+    assert (args.optimization_level, args.tensor_parallel_size, args.quantization) == (0, 1, "fp8")
+    assert args.enable_prefix_caching is False and args.compilation_config == '{"cudagraph_mode": "NONE"}'

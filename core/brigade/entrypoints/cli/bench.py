@@ -106,12 +106,13 @@ def _base_url(text: str) -> str:
 
 def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = None) -> argparse.ArgumentParser:
     """Add ``bench`` and its three sub-subcommands (each sets ``run``) to ``subparsers``."""
-    parser = subparsers.add_parser("bench", help="benchmark throughput, latency or a server",
+    parser = subparsers.add_parser("bench", help="benchmark throughput, latency or a server", allow_abbrev=False,
                                    description="Benchmark Brigade (vLLM's bench conventions) against HF transformers.")
     parser.set_defaults(run=lambda args: (parser.print_help(), 2)[1])
     commands = parser.add_subparsers(dest="bench_command", metavar="{throughput,latency,serve}")
 
     t = commands.add_parser("throughput", help="offline throughput of a request set submitted at once",
+                            allow_abbrev=False,
                             description="Offline throughput (requests/s, output and total tokens/s) of the LLM "
                                         "class, with ignore_eos; optionally HF transformers in the same process.")
     _add_dataset_args(t, input_len=1024, output_len=128, num_prompts=1000)
@@ -127,7 +128,7 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
     _add_engine_args(t, plugin_choices)
     t.set_defaults(run=_one_line_config_errors(_run_throughput, t))
 
-    lat = commands.add_parser("latency", help="latency, TTFT and TPOT of one batch",
+    lat = commands.add_parser("latency", help="latency, TTFT and TPOT of one batch", allow_abbrev=False,
                               description="End-to-end latency, TTFT and TPOT of one batch of random prompts.")
     lat.add_argument("--batch-size", type=_positive_int, default=8, help="prompts per batch (default %(default)s)")
     lat.add_argument("--input-len", type=_positive_int, default=32,
@@ -145,6 +146,7 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
     lat.set_defaults(run=_one_line_config_errors(_run_latency, lat))
 
     s = commands.add_parser("serve", help="online serving: Poisson arrivals of streaming completions",
+                            allow_abbrev=False,
                             description="Streaming /v1/completions with token-id prompts and ignore_eos against "
                                         "--base-url, or a server started with --launch and the engine flags.")
     _add_dataset_args(s, input_len=1024, output_len=128, num_prompts=1000)

@@ -36,7 +36,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("chat", help="chat interactively with a running server",
                                    description="Chat with a running OpenAI-compatible server; an empty line "
                                                "or end of input quits.",
-                                   epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                   allow_abbrev=False)
     parser.add_argument("--url", type=server_url, default="http://127.0.0.1:8000/v1",
                         help="the server's address or /v1 base URL; /v1 is added to an address without a path "
                              "(default %(default)s)")

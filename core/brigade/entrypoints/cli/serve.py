@@ -29,7 +29,7 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
         plugin_choices: installed plugin names per kind (``brigade.plugins.plugin_choices()``).
     """
     parser = subparsers.add_parser(
-        "serve", help="serve a model over the OpenAI-compatible HTTP API",
+        "serve", help="serve a model over the OpenAI-compatible HTTP API", allow_abbrev=False,
         description="Serve MODEL (an HF-format directory) over the OpenAI-compatible HTTP API.")
     add_server_args(parser)
     add_engine_args(parser, plugin_choices)
