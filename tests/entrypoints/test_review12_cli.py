@@ -324,3 +324,43 @@ def test_short_and_negated_flags_still_parse(smollm2_path):
                  "-cc", '{"cudagraph_mode": "NONE"}')
     assert (args.optimization_level, args.tensor_parallel_size, args.quantization) == (0, 1, "fp8")
     assert args.enable_prefix_caching is False and args.compilation_config == '{"cudagraph_mode": "NONE"}'
+
+
+# ---- 5: bench lengths before the engine loads; bench serve --host/--port -----------------------------------
+
+@pytest.mark.parametrize("argv,limit", [
+    (["latency", "--input-len", "100000"], "8192 (the model's max_position_embeddings)"),
+    (["latency", "--input-len", "60", "--output-len", "8", "--max-model-len", "64"], "64 (--max-model-len)"),
+    (["throughput", "--input-len", "100000", "--num-prompts", "2"], "8192 (the model's max_position_embeddings)"),
+])
+def test_bench_lengths_are_checked_before_the_engine_loads(smollm2_path, argv, limit):
+    command, *flags = argv
+    proc = run_cli("bench", command, str(smollm2_path), *flags)
+    line = assert_one_line(proc, f"brigade bench {command}", "exceeds the max model length " + limit)
+    assert "keep their sum at most" in line and "tensors from" not in proc.stderr
+    assert "KV cache" not in proc.stderr and "iteration" not in proc.stdout
+
+
+def test_bench_serve_host_and_port_build_the_base_url(smollm2_path, server):
+    """vLLM's bench serve --host/--port: the server measured is http://HOST:PORT unless --base-url is given."""
+    from urllib.parse import urlparse
+
+    port = str(urlparse(server.base_url).port)
+    out = Path(server.log.name).with_suffix(".bench.json")
+    proc = run_cli("bench", "serve", str(smollm2_path), "--host", "127.0.0.1", "--port", port, "--num-prompts", "2",
+                   "--input-len", "8", "--output-len", "4", "--served-model-name", MODEL_NAME, "--output-json",
+                   str(out))
+    try:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        import json
+
+        record = json.loads(out.read_text())
+        assert record["config"]["benchmark"]["base_url"] == server.base_url, record["config"]
+    finally:
+        out.unlink(missing_ok=True)
+    assert parse("bench", "serve", "--port", "9001").port == 9001
+    assert_one_line(run_cli("bench", "serve", str(smollm2_path), "--port", "70000"), "brigade bench serve",
+                    "argument --port: must be in 1..65535, got 70000")
+    assert_one_line(run_cli("bench", "serve", str(smollm2_path), "--host", "127.0.0.1", "--base-url",
+                            "http://127.0.0.1:8000"), "brigade bench serve",
+                    "--base-url and --host/--port both name the server; give one")

@@ -63,6 +63,27 @@ def _finish(record: dict, path: str | None) -> int:
     return 0
 
 
+def check_lengths_before_loading(args: argparse.Namespace, config) -> None:
+    """Refuse a random request set longer than the model takes before any engine is built (the model's
+    max_position_embeddings from its config.json, or ``--max-model-len``, as the engine resolves it).
+
+    Raises:
+        ConfigError: one line naming the lengths and the limit.
+    """
+    import copy
+
+    from brigade.benchmarks.datasets import check_random_lengths
+    from brigade.model_executor.loader import get_hf_config
+
+    if getattr(args, "dataset", "random") != "random":  # sharegpt-like requests are cut to fit
+        return
+    resolved = copy.deepcopy(config)
+    resolved.resolve(get_hf_config(config.model_config.model, config.model_config.trust_remote_code))
+    source = "--max-model-len" if config.model_config.max_model_len is not None else \
+        "the model's max_position_embeddings"
+    check_random_lengths(args.input_len, args.output_len, resolved.model_config.max_model_len, source)
+
+
 # ---- throughput --------------------------------------------------------------------------------------
 
 def run_throughput(args: argparse.Namespace) -> int:
@@ -72,6 +93,7 @@ def run_throughput(args: argparse.Namespace) -> int:
     from brigade.entrypoints.cli.engine_args import runnable_config_from_args
 
     config = runnable_config_from_args(args)  # ConfigError: one line from the CLI's main, before the model loads
+    check_lengths_before_loading(args, config)
     platform = _platform()
     seed = 0 if args.seed is None else args.seed
     setup: dict[str, object] = {}
@@ -118,6 +140,7 @@ def run_latency(args: argparse.Namespace) -> int:
     from brigade.model_executor.loader import get_hf_config
 
     config = runnable_config_from_args(args)  # ConfigError: one line from the CLI's main, before the model loads
+    check_lengths_before_loading(args, config)
     platform = _platform()
     seed = 0 if args.seed is None else args.seed
     hf_config = get_hf_config(config.model_config.model, config.model_config.trust_remote_code)
@@ -133,10 +156,6 @@ def run_latency(args: argparse.Namespace) -> int:
     llm = LLM.from_config(config)
     engine_config = llm.config
     try:
-        max_len = llm.config.model_config.max_model_len
-        if args.input_len + args.output_len > max_len:
-            raise ConfigError(f"--input-len {args.input_len} + --output-len {args.output_len} exceeds the max model "
-                              f"length {max_len}")
         runner = BrigadeLatencyRunner(llm.engine, platform.synchronize)
         vocab = prompt_vocab_size(hf_config.vocab_size, llm.get_tokenizer())
         make = batch_maker(vocab)
