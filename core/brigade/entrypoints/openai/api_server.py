@@ -85,6 +85,8 @@ class ServerSettings:
     """CORS ``--allowed-headers``."""
     allow_credentials: bool = False
     """CORS ``--allow-credentials``."""
+    fastapi_docs: bool = True
+    """Serve /docs, /redoc and /openapi.json (off with vLLM's ``--disable-fastapi-docs``)."""
 
 
 class APIKeyMiddleware:
@@ -181,7 +183,10 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
                 task.cancel()
             tokenizer_executor.shutdown(wait=False)
 
-    app = FastAPI(title="Brigade", version=__version__, lifespan=lifespan)
+    # /docs and /redoc are FastAPI's pages, whose JavaScript and CSS come from a CDN (cdn.jsdelivr.net): blank on
+    # a machine without internet access; /openapi.json is served from here. --disable-fastapi-docs drops all three.
+    docs = {} if settings.fastapi_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="Brigade", version=__version__, lifespan=lifespan, **docs)
     app.state.engine_client = engine
     app.state.api_key = settings.api_key
     app.state.config = config
