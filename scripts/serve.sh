@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # serve.sh: set up (scripts/setup.sh), then serve SmolLM2-135M-Instruct with the OpenAI-compatible
-# API on 127.0.0.1:8000. Extra arguments go to `brigade serve` (e.g. --max-model-len 2048).
+# API on 127.0.0.1:8000 (loopback only; plain `brigade serve` listens on 0.0.0.0). Extra arguments go to
+# `brigade serve` (e.g. --max-model-len 2048, or --host 0.0.0.0 to listen on every interface); another model
+# is given as the first argument or with --model (./scripts/serve.sh --model /models/Qwen2.5-0.5B-Instruct).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -8,15 +10,19 @@ cd "$ROOT"
 
 "$ROOT/scripts/setup.sh"
 
-# Nothing comes from a model hub at run time (DESIGN.md); fail fast instead of waiting on the network.
+# Nothing comes from a model hub at run time (README.md, docs/setup.md); fail fast instead of waiting on the network.
 export HF_HUB_OFFLINE=1
 
 HOST=127.0.0.1
 PORT=8000
-MODEL_NAME=SmolLM2-135M-Instruct
-MODEL_DIR="$("$ROOT/.venv/bin/python" "$ROOT/scripts/fetch_model.py" | tail -n 1)"
+MODEL_NAME=""
+MODEL_DIR=""
+MODEL_ARGS=()  # how the model reaches `brigade serve`: MODEL (the default, or the user's first argument) or --model
 API_KEY=unused
 AUTH=""
+if [ $# -gt 0 ] && [[ "$1" != -* ]]; then  # ./scripts/serve.sh MODEL [flags], as `brigade serve MODEL`
+  MODEL_DIR="$1"; MODEL_ARGS=("$1"); shift
+fi
 # The examples below follow the flags passed on (they come last on the command line, so they win).
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
@@ -26,8 +32,15 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     --port) PORT="$next" ;; --port=*) PORT="${arg#*=}" ;;
     --api-key) API_KEY="$next" ;; --api-key=*) API_KEY="${arg#*=}" ;;
     --served-model-name) MODEL_NAME="$next" ;; --served-model-name=*) MODEL_NAME="${arg#*=}" ;;
+    --model) MODEL_DIR="$next" ;; --model=*) MODEL_DIR="${arg#*=}" ;;
   esac
 done
+if [ -z "$MODEL_DIR" ]; then  # the real model that setup.sh built
+  MODEL_DIR="$("$ROOT/.venv/bin/python" "$ROOT/scripts/fetch_model.py" | tail -n 1)"
+  MODEL_ARGS=("$MODEL_DIR")
+fi
+# brigade serve's default name is the model folder's name
+MODEL_NAME="${MODEL_NAME:-$(basename "${MODEL_DIR%/}")}"
 SHOW_HOST="${SHOW_HOST:-$HOST}"
 [ "$SHOW_HOST" = "0.0.0.0" ] && SHOW_HOST=127.0.0.1
 [ "$API_KEY" != unused ] && AUTH=" -H 'Authorization: Bearer $API_KEY'"
@@ -47,5 +60,4 @@ cat <<MSG
   print(reply.choices[0].message.content)
 MSG
 
-exec "$ROOT/.venv/bin/brigade" serve "$MODEL_DIR" --served-model-name "$MODEL_NAME" \
-    --host "$HOST" --port "$PORT" "$@"
+exec "$ROOT/.venv/bin/brigade" serve ${MODEL_ARGS[@]+"${MODEL_ARGS[@]}"} --host "$HOST" --port "$PORT" "$@"

@@ -9,7 +9,7 @@ cd "$ROOT"
 
 "$ROOT/scripts/setup.sh"
 
-# Nothing comes from a model hub at run time (DESIGN.md); fail fast instead of waiting on the network.
+# Nothing comes from a model hub at run time (README.md, docs/setup.md); fail fast instead of waiting on the network.
 export HF_HUB_OFFLINE=1
 
 # The whole tests/ folder, unless the arguments name test paths of their own.

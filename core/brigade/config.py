@@ -49,6 +49,8 @@ class ModelConfig:
     """Name of an IO-processor plugin to apply to requests and outputs."""
     skip_tokenizer_init: bool = False
     """Load no tokenizer: prompts must be token ids and outputs carry no text (dummy-weight benchmarks)."""
+    trust_remote_code: bool = False
+    """Let transformers run the model folder's own code (``auto_map``) to read its config and tokenizer."""
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -73,6 +75,10 @@ class ModelConfig:
         return names or [os.path.basename(os.path.normpath(self.model)) or self.model]
 
 
+MIN_KV_BLOCKS = 2
+"""The least KV pool that can hold a token: block 0 is the null block (``BlockPool``), padding that never holds any."""
+
+
 @dataclass
 class CacheConfig:
     """The paged KV cache: block size, memory budget and prefix caching (book ch. 2, 4, 12)."""
@@ -84,7 +90,7 @@ class CacheConfig:
     kv_cache_memory_gib: float | None = None
     """KV pool size in GiB; overrides profiling. On the CPU it defaults to 1 GiB."""
     num_gpu_blocks_override: int | None = None
-    """Force this many KV blocks (tests use it to force preemption)."""
+    """Force this many KV blocks (tests use it to force preemption); at least 2, as block 0 is the null block."""
     enable_prefix_caching: bool = True
     """Reuse KV blocks across requests sharing a prefix (chained block hashes)."""
     cache_dtype: str = "auto"
@@ -99,6 +105,10 @@ class CacheConfig:
             raise ConfigError(f"--block-size must be a power of two such as 16, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < MIN_KV_BLOCKS:
+            raise ConfigError(f"--num-gpu-blocks-override must be at least {MIN_KV_BLOCKS}, got "
+                              f"{self.num_gpu_blocks_override}: block 0 is the KV cache's null block (padding, it "
+                              "never holds tokens), so N blocks hold N - 1 blocks of tokens")
         if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
             raise ConfigError(f"--kv-cache-memory must be a positive number of GiB, got {self.kv_cache_memory_gib}")
         if self.cache_dtype.startswith("fp8"):

@@ -19,7 +19,8 @@ def get_tokenizer(model_config: ModelConfig):
         return None
     path = model_config.tokenizer or model_config.model
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True,
+                                                  trust_remote_code=model_config.trust_remote_code)
     except Exception as exc:  # transformers raises OSError, ValueError, or KeyError/TypeError on a broken file
         detail = str(exc) if isinstance(exc, (OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
         raise ConfigError(f"cannot load a tokenizer from {path!r}: {detail}") from exc

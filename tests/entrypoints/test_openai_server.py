@@ -33,7 +33,7 @@ def stats_jsonl(tmp_path_factory):
 def server(smollm2_path, stats_jsonl):
     srv = RemoteServer(smollm2_path, ["--served-model-name", MODEL_NAME, "--max-model-len", str(MAX_MODEL_LEN),
                                       "--num-gpu-blocks-override", "128", "--max-num-seqs", "8",
-                                      "--block-size", "16"],
+                                      "--block-size", "16", "--enable-log-requests"],  # the abort test reads it
                        api_key=API_KEY, env={"BRIGADE_ENDPOINT_PLUGINS": "reset_prefix_cache",
                                                          "BRIGADE_STATS_JSONL": str(stats_jsonl)})
     yield srv

@@ -63,6 +63,27 @@ def _finish(record: dict, path: str | None) -> int:
     return 0
 
 
+def check_lengths_before_loading(args: argparse.Namespace, config) -> None:
+    """Refuse a random request set longer than the model takes before any engine is built (the model's
+    max_position_embeddings from its config.json, or ``--max-model-len``, as the engine resolves it).
+
+    Raises:
+        ConfigError: one line naming the lengths and the limit.
+    """
+    import copy
+
+    from brigade.benchmarks.datasets import check_random_lengths
+    from brigade.model_executor.loader import get_hf_config
+
+    if getattr(args, "dataset", "random") != "random":  # sharegpt-like requests are cut to fit
+        return
+    resolved = copy.deepcopy(config)
+    resolved.resolve(get_hf_config(config.model_config.model, config.model_config.trust_remote_code))
+    source = "--max-model-len" if config.model_config.max_model_len is not None else \
+        "the model's max_position_embeddings"
+    check_random_lengths(args.input_len, args.output_len, resolved.model_config.max_model_len, source)
+
+
 # ---- throughput --------------------------------------------------------------------------------------
 
 def run_throughput(args: argparse.Namespace) -> int:
@@ -72,6 +93,7 @@ def run_throughput(args: argparse.Namespace) -> int:
     from brigade.entrypoints.cli.engine_args import runnable_config_from_args
 
     config = runnable_config_from_args(args)  # ConfigError: one line from the CLI's main, before the model loads
+    check_lengths_before_loading(args, config)
     platform = _platform()
     seed = 0 if args.seed is None else args.seed
     setup: dict[str, object] = {}
@@ -80,7 +102,7 @@ def run_throughput(args: argparse.Namespace) -> int:
         setup["device_memory_free_before_load_bytes"] = _free_device_memory(platform)
         return load_hf_model(config.model_config.model, dtype=_model_dtype(platform, config, hf_config),
                              device=platform.device_for_rank(0), load_format=config.model_config.load_format,
-                             seed=seed)
+                             seed=seed, trust_remote_code=config.model_config.trust_remote_code)
 
     comparison = run_comparison(config, args, platform, seed, load_peer_model=load_peer_model)
     release_memory(platform)
@@ -118,9 +140,10 @@ def run_latency(args: argparse.Namespace) -> int:
     from brigade.model_executor.loader import get_hf_config
 
     config = runnable_config_from_args(args)  # ConfigError: one line from the CLI's main, before the model loads
+    check_lengths_before_loading(args, config)
     platform = _platform()
     seed = 0 if args.seed is None else args.seed
-    hf_config = get_hf_config(config.model_config.model)
+    hf_config = get_hf_config(config.model_config.model, config.model_config.trust_remote_code)
 
     def batch_maker(vocab: int):
         counter = itertools.count()  # iteration k gets seed + k: fresh prompts, no prefix-cache hits
@@ -133,10 +156,6 @@ def run_latency(args: argparse.Namespace) -> int:
     llm = LLM.from_config(config)
     engine_config = llm.config
     try:
-        max_len = llm.config.model_config.max_model_len
-        if args.input_len + args.output_len > max_len:
-            raise ConfigError(f"--input-len {args.input_len} + --output-len {args.output_len} exceeds the max model "
-                              f"length {max_len}")
         runner = BrigadeLatencyRunner(llm.engine, platform.synchronize)
         vocab = prompt_vocab_size(hf_config.vocab_size, llm.get_tokenizer())
         make = batch_maker(vocab)
@@ -152,7 +171,7 @@ def run_latency(args: argparse.Namespace) -> int:
 
         model = load_hf_model(config.model_config.model, dtype=_model_dtype(platform, config, hf_config),
                               device=platform.device_for_rank(0), load_format=config.model_config.load_format,
-                              seed=seed)
+                              seed=seed, trust_remote_code=config.model_config.trust_remote_code)
         make = batch_maker(vocab)
         timed = run_iterations(lambda: hf_latency_batch(model, make(), synchronize=platform.synchronize),
                                num_warmup=args.num_iters_warmup, num_iters=args.num_iters, on_iteration=report)
@@ -221,14 +240,15 @@ def run_serve(args: argparse.Namespace, serve_engine_argv: list[str]) -> int:
     if args.tokenizer is not None and not args.skip_tokenizer_init:
         check_tokenizer_dir(args.tokenizer)
     seed = 0 if args.seed is None else args.seed
-    hf_config = get_hf_config(model_dir)
+    hf_config = get_hf_config(model_dir, args.trust_remote_code)
     max_len = args.max_model_len or getattr(hf_config, "max_position_embeddings", None)
     tokenizer = None
     if not args.skip_tokenizer_init:
         from brigade.config import ModelConfig
         from brigade.tokenizer import get_tokenizer
 
-        tokenizer = get_tokenizer(ModelConfig(model=model_dir, tokenizer=args.tokenizer))
+        tokenizer = get_tokenizer(ModelConfig(model=model_dir, tokenizer=args.tokenizer,
+                                              trust_remote_code=args.trust_remote_code))
     requests = make_requests(args.dataset, args.num_prompts, input_len=args.input_len, output_len=args.output_len,
                              vocab_size=prompt_vocab_size(hf_config.vocab_size, tokenizer), seed=seed,
                              max_model_len=max_len)

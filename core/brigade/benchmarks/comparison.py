@@ -108,7 +108,7 @@ def run_comparison(config, args, platform, seed: int, *, load_peer_model: Callab
     modes = peer_modes(args.hf_peer)
     repeats = args.repeats
     llm = LLM.from_config(config)
-    hf_config = get_hf_config(config.model_config.model)
+    hf_config = get_hf_config(config.model_config.model, config.model_config.trust_remote_code)
     vocab = prompt_vocab_size(hf_config.vocab_size, llm.get_tokenizer())
     max_len = llm.config.model_config.max_model_len
     request_sets = [make_requests(args.dataset, args.num_prompts, input_len=args.input_len,

@@ -87,6 +87,20 @@ def sharegpt_like_requests(num_requests: int, *, vocab_size: int, seed: int = 0,
     return requests
 
 
+def check_random_lengths(input_len: int, output_len: int, max_model_len: int, source: str | None = None) -> None:
+    """Refuse random requests longer than the model takes, in one line.
+
+    Args:
+        source: where ``max_model_len`` comes from (``--max-model-len``, the model's max_position_embeddings).
+    Raises:
+        ConfigError: naming both lengths, the limit and what would fit.
+    """
+    if input_len + output_len > max_model_len:
+        where = f" ({source})" if source else ""
+        raise ConfigError(f"--input-len {input_len} + --output-len {output_len} exceeds the max model length "
+                          f"{max_model_len}{where}; keep their sum at most {max_model_len}")
+
+
 def make_requests(dataset: str, num_requests: int, *, input_len: int, output_len: int, vocab_size: int,
                   seed: int = 0, max_model_len: int | None = None) -> list[SampleRequest]:
     """The request set named by ``--dataset``; ``input_len``/``output_len`` apply to ``random`` only.
@@ -95,9 +109,8 @@ def make_requests(dataset: str, num_requests: int, *, input_len: int, output_len
         ValueError: an unknown dataset name, or a random request that does not fit ``max_model_len``.
     """
     if dataset == "random":
-        if max_model_len is not None and input_len + output_len > max_model_len:
-            raise ConfigError(f"--input-len {input_len} + --output-len {output_len} exceeds the max model length "
-                              f"{max_model_len}")
+        if max_model_len is not None:
+            check_random_lengths(input_len, output_len, max_model_len)
         return random_requests(num_requests, input_len, output_len, vocab_size=vocab_size, seed=seed)
     if dataset == "sharegpt-like":
         return sharegpt_like_requests(num_requests, vocab_size=vocab_size, seed=seed, max_model_len=max_model_len)

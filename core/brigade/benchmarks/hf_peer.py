@@ -31,8 +31,10 @@ class PeerUnavailableError(RuntimeError):
     """The installed transformers lacks what a peer mode needs (the message says what)."""
 
 
-def load_hf_model(model_dir: str, *, dtype: torch.dtype, device: torch.device, load_format: str, seed: int):
-    """The HF ``AutoModelForCausalLM`` for ``model_dir``: its safetensors, or random weights for ``dummy``.
+def load_hf_model(model_dir: str, *, dtype: torch.dtype, device: torch.device, load_format: str, seed: int,
+                  trust_remote_code: bool = False):
+    """The HF ``AutoModelForCausalLM`` for ``model_dir``: its safetensors, or random weights for ``dummy``
+    (the folder's own code runs only with ``trust_remote_code``, ``--trust-remote-code``).
 
     Random weights are created directly on ``device`` (an 8B model initialised on the CPU takes minutes).
     Raises:
@@ -43,12 +45,13 @@ def load_hf_model(model_dir: str, *, dtype: torch.dtype, device: torch.device, l
     if load_format == "gguf":
         raise PeerUnavailableError("the HF peer cannot load --load-format gguf; use safetensors or dummy")
     if load_format == "dummy":
-        hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
         torch.manual_seed(seed)
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+            model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, trust_remote_code=trust_remote_code)
     else:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True).to(device)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True,
+                                                     trust_remote_code=trust_remote_code).to(device)
     return model.eval()
 
 

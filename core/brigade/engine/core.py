@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from brigade.config import BrigadeConfig, ConfigError
+from brigade.config import MIN_KV_BLOCKS, BrigadeConfig, ConfigError
 from brigade.core.request import Request, RequestStatus
 from brigade.core.scheduler import Scheduler
 from brigade.engine.messages import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason,
@@ -33,7 +33,7 @@ def prepare_config(config: BrigadeConfig):
 
     load_plugins("engine")
     current_platform().check_and_update_config(config)
-    hf_config = get_hf_config(config.model_config.model)
+    hf_config = get_hf_config(config.model_config.model, config.model_config.trust_remote_code)
     config.resolve(hf_config)
     return hf_config
 
@@ -50,6 +50,11 @@ def check_kv_capacity(num_blocks: int, block_size: int, max_model_len: int) -> N
     """
     usable = num_blocks - 1
     capacity = usable * block_size
+    if usable < 1:  # no --max-model-len fits: only more memory helps
+        raise ConfigError(f"the KV cache has no usable block ({num_blocks} blocks of {block_size} tokens; block 0 is "
+                          f"the null block, which never holds tokens), and it needs at least {MIN_KV_BLOCKS} blocks; "
+                          f"give the cache more memory (--kv-cache-memory, --gpu-memory-utilization, "
+                          f"--num-gpu-blocks-override {MIN_KV_BLOCKS} or more)")
     if capacity < max_model_len:
         raise ConfigError(f"the KV cache holds {capacity} tokens ({usable} usable blocks of {block_size}), fewer than "
                           f"one request of --max-model-len {max_model_len}; give the cache more memory "

@@ -41,7 +41,8 @@ class StatLoggerBase:
         """Take one step's statistics. ``scheduler_stats`` is None when the engine sent none."""
 
     def log(self) -> None:
-        """Called periodically (about every 10 s) for loggers that print summaries."""
+        """Called periodically by the server (every ``BRIGADE_LOG_STATS_INTERVAL`` s, default 10; never with
+        ``--disable-log-stats``) for loggers that print summaries."""
 
     def shutdown(self) -> None:
         """Release files or sockets."""

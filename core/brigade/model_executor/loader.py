@@ -23,11 +23,13 @@ from brigade.model_executor.weight_utils import initialize_dummy_weights, safete
 logger = logging.getLogger(__name__)
 
 
-def get_hf_config(model_path: str) -> Any:
-    """Read ``config.json`` of an HF-format directory with transformers' AutoConfig (no remote code).
+def get_hf_config(model_path: str, trust_remote_code: bool = False) -> Any:
+    """Read ``config.json`` of an HF-format directory with transformers' AutoConfig, running the folder's own
+    config code (``auto_map``) only with ``trust_remote_code`` (``--trust-remote-code``).
 
     Raises:
-        ConfigError: the path is not a directory holding a config.json that transformers can read.
+        ConfigError: the path is not a directory holding a config.json that transformers can read, or the config
+            needs its own code and ``trust_remote_code`` is off.
     """
     from transformers import AutoConfig  # heavy; only the processes that build models need it
 
@@ -35,9 +37,12 @@ def get_hf_config(model_path: str) -> Any:
         raise ConfigError(f"model {model_path!r} is not a directory with a config.json; Brigade loads local "
                           "HF-format directories (nothing is fetched from a hub)")
     try:
-        return AutoConfig.from_pretrained(model_path, trust_remote_code=False)
+        return AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     except ValueError as e:
-        raise ConfigError(f"cannot read the config of {model_path!r}: {e}") from e
+        if not trust_remote_code and "trust_remote_code" in str(e):
+            raise ConfigError(f"model {model_path!r} has its own config code (auto_map in config.json), which runs "
+                              "only with --trust-remote-code; give that flag if you trust the folder") from e
+        raise ConfigError(f"cannot read the config of {model_path!r}: {' '.join(str(e).split())}") from e
 
 
 def get_model_class(hf_config: Any) -> type[nn.Module]:

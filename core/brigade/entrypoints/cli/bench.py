@@ -15,6 +15,8 @@ from urllib.parse import urlparse
 
 from brigade.benchmarks.datasets import DATASETS
 from brigade.benchmarks.hf_peer import PEER_MODES
+from brigade.entrypoints.cli.arg_types import non_negative_int as _non_negative_int
+from brigade.entrypoints.cli.arg_types import positive_int as _positive_int
 
 
 class _ActionRecorder:
@@ -66,26 +68,6 @@ def _add_engine_args(parser: argparse.ArgumentParser, plugin_choices) -> None:
     parser.set_defaults(bench_engine_actions=actions)
 
 
-def _int(text: str, least: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least {least}, got {text!r}") from None
-    if value < least:
-        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    """argparse type: an int of at least 1."""
-    return _int(text, 1)
-
-
-def _non_negative_int(text: str) -> int:
-    """argparse type: an int of at least 0."""
-    return _int(text, 0)
-
-
 def _positive_float(text: str, what: str) -> float:
     try:
         value = float(text)
@@ -122,14 +104,54 @@ def _base_url(text: str) -> str:
     return f"{url.scheme}://{url.netloc}"
 
 
+def _port(text: str) -> int:
+    """argparse type: a TCP port, 1..65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 1..65535, got {text}")
+    return value
+
+
+class _GivenBaseURL(argparse._StoreAction):
+    """``--base-url``'s store action; notes that it was given, so ``--host``/``--port`` next to it are refused."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        namespace.base_url_given = True
+
+
+def resolve_base_url(args: argparse.Namespace) -> None:
+    """``bench serve``: set ``args.base_url`` from ``--host``/``--port`` when given (vLLM's bench serve builds
+    ``http://HOST:PORT`` from them when --base-url is not given; defaults 127.0.0.1 and 8000).
+
+    Raises:
+        ConfigError: --base-url given as well, or a host that makes no URL.
+    """
+    from brigade.config import ConfigError
+
+    if args.host is None and args.port is None:
+        return
+    if getattr(args, "base_url_given", False):
+        raise ConfigError("--base-url and --host/--port both name the server; give one")
+    host = args.host or "127.0.0.1"
+    try:
+        args.base_url = _base_url(f"http://{f'[{host}]' if ':' in host else host}:{args.port or 8000}")
+    except argparse.ArgumentTypeError:
+        raise ConfigError(f"--host {host!r} is not a host name or address, e.g. 127.0.0.1") from None
+
+
 def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = None) -> argparse.ArgumentParser:
     """Add ``bench`` and its three sub-subcommands (each sets ``run``) to ``subparsers``."""
-    parser = subparsers.add_parser("bench", help="benchmark throughput, latency or a server",
+    parser = subparsers.add_parser("bench", help="benchmark throughput, latency or a server", allow_abbrev=False,
                                    description="Benchmark Brigade (vLLM's bench conventions) against HF transformers.")
     parser.set_defaults(run=lambda args: (parser.print_help(), 2)[1])
     commands = parser.add_subparsers(dest="bench_command", metavar="{throughput,latency,serve}")
 
     t = commands.add_parser("throughput", help="offline throughput of a request set submitted at once",
+                            allow_abbrev=False,
                             description="Offline throughput (requests/s, output and total tokens/s) of the LLM "
                                         "class, with ignore_eos; optionally HF transformers in the same process.")
     _add_dataset_args(t, input_len=1024, output_len=128, num_prompts=1000)
@@ -145,7 +167,7 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
     _add_engine_args(t, plugin_choices)
     t.set_defaults(run=_one_line_config_errors(_run_throughput, t))
 
-    lat = commands.add_parser("latency", help="latency, TTFT and TPOT of one batch",
+    lat = commands.add_parser("latency", help="latency, TTFT and TPOT of one batch", allow_abbrev=False,
                               description="End-to-end latency, TTFT and TPOT of one batch of random prompts.")
     lat.add_argument("--batch-size", type=_positive_int, default=8, help="prompts per batch (default %(default)s)")
     lat.add_argument("--input-len", type=_positive_int, default=32,
@@ -163,13 +185,19 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
     lat.set_defaults(run=_one_line_config_errors(_run_latency, lat))
 
     s = commands.add_parser("serve", help="online serving: Poisson arrivals of streaming completions",
+                            allow_abbrev=False,
                             description="Streaming /v1/completions with token-id prompts and ignore_eos against "
-                                        "--base-url, or a server started with --launch and the engine flags.")
+                                        "--base-url (or --host and --port), or a server started with --launch and the "
+                                        "engine flags.")
     _add_dataset_args(s, input_len=1024, output_len=128, num_prompts=1000)
-    s.add_argument("--base-url", type=_base_url, default="http://127.0.0.1:8000",
-                   help="the server's root URL; a trailing /v1 is dropped (default %(default)s)")
+    s.add_argument("--base-url", type=_base_url, default="http://127.0.0.1:8000", action=_GivenBaseURL,
+                   help="the server's root URL; a trailing /v1 is dropped (default: http://HOST:PORT of --host and "
+                        "--port)")
+    s.add_argument("--host", default=None, help="the server's host when --base-url is not given (default 127.0.0.1)")
+    s.add_argument("--port", type=_port, default=None, help="the server's port when --base-url is not given "
+                                                            "(default 8000)")
     s.add_argument("--launch", action="store_true",
-                   help="start `brigade serve` with the engine flags at --base-url's host and port, then stop it")
+                   help="start `brigade serve` with the engine flags at the server's host and port, then stop it")
     s.add_argument("--launch-timeout", type=_seconds, default=600.0,
                    help="seconds to wait for the launched server (default %(default)s)")
     s.add_argument("--request-rate", type=_rate, default=float("inf"),
@@ -232,6 +260,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     from brigade.benchmarks.commands import run_serve
     from brigade.config import ConfigError
 
+    resolve_base_url(args)
     if args.launch and urlparse(args.base_url).scheme != "http":
         raise ConfigError(f"--launch starts a plain-HTTP server; give an http:// --base-url, not {args.base_url!r}")
     return run_serve(args, engine_argv(args, args.bench_engine_actions))

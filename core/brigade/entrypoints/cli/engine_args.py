@@ -18,6 +18,7 @@ from brigade.config import (BrigadeConfig, CacheConfig, CompilationConfig, Confi
                             LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig)
 
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other --dtype names
 KV_TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config")
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 # A folder holding any of these (or a *.tiktoken file) may hold a tokenizer transformers can load.
@@ -48,12 +49,18 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
         m.add_argument("model_tag", nargs="?", metavar="MODEL", help="HF-format model directory")
     m.add_argument("--model", help="HF-format model directory (same as the positional MODEL)")
     m.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
+    m.add_argument("--trust-remote-code", action="store_true",
+                   help="let transformers run the model folder's own Python code (auto_map in config.json or "
+                        "tokenizer_config.json) to read its config and tokenizer; off by default, as in vLLM: give it "
+                        "only for a model you trust")
     m.add_argument("--skip-tokenizer-init", action="store_true", default=None,
                    help="load no tokenizer: prompts must be token ids and outputs carry no text")
     m.add_argument("--served-model-name", nargs="+", metavar="NAME",
                    help="the name clients use (default: the model directory's name); several names are all "
                         "accepted as \"model\", and responses carry the first")
-    m.add_argument("--dtype", default="auto", help=f"weights and activations: {', '.join(DTYPE_CHOICES)}")
+    m.add_argument("--dtype", default="auto",
+                   help=f"weights and activations: {', '.join(DTYPE_CHOICES)}, or vLLM's half (float16) and float "
+                        "(float32)")
     m.add_argument("--max-model-len", type=int, help="longest prompt plus output in tokens")
     m.add_argument("--seed", type=int, help="seed for dummy weights and unseeded sampling (default 0)")
     m.add_argument("--load-format", default="auto", help="auto, safetensors, gguf or dummy")
@@ -395,16 +402,16 @@ def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
     """
     choices: Mapping[str, Sequence[str]] = getattr(args, _CHOICES_DEST, None) or {}
     model = model_path(args)
-    if args.dtype not in DTYPE_CHOICES:
-        raise ConfigError(f"--dtype {args.dtype!r} is not known; use one of {', '.join(DTYPE_CHOICES)}")
+    dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
+    if dtype not in DTYPE_CHOICES:
+        raise ConfigError(f"--dtype {args.dtype!r} is not known; use one of {', '.join(DTYPE_CHOICES)} (or "
+                          f"{', '.join(f'{a} for {n}' for a, n in DTYPE_ALIASES.items())})")
     if args.optimization_level is not None and args.optimization_level not in (0, 1, 2, 3):
         raise ConfigError(f"-O{args.optimization_level} is not a level; use -O0, -O1, -O2 or -O3")
     for flag, value, kind in (("--quantization", args.quantization, "quantization"),
                               ("--attention-backend", args.attention_backend, "attention_backend"),
                               ("--io-processor-plugin", args.io_processor_plugin, "io_processor")):
         _check_choice(flag, value, choices.get(kind, ()))
-    if args.num_gpu_blocks_override is not None and args.num_gpu_blocks_override < 1:
-        raise ConfigError(f"--num-gpu-blocks-override must be at least 1, got {args.num_gpu_blocks_override}")
     _check_paths(args)
     served_names = _served_names(args)
     for name in served_names:
@@ -412,11 +419,12 @@ def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
             raise ConfigError(f"--served-model-name {name!r} is empty; give the name clients send as \"model\", "
                               "or leave the flag out to use the model directory's name")
     model_config = ModelConfig(**_set(dict(
-        model=model, tokenizer=args.tokenizer, served_model_name=served_names or None, dtype=args.dtype,
+        model=model, tokenizer=args.tokenizer, served_model_name=served_names or None, dtype=dtype,
         max_model_len=args.max_model_len, seed=args.seed, load_format=args.load_format,
         generation_config=args.generation_config, chat_template=args.chat_template,
         quantization=args.quantization, enforce_eager=args.enforce_eager or None,
-        io_processor_plugin=args.io_processor_plugin, skip_tokenizer_init=args.skip_tokenizer_init)))
+        io_processor_plugin=args.io_processor_plugin, skip_tokenizer_init=args.skip_tokenizer_init,
+        trust_remote_code=getattr(args, "trust_remote_code", None))))
     cache_config = CacheConfig(**_set(dict(
         block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_memory_gib=args.kv_cache_memory_gib, num_gpu_blocks_override=args.num_gpu_blocks_override,

@@ -10,7 +10,7 @@ import sys
 def add_parser(subparsers, plugin_choices: dict[str, list[str]]) -> argparse.ArgumentParser:
     from brigade.entrypoints.cli.engine_args import add_engine_args
 
-    parser = subparsers.add_parser("generate", help="generate text for one prompt, offline",
+    parser = subparsers.add_parser("generate", help="generate text for one prompt, offline", allow_abbrev=False,
                                    description="Generate text for one prompt, offline, and print it.")
     parser.add_argument("prompt", help="the prompt text")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import sys
@@ -17,7 +18,10 @@ def build_parser(plugin_choices: dict[str, list[str]]) -> argparse.ArgumentParse
     """The top-level parser with every subcommand."""
     from brigade.entrypoints.cli import bench, chat, generate, plugins, serve
 
-    parser = argparse.ArgumentParser(prog="brigade", description="Brigade: an LLM inference and serving engine.")
+    # allow_abbrev=False on every parser: a prefix of a flag (--enable-prefix-cachin) is an error naming the flag
+    # (``unrecognized``), not that flag, so a typo or a removed flag never quietly means another one.
+    parser = argparse.ArgumentParser(prog="brigade", description="Brigade: an LLM inference and serving engine.",
+                                     allow_abbrev=False)
     parser.add_argument("-V", "--version", action="version", version=f"brigade {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="{" + ",".join(_COMMANDS) + "}")
     serve.add_parser(subparsers, plugin_choices)
@@ -69,6 +73,20 @@ def _deepest_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser = actions[0].choices[chosen]
 
 
+def _did_you_mean(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """`` (did you mean --flag?)`` for the first unrecognized ``--`` flag that is a prefix of real flags (the
+    shortest ones first, as argparse's abbreviations would have taken one) or close to one; else ""."""
+    flags = sorted({s for a in parser._actions for s in a.option_strings if s.startswith("--")}, key=len)
+    for arg in extra:
+        name = arg.split("=", 1)[0]
+        if not name.startswith("--") or len(name) < 3:
+            continue
+        matches = [f for f in flags if f.startswith(name)][:3] or difflib.get_close_matches(name, flags, n=1)
+        if matches:
+            return f" (did you mean {' or '.join(matches)}?)"
+    return ""
+
+
 def normalize_flag_spelling(argv: list[str]) -> list[str]:
     """``--max_model_len`` means ``--max-model-len``, as in vLLM's command line: underscores in an option's
     name (before any ``=``) become dashes. Values and everything after a bare ``--`` are left as they are."""
@@ -111,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser(plugin_choices())
         args, extra = parser.parse_known_args(argv)
         if extra:  # reported by the subcommand that received them, with its own usage line
-            _deepest_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+            deepest = _deepest_parser(parser, args)
+            deepest.error(f"unrecognized arguments: {' '.join(extra)}{_did_you_mean(deepest, extra)}")
         check = getattr(args, "check", None)
         try:
             if check is not None:

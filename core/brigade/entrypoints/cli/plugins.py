@@ -22,7 +22,7 @@ __all__ = ["add_parser", "collect", "main", "plugin_choices", "render_table", "r
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``plugins`` subcommand to ``subparsers`` and return its parser (``run`` is its handler)."""
     parser = subparsers.add_parser(
-        "plugins", help="list installed plugins, their status and the active platform",
+        "plugins", help="list installed plugins, their status and the active platform", allow_abbrev=False,
         description="List every installed Brigade plugin (name, distribution and version, entry-point group, "
                     "load scope, hooks, status) and the active platform with the reason it was chosen.")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m brigade.entrypoints.cli.plugins [--json]``, the same command outside the main CLI."""
-    parser = argparse.ArgumentParser(prog="brigade plugins")
+    parser = argparse.ArgumentParser(prog="brigade plugins", allow_abbrev=False)
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_parser(subparsers)
     try:

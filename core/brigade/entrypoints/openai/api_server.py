@@ -42,6 +42,7 @@ from brigade.entrypoints.openai.shutdown import (FLUSH_GRACE_S, Drain, DrainingS
 from brigade.entrypoints.openai.streaming import json_response
 from brigade.lora.adapter import LoRAError, LoRANameError, UnknownLoRAError
 from brigade.lora.request import LoRARequest
+from brigade.metrics.log_stats import LoggingStatLogger
 from brigade.metrics.prometheus import PrometheusStatLogger
 from brigade.metrics.stats import StatLoggerBase
 from brigade.utils import freeze_gc_heap
@@ -50,7 +51,7 @@ from brigade.version import __version__
 logger = logging.getLogger("brigade.server")
 
 SUPPORTED_TASKS = ("generate",)
-STAT_LOG_INTERVAL_S = 10.0
+STAT_LOG_INTERVAL_S = 10.0  # brigade serve: $BRIGADE_LOG_STATS_INTERVAL (vLLM's VLLM_LOG_STATS_INTERVAL)
 KV_STATS_TIMEOUT_S = 5.0
 RUNTIME_LORA_ENV = "BRIGADE_ALLOW_RUNTIME_LORA_UPDATING"
 KEEP_ALIVE_ENV = "BRIGADE_KEEP_ALIVE_ON_ENGINE_DEATH"  # vLLM's VLLM_KEEP_ALIVE_ON_ENGINE_DEATH
@@ -68,7 +69,12 @@ class ServerSettings:
     api_key: str | None = None
     """Checked on /v1/* as ``Authorization: Bearer <key>``; None disables the check."""
     uvicorn_log_level: str = "info"
-    log_requests: bool = True
+    log_requests: bool = False
+    """Log each request's id, prompt length and sampling parameters at INFO (``--enable-log-requests``)."""
+    log_stats: bool = True
+    """Log vLLM's periodic stats line and call stat loggers' ``log()`` (off with ``--disable-log-stats``)."""
+    log_stats_interval_s: float = STAT_LOG_INTERVAL_S
+    """Seconds between those calls (``BRIGADE_LOG_STATS_INTERVAL``)."""
     shutdown_timeout_s: float = 5.0
     """How long in-flight requests may run on after SIGTERM before they are cut."""
     allowed_origins: list[str] = field(default_factory=lambda: ["*"])
@@ -79,6 +85,8 @@ class ServerSettings:
     """CORS ``--allowed-headers``."""
     allow_credentials: bool = False
     """CORS ``--allow-credentials``."""
+    fastapi_docs: bool = True
+    """Serve /docs, /redoc and /openapi.json (off with vLLM's ``--disable-fastapi-docs``)."""
 
 
 class APIKeyMiddleware:
@@ -146,6 +154,8 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
         num_speculative_tokens=(config.speculative_config.num_speculative_tokens
                                 if config.speculative_config is not None else None))
     stat_loggers: list[StatLoggerBase] = [stat_logger, *_plugin_stat_loggers(config)]
+    if settings.log_stats:
+        stat_loggers.append(LoggingStatLogger())
     for sl in stat_loggers:
         engine.add_stat_logger(sl)
     tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brigade-tokenizer")
@@ -164,14 +174,19 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         freeze_gc_heap()  # the server's start-up heap, out of the collector's reach (see freeze_gc_heap)
-        task = asyncio.create_task(_log_periodically(stat_loggers))
+        task = (asyncio.create_task(_log_periodically(stat_loggers, settings.log_stats_interval_s))
+                if settings.log_stats else None)
         try:
             yield
         finally:
-            task.cancel()
+            if task is not None:
+                task.cancel()
             tokenizer_executor.shutdown(wait=False)
 
-    app = FastAPI(title="Brigade", version=__version__, lifespan=lifespan)
+    # /docs and /redoc are FastAPI's pages, whose JavaScript and CSS come from a CDN (cdn.jsdelivr.net): blank on
+    # a machine without internet access; /openapi.json is served from here. --disable-fastapi-docs drops all three.
+    docs = {} if settings.fastapi_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="Brigade", version=__version__, lifespan=lifespan, **docs)
     app.state.engine_client = engine
     app.state.api_key = settings.api_key
     app.state.config = config
@@ -351,10 +366,10 @@ def _mount_io_processor(app: FastAPI, engine: AsyncLLM, config: BrigadeConfig) -
         app.include_router(io_processor_router(engine, processor))
 
 
-async def _log_periodically(stat_loggers: list[StatLoggerBase]) -> None:
-    """Call each logger's ``log()`` every STAT_LOG_INTERVAL_S (for loggers that print summaries)."""
+async def _log_periodically(stat_loggers: list[StatLoggerBase], interval_s: float) -> None:
+    """Call each logger's ``log()`` every ``interval_s`` (for loggers that print summaries)."""
     while True:
-        await asyncio.sleep(STAT_LOG_INTERVAL_S)
+        await asyncio.sleep(interval_s)
         for sl in stat_loggers:
             try:
                 sl.log()

@@ -1,0 +1,25 @@
+"""argparse ``type=`` functions shared by the subcommands: a bad value is one line naming what would be right."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _int(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least {least}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int of at least 1."""
+    return _int(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an int of at least 0."""
+    return _int(text, 0)
