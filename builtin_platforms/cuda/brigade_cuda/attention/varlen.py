@@ -332,7 +332,10 @@ def varlen_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     Raises:
         ValueError: on mismatched shapes or dtypes, num_heads not a multiple of num_kv_heads, a
             non-contiguous last dimension (query, out, cache, block-table rows), tables shorter than
-            ``num_reqs``, or a bad ``tile``. Lengths on the device are not checked (that would synchronize).
+            ``num_reqs``, a bad ``tile`` or ``split``. Lengths on the device are not checked (that would
+            synchronize).
+        RuntimeError: the first call for this device and layout is made inside a CUDA-graph capture (the
+            split buffers are allocated by an eager call first; a capture's warm-up is one).
     """
     if num_reqs < 0:
         raise ValueError(f"num_reqs must be non-negative, got {num_reqs}")
