@@ -92,7 +92,34 @@ def check_rotary(name, q_lens, ctx_lens, *, num_heads, num_kv_heads, head_size, 
     print(name, f"relative error {err:.1e}")
 
 
+def check_mixed_graph(name, q_lens, ctx_lens, *, num_heads, num_kv_heads, head_size, seed=0):
+    # A mixed-step graph's metadata: every request through the varlen kernel, whose split plan the first layer
+    # computes and every other layer of the step reuses (a new step's metadata gets a new one).
+    import dataclasses
+
+    from brigade_cuda.attention import triton_backend
+
+    q, k, v, kv, md = batch(q_lens, ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
+                            block_size=16, seed=seed)
+    scale = head_size ** -0.5
+    ref_cache = kv.clone()
+    ref = ReferenceAttentionBackend(num_heads, head_size, num_kv_heads, scale).forward(q, k, v, ref_cache, md)
+    graph_md = dataclasses.replace(md, mixed_graph=True)
+    layers = [TritonAttentionBackend(num_heads, head_size, num_kv_heads, scale) for _ in range(2)]
+    outs = [layer.forward(q, k, v, kv.clone(), graph_md) for layer in layers]
+    plans = [entry[1] for entry in triton_backend._last_plan.values() if entry[0] is graph_md]
+    assert len(plans) == 1 and layers[0]._step_plan(q, graph_md) is layers[1]._step_plan(q, graph_md) is plans[0]
+    splits = plans[0][len(q_lens) + 1:2 * len(q_lens) + 1].tolist()
+    assert max(splits) > 1, (name, "no request was split", splits)
+    assert layers[0]._step_plan(q, dataclasses.replace(graph_md)) is not plans[0], "a new step reused a plan"
+    for got in outs:
+        err = float((got.double() - ref.double()).norm() / ref.double().norm())
+        assert torch.isfinite(got).all() and err < 1e-4, (name, err)
+    print(name, f"splits {splits}")
+
+
 t0 = time.perf_counter()
+check_mixed_graph("mixed-graph-split", [1, 1, 3, 9], [700, 1200, 600, 20], num_heads=8, num_kv_heads=2, head_size=32)
 check("decodes", [1, 1, 1], [0, 20, 70], num_heads=4, num_kv_heads=2, head_size=32, splits=3)
 check("prefills", [5, 19], [0, 0], num_heads=4, num_kv_heads=1, head_size=32)
 check("mixed", [1, 1, 7, 12], [33, 5, 40, 0], num_heads=8, num_kv_heads=2, head_size=64, splits=2, seed=1)
@@ -103,8 +130,9 @@ print(f"ok {time.perf_counter() - t0:.1f}s")
 
 
 def test_triton_backend_kernels_under_the_cpu_interpreter():
-    """Decodes (3 splits), fresh prefills, a mix with prefix-cached chunks (GQA 4, head size 64), and the two
-    rotary paths: the same cache as the reference's write (to 1e-5 after rotation) and outputs within 1e-4."""
+    """Decodes (3 splits), fresh prefills, a mix with prefix-cached chunks (GQA 4, head size 64), the two
+    rotary paths (the same cache as the reference's write, to 1e-5 after rotation), and a mixed-step graph's
+    varlen path with long contexts split by one plan that two layers share: outputs within 1e-4."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, "-c", _INTERPRETED], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0 and "ok" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-3000:])
