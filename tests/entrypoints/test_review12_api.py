@@ -68,7 +68,7 @@ def tokenize(http: httpx.Client, **fields) -> list[int]:
 # ---- 1. chat_template_kwargs: template variables override, the call's own arguments are refused ---------
 
 @pytest.mark.parametrize("key", ["tools", "tokenize", "chat_template", "messages", "conversation", "return_dict",
-                                 "return_tensors"])
+                                 "return_tensors", "self"])
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/tokenize"])
 def test_reserved_chat_template_kwargs_are_a_400_naming_the_key(http, key, route):
     body = chat_body(chat_template_kwargs={key: 1})
@@ -227,6 +227,21 @@ def test_text_offset_with_echo_continues_after_the_prompt(http):
     assert streamed_logprobs(http, body) == (text, offsets, tokens)
     plain = http.post("/v1/completions", json=SPLIT).json()["choices"][0]["logprobs"]["text_offset"]
     assert offsets[2:] == [5 + o for o in plain]
+
+
+@pytest.mark.parametrize("stop,echo", [(["Paris.\n\nThe"], False), (["2018-01"], False), (["2018-01"], True)],
+                         ids=["stop-at-start", "stop-late", "stop-late-echo"])
+def test_streamed_text_offset_equals_the_full_one_when_a_long_stop_string_cuts_the_text(http, stop, echo):
+    """A stop string of several tokens holds their text back while streaming and then cuts it: their offsets
+    must still be the full response's (cut to the text's end), never decreasing (they used to be sent with
+    the held-back text's positions: [0, 6, 7, 8, 1] against [0, 1, 1, 1, 1])."""
+    body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 20, "temperature": 0,
+            "logprobs": 1, "stop": stop, "echo": echo}
+    out = http.post("/v1/completions", json=body).json()["choices"][0]
+    assert out["finish_reason"] == "stop"
+    text, offsets, tokens = out["text"], out["logprobs"]["text_offset"], out["logprobs"]["tokens"]
+    assert offsets == sorted(offsets) and offsets[-1] <= len(text), (offsets, text)
+    assert streamed_logprobs(http, body) == (text, offsets, tokens)
 
 
 # ---- 5. structured_outputs.json says what it takes -----------------------------------------------------

@@ -446,3 +446,15 @@ def test_readme_says_where_brigade_serve_listens(server):
     assert page.status_code == 200 and "cdn.jsdelivr.net" in page.text
     assert httpx.get(server.url("/openapi.json"), timeout=30).status_code == 200
     assert "cdn.jsdelivr.net" in readme and "--disable-fastapi-docs" in readme
+
+
+def test_a_config_that_transformers_cannot_read_is_one_line(remote_code_model, tmp_path):
+    """The folder's own config code missing (OSError from transformers), and a config.json that is not JSON:
+    one line each, not a traceback."""
+    env = {"HF_HOME": str(tmp_path / "hf-home")}
+    (remote_code_model / "configuration_review12.py").unlink()
+    missing = run_cli("serve", str(remote_code_model), "--trust-remote-code", env=env)
+    assert_one_line(missing, "brigade serve", "cannot read the config of")
+    (remote_code_model / "config.json").write_text("{not json")
+    broken = run_cli("serve", str(remote_code_model), env=env)
+    assert_one_line(broken, "brigade serve", "cannot read the config of")

@@ -43,6 +43,9 @@ def get_hf_config(model_path: str, trust_remote_code: bool = False) -> Any:
             raise ConfigError(f"model {model_path!r} has its own config code (auto_map in config.json), which runs "
                               "only with --trust-remote-code; give that flag if you trust the folder") from e
         raise ConfigError(f"cannot read the config of {model_path!r}: {' '.join(str(e).split())}") from e
+    except Exception as e:  # a config.json that is not JSON (OSError), or the folder's own code failing (anything)
+        raise ConfigError(f"cannot read the config of {model_path!r}: {type(e).__name__}: "
+                          f"{' '.join(str(e).split())}") from e
 
 
 def get_model_class(hf_config: Any) -> type[nn.Module]:

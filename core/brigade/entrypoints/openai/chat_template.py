@@ -25,7 +25,7 @@ TEMPLATE_VARIABLES = frozenset({"add_generation_prompt", "continue_final_message
 
 CONTROL_ARGUMENTS = frozenset({"conversation", "messages", "tools", "chat_template", "tokenize", "return_dict",
                                "return_tensors", "padding", "truncation", "max_length", "return_assistant_tokens_mask",
-                               "tokenizer_kwargs", "sanitize_control_tokens"})
+                               "tokenizer_kwargs", "sanitize_control_tokens", "self"})
 """apply_chat_template's (and the template renderer's) own arguments, which a request's chat_template_kwargs may
 not set; control_arguments() adds those of the installed transformers."""
 
@@ -38,7 +38,7 @@ def control_arguments(tokenizer: Any) -> frozenset[str]:
     except (AttributeError, TypeError, ValueError):  # no tokenizer, or a signature inspect cannot read
         return CONTROL_ARGUMENTS
     named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-    return CONTROL_ARGUMENTS | (named - TEMPLATE_VARIABLES - {"self"})
+    return CONTROL_ARGUMENTS | (named - TEMPLATE_VARIABLES)
 
 
 @dataclass

@@ -225,6 +225,7 @@ class OpenAIServingCompletion(OpenAIServing):
         echoed: set[int] = set()  # choice indexes whose prompt echo was sent
         offsets: dict[int, int] = {}  # choice index -> characters sent so far
         text_offsets: dict[int, TextOffsets] = {}  # choice index -> its tokens' offsets (with logprobs)
+        pending: dict[int, list[tuple]] = {}  # choice index -> (token, candidates, offset) whose text is held back
         finished: set[int] = set()
         iterators = [self.generate(p.token_ids, sp, rid, request)
                      for p, sp, rid in zip(prompts, params, request_ids)]
@@ -245,10 +246,21 @@ class OpenAIServingCompletion(OpenAIServing):
                         text_offsets[index] = self._text_offsets(request, prompts[i], len(prefix))
                     offsets[index] = offsets.get(index, 0) + len(prefix) + len(text)
                     if request.logprobs is not None:
-                        token_offsets = text_offsets[index].offsets(token_ids)
-                        if delta.finish_reason is not None:  # the text is whole now: cut as the full response is
-                            token_offsets = [min(o, offsets[index]) for o in token_offsets]
-                        logprobs = self._logprobs(token_ids, token_logprobs, request.logprobs, token_offsets)
+                        # A token's entry goes out with the chunk that sends the start of its text (its offset
+                        # below what has been sent); at the end every held entry goes, cut to the text's end as the
+                        # full response cuts it. So streamed and full offsets agree even where a stop string held
+                        # text back and then cut it, and they never decrease.
+                        queue = pending.setdefault(index, [])
+                        queue.extend(zip(token_ids, token_logprobs, text_offsets[index].offsets(token_ids)))
+                        if delta.finish_reason is not None:
+                            ready, pending[index] = [(t, c, min(o, offsets[index])) for t, c, o in queue], []
+                        else:
+                            n = 0
+                            while n < len(queue) and queue[n][2] < offsets[index]:
+                                n += 1
+                            ready, pending[index] = queue[:n], queue[n:]
+                        logprobs = self._logprobs([t for t, _, _ in ready], [c for _, c, _ in ready],
+                                                  request.logprobs, [o for _, _, o in ready])
                         if prefix:
                             logprobs = self._echo_logprobs(prompts[i], results[i], request.logprobs, logprobs)
                     choice = CompletionChoice(index=index, text=prefix + text, logprobs=logprobs,
