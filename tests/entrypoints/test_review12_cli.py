@@ -119,7 +119,7 @@ def test_a_kv_cache_too_small_for_max_model_len_is_refused_before_the_model_load
     """With --num-gpu-blocks-override the capacity is known before any weight loads: serve's check says so."""
     proc = run_cli("serve", str(smollm2_path), "--num-gpu-blocks-override", "2", "--block-size", "16",
                    "--host", "127.0.0.1", "--port", str(find_free_port()))
-    line = assert_one_line(proc, "brigade serve", "the KV cache holds 16 tokens (1 usable blocks of 16)")
+    line = assert_one_line(proc, "brigade serve", "the KV cache holds 16 tokens (1 usable block of 16)")
     assert line.endswith("or set --max-model-len 16 or less") and "tensors from" not in proc.stderr
 
 

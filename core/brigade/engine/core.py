@@ -56,7 +56,8 @@ def check_kv_capacity(num_blocks: int, block_size: int, max_model_len: int) -> N
                           f"give the cache more memory (--kv-cache-memory, --gpu-memory-utilization, "
                           f"--num-gpu-blocks-override {MIN_KV_BLOCKS} or more)")
     if capacity < max_model_len:
-        raise ConfigError(f"the KV cache holds {capacity} tokens ({usable} usable blocks of {block_size}), fewer than "
+        blocks = f"{usable} usable block{'' if usable == 1 else 's'} of {block_size}"
+        raise ConfigError(f"the KV cache holds {capacity} tokens ({blocks}), fewer than "
                           f"one request of --max-model-len {max_model_len}; give the cache more memory "
                           f"(--kv-cache-memory, --gpu-memory-utilization, --num-gpu-blocks-override) or set "
                           f"--max-model-len {capacity} or less")

@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             line = input("> ")
         except EOFError:
+            print()  # the prompt line ends (input piped or Ctrl-D)
             return 0
         if not line.strip():
             return 0
