@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import threading
 import time
 
 import httpx
@@ -261,11 +263,30 @@ def test_kept_alive_server_answers_503_on_every_v1_route_without_promising_a_rec
                           env={"BRIGADE_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
     try:
         assert httpx.get(server.url("/v1/models")).status_code == 200
+        # A stream in flight when the engine dies: afterwards /metrics must not count it as running.
+        started = threading.Event()
+
+        def stream() -> None:
+            body = {"model": MODEL, "prompt": "Count:", "max_tokens": 200, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", server.url("/v1/completions"), json=body, timeout=60) as response:
+                for _ in response.iter_lines():
+                    started.set()
+
+        reader = threading.Thread(target=stream, daemon=True)
+        reader.start()
+        assert started.wait(30), "the stream never started"
+        running = re.compile(r"^brigade:num_requests_running\{[^}]*\} (\S+)$", re.M)
+        deadline = time.monotonic() + 10
+        while float(running.search(httpx.get(server.url("/metrics")).text).group(1)) != 1:
+            assert time.monotonic() < deadline and reader.is_alive(), "the stream never counted as running"
+            time.sleep(0.05)
         os.kill(engine_core_pid(server.proc.pid), signal.SIGKILL)
         deadline = time.monotonic() + 10
         while httpx.get(server.url("/health")).status_code != 503:
             assert time.monotonic() < deadline, "/health never reported the dead engine"
             time.sleep(0.2)
+        reader.join(30)
+        assert float(running.search(httpx.get(server.url("/metrics")).text).group(1)) == 0
         for response in (httpx.get(server.url("/v1/models")), httpx.get(server.url(f"/v1/models/{MODEL}")),
                          httpx.post(server.url("/v1/completions"), json={"prompt": "Hi", "max_tokens": 2}),
                          httpx.get(server.url("/health"))):

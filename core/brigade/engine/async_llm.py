@@ -17,11 +17,11 @@ from brigade.config import BrigadeConfig
 from brigade.engine.core import prepare_config
 from brigade.engine.core_client import AsyncMPClient, EngineDeadError, UtilityCallError
 from brigade.engine.input_processor import InputProcessor, eos_token_id
-from brigade.engine.messages import UtilityMethod
+from brigade.engine.messages import SchedulerStats, UtilityMethod
 from brigade.engine.output_processor import OutputProcessor
 from brigade.lora.adapter import LoRAError, LoRANameError, UnknownLoRAError
 from brigade.lora.request import LoRARequest, lora_module_requests, name_list
-from brigade.metrics.stats import StatLoggerBase
+from brigade.metrics.stats import IterationStats, StatLoggerBase
 from brigade.outputs import RequestOutput
 from brigade.sampling_params import InvalidParamError, SamplingParams
 from brigade.tokenizer import get_tokenizer
@@ -160,15 +160,20 @@ class AsyncLLM:
                 self.dead_error = outputs.engine_error
                 logger.error("engine died: %s", outputs.engine_error)
                 self.output_processor.fail_all(outputs.engine_error)
+                # Nothing runs or waits any more: the gauges say so (else /metrics kept the last step's counts).
+                self._record_stats(SchedulerStats(), IterationStats())
                 return
             processed = self.output_processor.process_outputs(outputs.outputs, outputs.timestamp or None)
             if processed.reqs_to_abort:
                 await self.client.abort_requests(processed.reqs_to_abort)
-            for stat_logger in self.stat_loggers:
-                try:
-                    stat_logger.record(outputs.scheduler_stats, processed.iteration_stats)
-                except Exception:
-                    logger.exception("stat logger %s failed", type(stat_logger).__name__)
+            self._record_stats(outputs.scheduler_stats, processed.iteration_stats)
+
+    def _record_stats(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
+        for stat_logger in self.stat_loggers:
+            try:
+                stat_logger.record(scheduler_stats, iteration_stats)
+            except Exception:
+                logger.exception("stat logger %s failed", type(stat_logger).__name__)
 
     async def add_lora(self, lora_name: str, lora_path: str) -> LoRARequest:
         """Load a PEFT LoRA adapter into the running engine (vLLM's ``/v1/load_lora_adapter``).
