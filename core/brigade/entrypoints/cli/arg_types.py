@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from urllib.parse import ParseResult, urlparse
 
 
 def _int(text: str, least: int) -> int:
@@ -23,3 +24,19 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """argparse type: an int of at least 0."""
     return _int(text, 0)
+
+
+def http_url(text: str, expected: str) -> ParseResult:
+    """The parts of an http(s) URL with a host and a valid port (if any); ``expected`` ends the error line.
+
+    Raises:
+        argparse.ArgumentTypeError: another scheme, no host, or a bad port.
+    """
+    url = urlparse(text.strip())
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL; {expected}")
+    try:
+        url.port
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} has a bad port; {expected}") from None
+    return url

@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 
 from brigade.benchmarks.datasets import DATASETS
 from brigade.benchmarks.hf_peer import PEER_MODES
+from brigade.entrypoints.cli.arg_types import http_url
 from brigade.entrypoints.cli.arg_types import non_negative_int as _non_negative_int
 from brigade.entrypoints.cli.arg_types import positive_int as _positive_int
 
@@ -92,13 +93,7 @@ def _base_url(text: str) -> str:
     """argparse type: the server's root URL, ``http(s)://HOST[:PORT]``. A trailing ``/v1`` (the usual OpenAI
     base URL) is dropped, as the benchmark adds ``/v1/...`` itself; any other path is refused."""
     expected = "give http(s)://HOST:PORT, e.g. http://127.0.0.1:8000"
-    url = urlparse(text.strip())
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL; {expected}")
-    try:
-        url.port
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} has a bad port; {expected}") from None
+    url = http_url(text, expected)
     if url.path.rstrip("/") not in ("", "/v1") or url.query or url.fragment or url.params:
         raise argparse.ArgumentTypeError(f"{text!r} has a path; {expected} (a trailing /v1 is accepted too)")
     return f"{url.scheme}://{url.netloc}"

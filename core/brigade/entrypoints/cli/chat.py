@@ -6,9 +6,9 @@ import argparse
 import logging
 import os
 import sys
-from urllib.parse import urlparse, urlunparse
+from urllib.parse import urlunparse
 
-from brigade.entrypoints.cli.arg_types import positive_int
+from brigade.entrypoints.cli.arg_types import http_url, positive_int
 
 _EPILOG = """\
 errors: an error from the server (an unknown --model, a bad key, a conversation grown past the model's
@@ -21,14 +21,7 @@ ends the chat with exit status 1."""
 def server_url(text: str) -> str:
     """argparse type: the server's /v1 base URL. The server's address alone (``http://HOST:PORT``) gets ``/v1``
     added, as ``brigade bench serve --base-url`` takes either form; another path (a proxy's) is kept."""
-    expected = "give http(s)://HOST:PORT or its /v1 base URL, e.g. http://127.0.0.1:8000/v1"
-    url = urlparse(text.strip())
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL; {expected}")
-    try:
-        url.port
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} has a bad port; {expected}") from None
+    url = http_url(text, "give http(s)://HOST:PORT or its /v1 base URL, e.g. http://127.0.0.1:8000/v1")
     return urlunparse((url.scheme, url.netloc, url.path.rstrip("/") or "/v1", "", url.query, ""))
 
 
