@@ -97,8 +97,6 @@ def check_mixed_graph(name, q_lens, ctx_lens, *, num_heads, num_kv_heads, head_s
     # computes and every other layer of the step reuses (a new step's metadata gets a new one).
     import dataclasses
 
-    from brigade_cuda.attention import triton_backend
-
     q, k, v, kv, md = batch(q_lens, ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
                             block_size=16, seed=seed)
     scale = head_size ** -0.5
@@ -107,7 +105,7 @@ def check_mixed_graph(name, q_lens, ctx_lens, *, num_heads, num_kv_heads, head_s
     graph_md = dataclasses.replace(md, mixed_graph=True)
     layers = [TritonAttentionBackend(num_heads, head_size, num_kv_heads, scale) for _ in range(2)]
     outs = [layer.forward(q, k, v, kv.clone(), graph_md) for layer in layers]
-    plans = [entry[1] for entry in triton_backend._last_plan.values() if entry[0] is graph_md]
+    plans = list(graph_md.backend_state.values())
     assert len(plans) == 1 and layers[0]._step_plan(q, graph_md) is layers[1]._step_plan(q, graph_md) is plans[0]
     splits = plans[0][len(q_lens) + 1:2 * len(q_lens) + 1].tolist()
     assert max(splits) > 1, (name, "no request was split", splits)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -45,6 +45,10 @@ class AttentionMetadata:
     # query_start_loc[num_reqs] padding with slot -1), num_decodes is 0 whatever the step holds, and every real
     # length must be read from the device tensors. Only backends with supports_mixed_cuda_graphs get it on a GPU.
     mixed_graph: bool = False
+    # Per-step state a backend derives from this metadata once (in its first layer) and reuses in every other
+    # layer of the step, e.g. a kernel's work plan; keys are the backend's own. Each new metadata, including one
+    # made by ``dataclasses.replace``, starts empty, so nothing derived from one step reaches another.
+    backend_state: dict[object, object] = field(default_factory=dict, init=False, repr=False, compare=False)
 
 
 @dataclass(slots=True)

@@ -83,10 +83,6 @@ def short_graph_lens() -> tuple[int, ...]:
     return tuple(sorted({int(part) for part in parts} - {0}))
 
 
-# The last step's varlen plan per (BLOCK_Q, BLOCK_N), with the metadata it was made for (held, so its identity
-# cannot be reused by another step's metadata while cached).
-_last_plan: dict[tuple[int, int], tuple[AttentionMetadata, torch.Tensor]] = {}
-
 SHORT_GRAPH_MAX_BATCH = 32  # beyond this, a Llama-shaped batch fills the GPU with one split per request
 
 
@@ -132,13 +128,13 @@ class TritonAttentionBackend(AttentionBackend):
         """The varlen work plan of this step: computed by the first layer that asks, reused by the others (every
         layer of a model shares the tile; the plan depends only on the step's lengths)."""
         block_q, _, block_n, _, _ = varlen_tile(query.dtype, self.head_size, self.num_heads // self.num_kv_heads)
-        key = (block_q, block_n)
-        cached = _last_plan.get(key)
-        if cached is None or cached[0] is not metadata:
-            plan = varlen_plan(metadata.query_start_loc, metadata.seq_lens, num_reqs=metadata.num_reqs,
-                               block_q=block_q, block_n=block_n, split=DEFAULT_SPLIT)
-            cached = _last_plan[key] = (metadata, plan)
-        return cached[1]
+        key = ("varlen_plan", block_q, block_n)
+        plan = metadata.backend_state.get(key)
+        if plan is None:
+            plan = metadata.backend_state[key] = varlen_plan(
+                metadata.query_start_loc, metadata.seq_lens, num_reqs=metadata.num_reqs, block_q=block_q,
+                block_n=block_n, split=DEFAULT_SPLIT)
+        return plan
 
     def _multiprocessors(self, device: torch.device) -> int:
         index = device.index if device.index is not None else torch.cuda.current_device()
