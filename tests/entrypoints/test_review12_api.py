@@ -124,6 +124,13 @@ def test_a_number_of_thousands_of_digits_is_a_400(http, route, fields):
     assert error["message"] == "the request body is not valid JSON: it holds a number of more than 4300 digits", error
 
 
+
+@pytest.mark.parametrize("digits", [5000, 4000])  # past int()'s 4,300-digit limit, and a token id out of range
+def test_a_logit_bias_key_of_thousands_of_digits_is_a_short_400(http, digits):
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 1, "logit_bias": {"7" * digits: 1}}
+    error = assert_400(http.post("/v1/completions", json=body), "logit_bias")
+    assert len(error["message"]) < 120 and "777" in error["message"], error
+
 # ---- 3a. chat fields that were ignored: echo, prompt_logprobs ---------------------------------------
 
 def test_chat_echo_prepends_the_continued_assistant_message(client):

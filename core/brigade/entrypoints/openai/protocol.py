@@ -16,6 +16,7 @@ as OpenAI and vLLM do (NULL_IS_DEFAULT).
 from __future__ import annotations
 
 import json
+import reprlib
 import sys
 from typing import Annotated, Any, Literal, get_args
 
@@ -186,10 +187,12 @@ class SamplingFields(OpenAIBaseModel):
         for key, bias in self.logit_bias.items():
             try:
                 token_id = int(key)
-            except ValueError:
-                raise InvalidParamError(f"logit_bias key {key!r} is not a token id", param="logit_bias") from None
+            except ValueError:  # also a key of over 4,300 digits; reprlib keeps a long key's echo short
+                raise InvalidParamError(f"logit_bias key {reprlib.repr(key)} is not a token id",
+                                        param="logit_bias") from None
             if not 0 <= token_id < vocab_size:
-                raise InvalidParamError(f"logit_bias token id {token_id} is outside the vocabulary "
+                shown = key.strip() if len(key) <= 40 else reprlib.repr(key)
+                raise InvalidParamError(f"logit_bias token id {shown} is outside the vocabulary "
                                         f"[0, {vocab_size})", param="logit_bias")
             if not -100.0 <= bias <= 100.0:
                 raise InvalidParamError(f"logit_bias value {bias} is outside [-100, 100]", param="logit_bias")
