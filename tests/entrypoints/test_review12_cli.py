@@ -314,6 +314,8 @@ def test_no_brigade_parser_takes_abbreviations():
     (["bench", "latency", "{model}", "--num-iter", "3"], "brigade bench latency",
      "unrecognized arguments: --num-iter 3 (did you mean --num-iters or --num-iters-warmup?)"),
     (["serve", "{model}", "--no-such-flag"], "brigade serve", "unrecognized arguments: --no-such-flag"),
+    (["serve", "{model}", "--max-model-le", "64", "--enable-prefix-cachin"], "brigade serve",
+     "(did you mean --max-model-len for --max-model-le, --enable-prefix-caching for --enable-prefix-cachin?)"),
 ])
 def test_a_prefix_of_a_flag_is_an_error_naming_it(smollm2_path, argv, prefix, needle):
     proc = run_cli(*[a.format(model=smollm2_path) for a in argv])

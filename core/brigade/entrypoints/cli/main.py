@@ -74,16 +74,22 @@ def _deepest_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def _did_you_mean(parser: argparse.ArgumentParser, extra: list[str]) -> str:
-    """`` (did you mean --flag?)`` for the first unrecognized ``--`` flag that is a prefix of real flags (the
-    shortest ones first, as argparse's abbreviations would have taken one) or close to one; else ""."""
+    """`` (did you mean --flag?)`` for an unrecognized ``--`` flag that is a prefix of real flags (the shortest
+    ones first, as argparse's abbreviations would have taken one) or close to one; with several such flags,
+    ``(did you mean --a for --x, --b for --y?)``; else ""."""
     flags = sorted({s for a in parser._actions for s in a.option_strings if s.startswith("--")}, key=len)
+    found: list[tuple[str, list[str]]] = []
     for arg in extra:
         name = arg.split("=", 1)[0]
         if not name.startswith("--") or len(name) < 3:
             continue
         matches = [f for f in flags if f.startswith(name)][:3] or difflib.get_close_matches(name, flags, n=1)
         if matches:
-            return f" (did you mean {' or '.join(matches)}?)"
+            found.append((name, matches))
+    if len(found) == 1:
+        return f" (did you mean {' or '.join(found[0][1])}?)"
+    if found:
+        return f" (did you mean {', '.join(' or '.join(m) + ' for ' + name for name, m in found)}?)"
     return ""
 
 
