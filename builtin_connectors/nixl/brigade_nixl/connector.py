@@ -188,7 +188,8 @@ class NixlConnector(KVConnectorBase):
     def _start_producer(self, pool_blocks: int) -> None:
         """The producer's worker: the pool, registered with a new NIXL agent, and the side channel serving it."""
         self.pool = BlockPool(self.layout, pool_blocks, lease_s=max(MIN_LEASE_S, 4 * self.timeout_s))
-        self._agent = make_agent(f"brigade-nixl-producer-{os.getpid()}-{uuid.uuid4().hex[:8]}", self.backends)
+        self._agent = make_agent(f"brigade-nixl-producer-{os.getpid()}-{uuid.uuid4().hex[:8]}", self.backends,
+                                 progress_thread=True)
         self._pool_reg = self._agent.register_memory(self.pool.tensor)
         try:
             self._server = SideChannelServer(self.host, self.port, self._answer)
@@ -339,7 +340,8 @@ class NixlConnector(KVConnectorBase):
     def _reader_for(self, producer: str) -> SlotReader:
         """The reader connected to ``producer`` (handshaking once, and again when the producer restarted)."""
         if self._reader is None:
-            agent = make_agent(f"brigade-nixl-consumer-{os.getpid()}-{uuid.uuid4().hex[:8]}", self.backends)
+            agent = make_agent(f"brigade-nixl-consumer-{os.getpid()}-{uuid.uuid4().hex[:8]}", self.backends,
+                               progress_thread=False)
             self._reader = SlotReader(agent, self.layout, self.timeout_s)  # kv_both: an agent beside the producer's
         if self._reader.producer != producer:
             reply = self._client.call(self._handshake_request())
@@ -405,6 +407,7 @@ class NixlConnector(KVConnectorBase):
             except Exception as exc:  # shutting down: a NIXL error here changes nothing
                 logger.debug("NIXL pool deregistration: %s", exc)
             self._pool_reg = None
+        self._agent = None  # its progress thread stops with it
 
 
 def _close_quietly(server: SideChannelServer | None, client: SideChannelClient | None) -> None:

@@ -9,6 +9,7 @@ descriptor per remote slot and per local staging slot once, then reads any slots
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import time
@@ -24,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 NIXL_MODULES = ("nixl._api", "nixl_cu13._api", "nixl_cu12._api")  # the meta package first, then the CUDA variants
 _POLL_S = 0.0001  # between two looks at a transfer's state
+PROGRESS_DELAY_US = 100  # the producer's progress thread pauses this long between rounds (0 = one busy core)
 
 
 class LoadError(Exception):
@@ -47,18 +49,47 @@ def nixl_api() -> ModuleType:
                       f"{', '.join(NIXL_MODULES)} imports; {reasons[-1]})")
 
 
-def make_agent(name: str, backends: list[str]):
+def make_agent(name: str, backends: list[str], *, progress_thread: bool):
     """A NIXL agent named ``name`` with ``backends`` (e.g. ["UCX"]).
+
+    A producer needs NIXL's progress thread: a consumer's READ only completes while the target's backend makes
+    progress (with UCX over TCP, nothing moves at all). The Python API runs that thread without a pause
+    (``pthrDelay`` 0), which keeps one core busy for good; the agent is made with ``PROGRESS_DELAY_US`` instead.
+    A consumer drives its own transfers (``check_xfer_state``) and runs no progress thread.
 
     Raises:
         ConfigError: NIXL is not installed, or none of ``backends`` is available in this NIXL build.
     """
     api = nixl_api()
-    agent = api.nixl_agent(name, api.nixl_agent_config(backends=list(backends)))
+    config = api.nixl_agent_config(enable_prog_thread=progress_thread, backends=list(backends))
+    with _progress_delay(api, PROGRESS_DELAY_US):
+        agent = api.nixl_agent(name, config)
     if not agent.backends:
         raise ConfigError(f"--kv-transfer-config kv_connector_extra_config backends {backends}: none is available "
                           f"in this NIXL build; available: {', '.join(agent.plugin_list) or 'none'}")
     return agent
+
+
+@contextlib.contextmanager
+def _progress_delay(api: ModuleType, delay_us: int):
+    """While agents are made, give their ``nixlAgentConfig`` a ``pthrDelay`` of ``delay_us`` microseconds: the
+    Python API (nixl 1.5) sets 0 and has no argument for it, so its call to the bindings' ``nixlAgent`` is wrapped.
+    A NIXL without that attribute is left alone (its progress thread then runs at its own pace)."""
+    bindings = getattr(api, "nixlBind", None)
+    make = getattr(bindings, "nixlAgent", None)
+    if make is None:
+        yield
+        return
+
+    def with_delay(name, config):
+        config.pthrDelay = delay_us
+        return make(name, config)
+
+    bindings.nixlAgent = with_delay
+    try:
+        yield
+    finally:
+        bindings.nixlAgent = make
 
 
 def slot_descriptors(base_address: int, slot_bytes: int, num_slots: int) -> np.ndarray:
