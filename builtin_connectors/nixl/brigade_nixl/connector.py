@@ -130,6 +130,7 @@ class NixlConnector(KVConnectorBase):
         self._pending_loads: list[RequestLoad] = []  # admitted since the last build_connector_meta
         self._unsaved: dict[str, _ProducerState] = {}
         self._handshake_done = False
+        self._channel_failed = False  # the last call to the producer got no answer: send it no releases
         self._retry_at = 0.0  # time.monotonic() before which the producer is not asked again
         self._warned = False  # the current outage was logged
         self.num_matched_tokens = 0
@@ -234,6 +235,7 @@ class NixlConnector(KVConnectorBase):
             self._producer_failed(f"handshake: {exc}")
             return False
         self._handshake_done = True
+        self._channel_failed = False
         if self._warned:
             logger.info("NixlConnector: the producer at %s answers again", self.address)
             self._warned = False
@@ -256,6 +258,7 @@ class NixlConnector(KVConnectorBase):
 
     def _producer_failed(self, reason: str) -> None:
         self._handshake_done = False
+        self._channel_failed = True
         self._retry_at = time.monotonic() + RETRY_AFTER_S
         if not self._warned:
             logger.warning("NixlConnector: the producer at %s cannot be used (%s); requests compute all their tokens "
@@ -263,11 +266,13 @@ class NixlConnector(KVConnectorBase):
             self._warned = True
 
     def _release(self, lease_ids: list[int]) -> None:
-        """Tell the producer these leases are over; best effort (a lease also expires by itself)."""
-        if lease_ids and self._client is not None:
+        """Tell the producer these leases are over; best effort (a lease also expires by itself, so nothing is sent
+        to a producer that just failed to answer)."""
+        if lease_ids and self._client is not None and not self._channel_failed:
             try:
                 self._client.call({"op": "release", "leases": lease_ids})
             except SideChannelError as exc:
+                self._channel_failed = True
                 logger.debug("NixlConnector: could not release leases %s: %s", lease_ids, exc)
 
     def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
@@ -315,10 +320,12 @@ class NixlConnector(KVConnectorBase):
         """READ each request's slots from the producer's pool, then copy them into ``kv_caches``; a request whose
         read fails loads nothing (``wait_for_load`` reports it) and its lease is released all the same."""
         dim = self.layout.block_dim
+        self._channel_failed = False
         for load in metadata.loads:
             try:
                 kv = self._read(load)  # [num_blocks, num_layers, *block_shape]
             except Exception as exc:  # NIXL raises its own types; any failure means "compute instead"
+                self._channel_failed |= isinstance(exc, SideChannelError)
                 self._failed_loads[load.req_id] = load.num_computed_tokens
                 self.num_failed_loads += 1
                 logger.warning("NixlConnector: request %s computes its %d tokens from token %d instead of loading "
