@@ -31,6 +31,7 @@ LOCAL_PACKAGES=(
     builtin_quant/gptq
     builtin_quant/awq
     builtin_connectors/shm
+    builtin_connectors/nixl
     plugins/*
 )
 # <<<

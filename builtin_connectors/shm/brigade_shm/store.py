@@ -1,10 +1,10 @@
 """KVBlockStore: KV blocks as files in one directory (by default under /dev/shm), one safetensors file per block.
 
-A block's file is named by its chained key: the sha256 of the parent block's key and the block's token ids, the
-first block's parent being a seed made of the engine's ``KVCacheLayout`` key and the request's ``cache_salt``
-(the prefix cache's chaining, book ch. 12, but with a fixed seed, so that two processes agree). A key thus names
-the whole prefix up to its block, for one model, dtype and block layout; engines of another layout never find
-each other's files. The file also records the layout, the key and a CRC-32 of the data, checked on every read,
+A block's file is named by its chained key (``brigade.kv_transfer.extend_block_keys``, shared with the other
+connectors): the sha256 of the parent block's key and the block's token ids, the first block's parent being a seed
+made of the engine's ``KVCacheLayout`` key and the request's ``cache_salt`` (the prefix cache's chaining, book
+ch. 12, but with a fixed seed, so that two processes agree). A key thus names the whole prefix up to its block, for
+one model, dtype and block layout; engines of another layout never find each other's files. The file also records the layout, the key and a CRC-32 of the data, checked on every read,
 so a truncated, corrupt or misplaced file is refused (``StoreEntryError``) instead of loaded.
 
 Writes are atomic: a temporary file in the same directory, then ``os.replace``. The files stay until removed:
@@ -13,19 +13,17 @@ this version evicts nothing (clear the directory, or mount a size-limited tmpfs)
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import uuid
 import zlib
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from brigade.kv_transfer import KVCacheLayout
+from brigade.kv_transfer import KVCacheLayout, extend_block_keys
 
 logger = logging.getLogger(__name__)
 
@@ -55,19 +53,11 @@ class KVBlockStore:
         self.layout = layout
         self.dtype = getattr(torch, layout.dtype)
         self.shape = (layout.num_layers, *layout.block_shape)
-        self._seed = hashlib.sha256(f"{FORMAT}\0{layout.key()}".encode()).digest()
 
     # ---- keys -----------------------------------------------------------------------------------
     def extend_keys(self, keys: list[str], token_ids: Sequence[int], cache_salt: str | None = None) -> None:
         """Append the keys of the full blocks of ``token_ids`` not yet in ``keys`` (in place); hex strings."""
-        size = self.layout.block_size
-        for i in range(len(keys), len(token_ids) // size):
-            if i == 0:
-                parent = hashlib.sha256(self._seed + (cache_salt or "").encode()).digest()
-            else:
-                parent = bytes.fromhex(keys[i - 1])
-            tokens = np.asarray(token_ids[i * size:(i + 1) * size], dtype=np.int64).tobytes()
-            keys.append(hashlib.sha256(parent + tokens).hexdigest())
+        extend_block_keys(keys, token_ids, self.layout, cache_salt)
 
     def path(self, key: str) -> str:
         return os.path.join(self.root, key + SUFFIX)

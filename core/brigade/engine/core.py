@@ -234,4 +234,6 @@ class EngineCore:
     def shutdown(self) -> None:
         if self.structured_output_manager is not None:
             self.structured_output_manager.shutdown()
+        if self.scheduler.kv_connector is not None:
+            self.scheduler.kv_connector.shutdown()
         self.executor.shutdown()

@@ -93,17 +93,20 @@ def _worker_main(config: BrigadeConfig, hf_config, rank: int, start_method: str,
         WorkerCommand.REMOVE_LORA: worker.remove_lora,
         WorkerCommand.KV_CACHE_LAYOUT: lambda _: worker.kv_cache_layout(),
     }
-    while True:
-        try:
-            command, arg = conn.recv()
-        except EOFError:
-            return  # the executor is gone
-        if command == WorkerCommand.SHUTDOWN:
-            return
-        try:
-            conn.send(WorkerReply(value=handlers[command](arg)))
-        except BaseException as exc:
-            conn.send(WorkerReply(error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    try:
+        while True:
+            try:
+                command, arg = conn.recv()
+            except EOFError:
+                return  # the executor is gone
+            if command == WorkerCommand.SHUTDOWN:
+                return
+            try:
+                conn.send(WorkerReply(value=handlers[command](arg)))
+            except BaseException as exc:
+                conn.send(WorkerReply(error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        worker.shutdown()  # the KV connector's threads and sockets
 
 
 def _initialize_kv_cache(worker, num_blocks: int) -> None:

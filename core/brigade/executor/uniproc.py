@@ -35,3 +35,6 @@ class UniProcExecutor(Executor):
 
     def execute_model(self, scheduler_output: SchedulerOutput, *, overlap: bool = False):
         return self.worker.execute_model(scheduler_output, overlap=overlap)
+
+    def shutdown(self) -> None:
+        self.worker.shutdown()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from brigade.config import ConfigError, KVTransferConfig
 from brigade.kv_transfer.base import KVCacheLayout, KVConnectorBase, KVConnectorMetadata, KVConnectorRole
+from brigade.kv_transfer.keys import extend_block_keys
 
 
 def get_connector_class(config: KVTransferConfig) -> type[KVConnectorBase]:
@@ -46,5 +47,5 @@ def make_kv_connector(config: KVTransferConfig, role: KVConnectorRole, layout: K
     return registries.kv_connectors.create(config.kv_connector, config, role, layout)
 
 
-__all__ = ["KVCacheLayout", "KVConnectorBase", "KVConnectorMetadata", "KVConnectorRole", "get_connector_class",
-           "make_kv_connector"]
+__all__ = ["KVCacheLayout", "KVConnectorBase", "KVConnectorMetadata", "KVConnectorRole", "extend_block_keys",
+           "get_connector_class", "make_kv_connector"]

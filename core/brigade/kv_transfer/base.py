@@ -173,3 +173,9 @@ class KVConnectorBase(ABC):
     def save_kv(self, metadata: KVConnectorMetadata, kv_caches: list[torch.Tensor]) -> None:
         """Save the blocks ``metadata`` names from ``kv_caches``, after this step's forward pass wrote them.
         Returns once they are stored; a failed save is logged, never raised (the request itself is fine)."""
+
+    # ---- both roles -----------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Release what this instance holds (threads, sockets, registered memory). The engine calls it once when
+        it shuts down (``EngineCore.shutdown`` for the scheduler role, the worker's ``shutdown`` for the worker
+        role); it must be idempotent and must not raise. The default does nothing."""

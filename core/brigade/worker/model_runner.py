@@ -143,6 +143,11 @@ class ModelRunner:
             self.warm_up_mixed_steps()
             self.warm_up_sampler()
 
+    def shutdown(self) -> None:
+        """Shut the worker-role KV connector down (its threads, sockets, registered memory); idempotent."""
+        if self.kv_connector is not None:
+            self.kv_connector.shutdown()
+
     def kv_cache_layout(self) -> KVCacheLayout:
         """The layout of this runner's KV blocks, for KV connectors: blocks are shared only between equal layouts.
 

@@ -107,3 +107,7 @@ class Worker:
 
     def execute_model(self, scheduler_output: SchedulerOutput, *, overlap: bool = False):
         return self.model_runner.execute_model(scheduler_output, overlap=overlap)
+
+    def shutdown(self) -> None:
+        """Release what the runner holds outside its tensors (the worker-role KV connector's threads and sockets)."""
+        self.model_runner.shutdown()
