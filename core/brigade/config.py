@@ -456,6 +456,33 @@ _SUB_CONFIGS = {"model_config": ModelConfig, "cache_config": CacheConfig, "sched
 _LORA_KWARGS = ("enable_lora", "max_loras", "max_cpu_loras", "max_lora_rank", "lora_modules")
 
 
+_SCALAR_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "bool": (bool,),
+                                               "str": (str, os.PathLike)}
+
+
+def _checked_value(name: str, annotation: Any, value: Any) -> Any:
+    """``value`` for the field ``name`` annotated ``annotation`` (a string, as this module's annotations are),
+    when the annotation is a plain scalar (``int``, ``float | None``...); a path-like for a ``str`` becomes its
+    str. Other annotations are left to the config classes' own checks.
+
+    Raises:
+        TypeError: naming the argument, the type it takes and the value given (``LLM(m, max_model_len="abc")``).
+    """
+    parts = [p.strip() for p in str(annotation).split("|")]
+    kinds = [p for p in parts if p != "None"]
+    if not kinds or any(k not in _SCALAR_TYPES for k in kinds):
+        return value
+    if value is None and "None" in parts:
+        return value
+    ok = value is not None and any(isinstance(value, _SCALAR_TYPES[k]) for k in kinds)
+    if isinstance(value, bool) and "bool" not in kinds:  # True is an int to Python, not a length
+        ok = False
+    if not ok:
+        expected = " or ".join(kinds) + (" or None" if "None" in parts else "")
+        raise TypeError(f"engine argument {name} must be {expected}, got {type(value).__name__} {value!r:.60}")
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
 def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
     """Build a BrigadeConfig from flat keyword arguments named like the sub-configs' fields.
 
@@ -467,7 +494,8 @@ def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
     a LoRAConfig.
 
     Raises:
-        TypeError: for a name no sub-config has.
+        TypeError: for a name no sub-config has, or a value of the wrong type for a scalar field (an int, float,
+            bool or str one; ``max_model_len="abc"``), naming the argument and the type it takes.
         ConfigError: for a bad value.
     """
     parts: dict[str, dict[str, Any]] = {name: {} for name in _SUB_CONFIGS}
@@ -507,8 +535,9 @@ def config_from_kwargs(model: str, **kwargs: Any) -> BrigadeConfig:
             top[key] = value if value is None or isinstance(value, KVTransferConfig) else KVTransferConfig(**value)
             continue
         for part, cls in _SUB_CONFIGS.items():
-            if key in {f.name for f in dataclasses.fields(cls)}:
-                parts[part][key] = value
+            fields = {f.name: f for f in dataclasses.fields(cls)}
+            if key in fields:
+                parts[part][key] = _checked_value(key, fields[key].type, value)
                 break
         else:
             known = sorted([f.name for cls in _SUB_CONFIGS.values() for f in dataclasses.fields(cls)]

@@ -143,6 +143,13 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
                 raise InvalidParamError(f"{name} must be a finite number, got {value!r}", param=name)
+        if not isinstance(self.stop, (list, tuple)):  # a str is made a list in __post_init__
+            raise InvalidParamError(f"stop must be a str or a list of str, got {type(self.stop).__name__} "
+                                    f"{self.stop!r:.60}", param="stop")
+        if not isinstance(self.stop_token_ids, (list, tuple)) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids):
+            raise InvalidParamError(f"stop_token_ids must be a list of int token ids, got {self.stop_token_ids!r:.60}",
+                                    param="stop_token_ids")
         checks = [
             (self.n >= 1, "n must be at least 1", "n"),
             (self.seed is None or -(2 ** 63) <= self.seed < 2 ** 63, "seed must fit in 64 bits", "seed"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Sequence
 
 import msgspec
@@ -12,10 +13,67 @@ from brigade.config import BrigadeConfig, config_from_kwargs
 from brigade.engine.llm_engine import LLMEngine
 from brigade.lora.request import LoRARequest
 from brigade.outputs import RequestOutput
-from brigade.sampling_params import RequestOutputKind, SamplingParams
+from brigade.sampling_params import InvalidParamError, RequestOutputKind, SamplingParams
 from brigade.tokenizer import apply_chat_template
 
-PromptType = str | list[int]
+PromptType = str | list[int] | dict
+"""A prompt: text, token ids, or vLLM's TextPrompt ``{"prompt": str}`` / TokensPrompt ``{"prompt_token_ids":
+list[int]}`` dict (either may add ``"cache_salt": str``)."""
+
+_PROMPT_TYPES = ('a str, a list of int token ids, {"prompt": str} or {"prompt_token_ids": list[int]} '
+                 '(optionally with "cache_salt": str)')
+
+
+def _is_token_ids(value) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _normalize_prompt(prompt, where: str) -> tuple[str | list[int], str | None]:
+    """(text or token ids, cache salt or None) of one prompt.
+
+    Raises:
+        TypeError: ``prompt`` is none of the accepted types, or a dict with unknown or missing keys.
+    """
+    if isinstance(prompt, str):
+        return prompt, None
+    if isinstance(prompt, (list, tuple)) and prompt and _is_token_ids(prompt):
+        return list(prompt), None
+    if isinstance(prompt, dict):
+        unknown = sorted(map(str, set(prompt) - {"prompt", "prompt_token_ids", "cache_salt"}))
+        if unknown:
+            raise TypeError(f"{where} has unknown keys {unknown}; expected {_PROMPT_TYPES}")
+        salt = prompt.get("cache_salt")
+        if salt is not None and not isinstance(salt, str):
+            raise TypeError(f"{where}['cache_salt'] must be a str, got {type(salt).__name__}")
+        if "prompt_token_ids" in prompt:  # vLLM's TokensPrompt: the ids win over any "prompt" text
+            ids = prompt["prompt_token_ids"]
+            if not isinstance(ids, (list, tuple)) or not _is_token_ids(ids):
+                raise TypeError(f"{where}['prompt_token_ids'] must be a list of int token ids, got "
+                                f"{type(ids).__name__}" + (f" {ids!r:.60}" if isinstance(ids, (list, tuple)) else ""))
+            return list(ids), salt
+        if "prompt" in prompt:
+            text = prompt["prompt"]
+            if not isinstance(text, str):
+                raise TypeError(f"{where}['prompt'] must be a str, got {type(text).__name__}")
+            return text, salt
+        raise TypeError(f"{where} has neither 'prompt' nor 'prompt_token_ids'; expected {_PROMPT_TYPES}")
+    if isinstance(prompt, (list, tuple)) and not prompt:
+        return [], None  # refused by the engine as an empty prompt (InvalidParamError)
+    raise TypeError(f"{where} must be {_PROMPT_TYPES}; got {type(prompt).__name__} {prompt!r:.60}")
+
+
+def normalize_prompts(prompts) -> list[tuple[str | list[int], str | None]]:
+    """One prompt or a sequence of them, as a list of (text or token ids, cache salt or None).
+
+    Raises:
+        TypeError: ``prompts`` (or one of its items) is none of the accepted types.
+    """
+    if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
+                                            and _is_token_ids(prompts)):
+        return [_normalize_prompt(prompts, "prompts")]
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be {_PROMPT_TYPES}, or a list of them; got {type(prompts).__name__}")
+    return [_normalize_prompt(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
 
 
 class LLM:
@@ -30,7 +88,15 @@ class LLM:
             ``lora_modules={name: path}``; then ``generate(..., lora_request=LoRARequest(...))``.
     """
 
-    def __init__(self, model: str, **kwargs):
+    def __init__(self, model: str | os.PathLike, **kwargs):
+        """Raises: TypeError: ``model`` is not a path, or an engine argument is unknown or of the wrong type.
+        ConfigError (a ValueError): a bad value."""
+        if not isinstance(model, (str, os.PathLike)):
+            raise TypeError(f"model must be the path of an HF-format model directory (str or os.PathLike), "
+                            f"got {type(model).__name__}")
+        model = os.fspath(model)
+        if not isinstance(model, str):
+            raise TypeError(f"model must be a str path, got {type(model).__name__}")
         self._start(config_from_kwargs(model, **kwargs))
 
     @classmethod
@@ -55,21 +121,33 @@ class LLM:
         """Generate for every prompt, all submitted at once; outputs come back in prompt order.
 
         Args:
-            prompts: a string, a list of token ids, or a list of either.
-            sampling_params: one for all prompts, or one per prompt (default: SamplingParams()).
+            prompts: a str, a list of int token ids, a TextPrompt ``{"prompt": str}`` or a TokensPrompt
+                ``{"prompt_token_ids": list[int]}`` dict (vLLM's; either may carry ``"cache_salt": str``), or a
+                list of these, mixed.
+            sampling_params: a SamplingParams for all prompts, or a list of them, one per prompt (default:
+                SamplingParams()).
             lora_request: the LoRA adapter for all prompts, or one per prompt (None: the base model); an
                 adapter not yet registered is loaded first (needs ``enable_lora=True``).
         Raises:
-            InvalidParamError: a prompt or parameter does not fit the model (nothing is run then).
+            TypeError: a prompt or sampling_params is not of an accepted type (nothing is run then).
+            InvalidParamError (a ValueError): a prompt or parameter does not fit the model, e.g. an empty prompt
+                or a token id outside [0, vocab size) (nothing is run then).
             LoRAError: an adapter cannot be served (nothing is run then).
         """
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        normalized = normalize_prompts(prompts)
+        prompts = [prompt for prompt, _ in normalized]
+        salts = [salt for _, salt in normalized]
         if sampling_params is None:
             sampling_params = SamplingParams()
-        params_list = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) \
-            else list(sampling_params)
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompts)
+        elif isinstance(sampling_params, (list, tuple)) and all(isinstance(p, SamplingParams)
+                                                               for p in sampling_params):
+            params_list = list(sampling_params)
+        else:
+            hint = " (build it with SamplingParams(**params))" if isinstance(sampling_params, dict) else ""
+            raise TypeError(f"sampling_params must be a SamplingParams or a list of them, one per prompt; got "
+                            f"{type(sampling_params).__name__}{hint}")
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} sampling params")
         loras = [lora_request] * len(prompts) if lora_request is None or isinstance(lora_request, LoRARequest) \
@@ -84,7 +162,7 @@ class LLM:
                 params = msgspec.structs.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
                 request_id = str(next(self._counter))
                 self.engine.add_request(request_id, prompt, params, priority=priority[i] if priority else 0,
-                                        lora_request=loras[i])
+                                        cache_salt=salts[i], lora_request=loras[i])
                 ids.append(request_id)
         except Exception:
             for request_id in ids:
@@ -98,8 +176,32 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None, *,
              use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
              tools: list[dict] | None = None, lora_request: LoRARequest | None = None) -> list[RequestOutput]:
-        """Render each conversation with the chat template, then generate (on ``lora_request``'s adapter)."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        """Render each conversation with the chat template, then generate (on ``lora_request``'s adapter).
+
+        Args:
+            messages: one conversation (a list of ``{"role": ..., "content": ...}`` dicts) or a list of them;
+                a role is one the OpenAI server accepts (CHAT_ROLES: system, developer, user, assistant, tool,
+                function).
+        Raises:
+            TypeError: ``messages`` is not a list of message dicts, or a list of such lists.
+            InvalidParamError (a ValueError): a message's role is not one of CHAT_ROLES (the server's 400), or
+                as ``generate``.
+            ValueError: the model has no chat template and none was given.
+        """
+        from brigade.entrypoints.openai.protocol import CHAT_ROLES
+
+        conversations = [messages] if isinstance(messages, (list, tuple)) and messages and \
+            isinstance(messages[0], dict) else messages
+        if not isinstance(conversations, (list, tuple)) or not all(
+                isinstance(conv, (list, tuple)) and all(isinstance(m, dict) for m in conv) for conv in conversations):
+            raise TypeError("messages must be a list of message dicts ({'role': str, 'content': str}) or a list of "
+                            f"such lists; got {type(messages).__name__} {messages!r:.60}")
+        for c, conv in enumerate(conversations):
+            for i, message in enumerate(conv):
+                if message.get("role") not in CHAT_ROLES:  # the server's ChatMessage.role refuses these with a 400
+                    where = f"messages[{i}]" if conversations is not messages else f"messages[{c}][{i}]"
+                    raise InvalidParamError(f"{where}.role must be one of {', '.join(CHAT_ROLES)}; got "
+                                            f"{message.get('role')!r}", param="messages")
         tokenizer = self.engine.tokenizer
         prompts = [tokenizer.encode(apply_chat_template(tokenizer, conv, add_generation_prompt=add_generation_prompt,
                                                         tools=tools, chat_template=chat_template),
