@@ -14,8 +14,8 @@ _EPILOG = """\
 errors: an error from the server (an unknown --model, a bad key, a conversation grown past the model's
 context...) is one line with the server's message. In a chat typed at a terminal, a request the server
 refuses as bad (HTTP 400, e.g. the conversation no longer fits the context) drops that message and the chat
-goes on, so you can send something shorter; any other error, and any error with input from a pipe or a file,
-ends the chat with exit status 1."""
+goes on, so you can send something shorter; a line that is not valid UTF-8 is dropped the same way. Any other
+error, and any error with input from a pipe or a file, ends the chat with exit status 1."""
 
 
 def server_url(text: str) -> str:
@@ -84,9 +84,17 @@ def run(args: argparse.Namespace) -> int:
     while True:
         try:
             line = input("> ")
+            line.encode("utf-8")  # stdin decoded with surrogateescape keeps bad bytes as lone surrogates
         except EOFError:
             print()  # the prompt line ends (input piped or Ctrl-D)
             return 0
+        except UnicodeError:  # a UnicodeDecodeError (strict stdin) or the UnicodeEncodeError above
+            print(flush=True)
+            print("brigade chat: error: the input line is not valid UTF-8; type or pipe UTF-8 text", file=sys.stderr,
+                  flush=True)
+            if not interactive:
+                return 1
+            continue  # at a terminal, as for a refused message: the chat goes on without the line
         if not line.strip():
             return 0
         messages.append({"role": "user", "content": line})
