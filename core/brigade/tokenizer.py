@@ -7,6 +7,30 @@ import os
 from brigade.config import ConfigError, ModelConfig
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model", "sentencepiece.bpe.model")
+"""Files of which a folder needs one (or a ``*.tiktoken`` file) for transformers to find a tokenizer there."""
+
+
+def check_model_has_tokenizer(model: str) -> None:
+    """A model folder used as its own tokenizer must hold tokenizer files; else transformers fails with a long
+    message about sentencepiece and tiktoken. A path that is not a folder (a GGUF file) is not looked at.
+
+    Raises:
+        ConfigError: one line naming the folder, the files and the two ways out (--tokenizer, --skip-tokenizer-init).
+    """
+    if not os.path.isdir(model):
+        return
+    try:
+        names = os.listdir(model)
+    except OSError:
+        return  # the loaders report an unreadable folder themselves
+    if not any(name in TOKENIZER_FILES or name.endswith((".tiktoken", ".gguf")) for name in names):
+        raise ConfigError(f"the model folder {model!r} has no tokenizer (tokenizer.json / tokenizer_config.json); "
+                          "give one with --tokenizer DIR (tokenizer= offline), or pass --skip-tokenizer-init "
+                          "(skip_tokenizer_init=True) to send token ids only")
+
+
 def get_tokenizer(model_config: ModelConfig):
     """Load the model's fast tokenizer from its directory (None with ``skip_tokenizer_init``).
 
@@ -18,6 +42,8 @@ def get_tokenizer(model_config: ModelConfig):
     if model_config.skip_tokenizer_init:
         return None
     path = model_config.tokenizer or model_config.model
+    if model_config.tokenizer is None:
+        check_model_has_tokenizer(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True,
                                                   trust_remote_code=model_config.trust_remote_code)

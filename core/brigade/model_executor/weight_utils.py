@@ -75,13 +75,26 @@ def safetensors_weights_iterator(model_dir: str) -> Iterator[tuple[str, torch.Te
 
     Tensors are read lazily with ``safetensors.safe_open`` so at most one checkpoint tensor is
     materialized beyond the model itself.
+
+    Raises:
+        ValueError: a file is not a readable safetensors file (truncated, corrupt); the message names it.
     """
-    from safetensors import safe_open  # a dependency of the core; imported here to keep import light
+    from safetensors import SafetensorError, safe_open  # a dependency of the core; imported lazily
 
     for path in safetensors_files(model_dir):
-        with safe_open(path, framework="pt", device="cpu") as f:
+        try:
+            f = safe_open(path, framework="pt", device="cpu")
+        except (SafetensorError, OSError) as exc:
+            raise ValueError(f"cannot read the weights file {path!r} ({exc}); it may be truncated or corrupt: "
+                             "copy or download it again") from exc
+        with f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                try:
+                    tensor = f.get_tensor(name)
+                except SafetensorError as exc:
+                    raise ValueError(f"cannot read tensor {name!r} of the weights file {path!r} ({exc}); it may "
+                                     "be truncated or corrupt: copy or download it again") from exc
+                yield name, tensor
 
 
 def initialize_dummy_weights(model: nn.Module, seed: int, *, std: float = 0.02) -> None:

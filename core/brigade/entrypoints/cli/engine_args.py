@@ -16,14 +16,12 @@ from typing import Any
 
 from brigade.config import (BrigadeConfig, CacheConfig, CompilationConfig, ConfigError, KVTransferConfig,
                             LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig)
+from brigade.tokenizer import TOKENIZER_FILES, check_model_has_tokenizer
 
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other --dtype names
 KV_TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config")
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
-# A folder holding any of these (or a *.tiktoken file) may hold a tokenizer transformers can load.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model", "sentencepiece.bpe.model")
 # Keys of the plugin_choices mapping (brigade.plugins.plugin_choices() returns exactly these).
 PLUGIN_KINDS = ("quantization", "attention_backend", "kv_connector", "io_processor")
 _CHOICES_DEST = "_brigade_plugin_choices"
@@ -154,6 +152,10 @@ def model_path(args: argparse.Namespace) -> str:
         if len(names) > 1 and os.path.exists(names[-1]):  # --served-model-name takes several values too
             raise ConfigError(f"no model given: --served-model-name also took {names[-1]!r}; put MODEL before "
                               f"--served-model-name ({usage} --served-model-name NAME ...)")
+        prompt = getattr(args, "prompt", None)
+        if command == "generate" and isinstance(prompt, str) and os.path.isdir(prompt):
+            raise ConfigError(f"the prompt {prompt!r} is a directory and no MODEL follows it: the prompt comes "
+                              f"first ({usage}, or --model MODEL)")
         raise ConfigError(f"no model given; pass an HF-format model directory: {usage} (or --model MODEL)")
     if not os.path.exists(model):
         prompt = getattr(args, "prompt", None)
@@ -413,6 +415,8 @@ def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
                               ("--io-processor-plugin", args.io_processor_plugin, "io_processor")):
         _check_choice(flag, value, choices.get(kind, ()))
     _check_paths(args)
+    if args.tokenizer is None and not args.skip_tokenizer_init:
+        check_model_has_tokenizer(model)
     served_names = _served_names(args)
     for name in served_names:
         if not name.strip():

@@ -8,13 +8,15 @@ import sys
 
 
 def add_parser(subparsers, plugin_choices: dict[str, list[str]]) -> argparse.ArgumentParser:
+    from brigade.entrypoints.cli.arg_types import positive_int
     from brigade.entrypoints.cli.engine_args import add_engine_args
 
     parser = subparsers.add_parser("generate", help="generate text for one prompt, offline", allow_abbrev=False,
                                    description="Generate text for one prompt, offline, and print it.")
     parser.add_argument("prompt", help="the prompt text")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default %(default)s)")
+    parser.add_argument("--max-tokens", type=positive_int, default=64,
+                        help="tokens to generate at most, a positive integer (default %(default)s)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default %(default)s)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass kept, in (0, 1] (default %(default)s)")
     parser.add_argument("--top-k", type=int, default=0,
