@@ -84,6 +84,13 @@ def check_lengths_before_loading(args: argparse.Namespace, config) -> None:
     check_random_lengths(args.input_len, args.output_len, resolved.model_config.max_model_len, source)
 
 
+def _used_lengths(args: argparse.Namespace) -> dict[str, int]:
+    """``input_len``/``output_len`` for the record when the dataset used them (random); nothing otherwise."""
+    if args.dataset != "random":
+        return {}
+    return {"input_len": args.input_len, "output_len": args.output_len}
+
+
 # ---- throughput --------------------------------------------------------------------------------------
 
 def run_throughput(args: argparse.Namespace) -> int:
@@ -119,7 +126,7 @@ def run_throughput(args: argparse.Namespace) -> int:
     for key, value in ratios.items():
         if key.endswith("output_tokens_per_s") and value is not None:
             print(f"{key.removesuffix('/output_tokens_per_s')} output tok/s ratio: {value:.2f}x")
-    bench = {"dataset": args.dataset, "input_len": args.input_len, "output_len": args.output_len,
+    bench = {"dataset": args.dataset, **_used_lengths(args),
              "num_prompts": args.num_prompts, "seed": seed, "num_prompt_tokens": num_prompt,
              "num_output_tokens": num_output, "sampling": _SAMPLING, "hf_peer": args.hf_peer,
              "hf_batch_size": args.hf_batch_size or len(requests), "repeats": args.repeats,
@@ -282,7 +289,7 @@ def run_serve(args: argparse.Namespace, serve_engine_argv: list[str]) -> int:
                  f"{metrics['requests_per_s']:.2f} req/s, {metrics['output_tokens_per_s']:.1f} output tok/s, "
                  f"{metrics['total_tokens_per_s']:.1f} total tok/s", ["", "mean", "median", "p99"], rows)
     num_prompt, num_output = token_counts(requests)
-    bench = {"dataset": args.dataset, "input_len": args.input_len, "output_len": args.output_len,
+    bench = {"dataset": args.dataset, **_used_lengths(args),
              "num_prompts": args.num_prompts, "seed": seed,
              "request_rate": "inf" if math.isinf(args.request_rate) else args.request_rate,
              "max_concurrency": args.max_concurrency, "num_prompt_tokens": num_prompt, "num_output_tokens": num_output,

@@ -209,8 +209,11 @@ def _add_dataset_args(parser: argparse.ArgumentParser, *, input_len: int, output
     d = parser.add_argument_group("dataset")
     d.add_argument("--dataset", choices=DATASETS, default="random",
                    help="random: fixed lengths; sharegpt-like: seeded lognormal lengths, mean ~200 in / ~180 out")
-    d.add_argument("--input-len", type=_positive_int, default=input_len, help="prompt tokens (random dataset)")
-    d.add_argument("--output-len", type=_positive_int, default=output_len, help="output tokens (random dataset)")
+    d.add_argument("--input-len", type=_positive_int, default=None,
+                   help=f"prompt tokens, --dataset random only (default {input_len})")
+    d.add_argument("--output-len", type=_positive_int, default=None,
+                   help=f"output tokens, --dataset random only (default {output_len})")
+    parser.set_defaults(random_lengths_default=(input_len, output_len))
     d.add_argument("--num-prompts", type=_positive_int, default=num_prompts,
                    help="requests in the set (default %(default)s)")
 
@@ -239,9 +242,31 @@ def _one_line_config_errors(run, parser: argparse.ArgumentParser):
     return guarded
 
 
+def resolve_dataset_lengths(args: argparse.Namespace) -> None:
+    """``--input-len``/``--output-len`` apply to ``--dataset random`` only: fill in their defaults there, and
+    refuse them with another dataset (its lengths come from the dataset; they would be silently ignored).
+
+    Raises:
+        ConfigError: a length given with a dataset other than random.
+    """
+    from brigade.config import ConfigError
+
+    given = [flag for flag, value in (("--input-len", args.input_len), ("--output-len", args.output_len))
+             if value is not None]
+    if args.dataset != "random":
+        if given:
+            raise ConfigError(f"{' and '.join(given)} apply to --dataset random only; --dataset {args.dataset} "
+                              f"draws its own lengths: drop {' and '.join(given)}, or use --dataset random")
+        return
+    default_in, default_out = args.random_lengths_default
+    args.input_len = default_in if args.input_len is None else args.input_len
+    args.output_len = default_out if args.output_len is None else args.output_len
+
+
 def _run_throughput(args: argparse.Namespace) -> int:
     from brigade.benchmarks.commands import run_throughput
 
+    resolve_dataset_lengths(args)
     return run_throughput(args)
 
 
@@ -255,6 +280,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     from brigade.benchmarks.commands import run_serve
     from brigade.config import ConfigError
 
+    resolve_dataset_lengths(args)
     resolve_base_url(args)
     if args.launch and urlparse(args.base_url).scheme != "http":
         raise ConfigError(f"--launch starts a plain-HTTP server; give an http:// --base-url, not {args.base_url!r}")
