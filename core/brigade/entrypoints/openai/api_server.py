@@ -224,7 +224,10 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
                        allow_methods=settings.allowed_methods, allow_headers=settings.allowed_headers,
                        allow_credentials=settings.allow_credentials)
 
-    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD for load balancers' probes
+    # HEAD for load balancers' probes; its own operation id (one route for both gave the two operations the same
+    # id, and FastAPI warned "Duplicate Operation ID" each time it built /openapi.json).
+    @app.get("/health")
+    @app.head("/health", operation_id="health_health_head")
     async def health() -> Response:
         try:
             await engine.check_health()
