@@ -35,11 +35,13 @@ class RemoteServer:
     """
 
     def __init__(self, model: str | os.PathLike, args: list[str], *, env: dict[str, str] | None = None,
-                 api_key: str | None = None):
+                 api_key: str | None = None, command: list[str] | None = None):
+        """``command``: what runs ``brigade`` (another venv's ``python -m brigade.entrypoints.cli.main``, say);
+        default: this environment's console script."""
         self.port = find_free_port()
         self.api_key = api_key
         self.base_url = f"http://127.0.0.1:{self.port}"
-        cmd = [*brigade_command(), "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port), *args]
+        cmd = [*(command or brigade_command()), "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port), *args]
         if api_key is not None:
             cmd += ["--api-key", api_key]
         self.log = tempfile.NamedTemporaryFile(prefix="brigade-serve-", suffix=".log", delete=False)

@@ -22,6 +22,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 3
     FINISHED_LENGTH_CAPPED = 4
     FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6  # the request failed in the engine (a plugin's logits processor raised); the engine goes on
 
     @staticmethod
     def is_finished(status: RequestStatus) -> bool:
@@ -31,7 +32,8 @@ class RequestStatus(enum.IntEnum):
     def finish_reason(status: RequestStatus) -> FinishReason | None:
         return {RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
                 RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
-                RequestStatus.FINISHED_ABORTED: FinishReason.ABORT}.get(status)
+                RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+                RequestStatus.FINISHED_ERROR: FinishReason.ERROR}.get(status)
 
 
 class Request:

@@ -320,6 +320,7 @@ class Scheduler:
         ``stop_reason``."""
         outputs, self.grammar_failures = self.grammar_failures, []
         outputs += self._finish_failed(runner_output.failed_req_ids)
+        outputs += self._finish_failed(runner_output.error_req_ids, RequestStatus.FINISHED_ERROR)
         for req_id, token_ids in zip(runner_output.req_ids, runner_output.sampled_token_ids):
             request = self.requests.get(req_id)
             prompt_logprobs = self._new_prompt_logprobs(request, scheduler_output, runner_output)
@@ -356,15 +357,18 @@ class Scheduler:
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(scheduler_output),
                                  timestamp=time.time())
 
-    def _finish_failed(self, failed_req_ids: dict[str, str]) -> list[EngineCoreOutput]:
-        """Abort the requests the runner left out of a step because they cannot run (request id -> why); one
+    def _finish_failed(self, failed_req_ids: dict[str, str],
+                       status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> list[EngineCoreOutput]:
+        """Finish the requests the runner left out of a step because they cannot run (aborted), or that failed
+        in it (FINISHED_ERROR: finish_reason "error"), request id -> why; their step's tokens are dropped. One
         already finished (aborted meanwhile, or reported by an earlier step) is skipped."""
         outputs = []
-        for request in self.finish_requests(list(failed_req_ids), RequestStatus.FINISHED_ABORTED):
+        for request in self.finish_requests(list(failed_req_ids), status):
             reason = failed_req_ids[request.request_id]
-            logger.warning("request %s is aborted: %s", request.request_id, reason)
+            logger.warning("request %s %s: %s", request.request_id,
+                           "failed" if status == RequestStatus.FINISHED_ERROR else "is aborted", reason)
             outputs.append(EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
-                                            finish_reason=FinishReason.ABORT, stop_reason=reason))
+                                            finish_reason=RequestStatus.finish_reason(status), stop_reason=reason))
         return outputs
 
     def _append_until_stop(self, request: Request, token_ids: list[int]) -> list[int]:

@@ -87,6 +87,9 @@ class ModelRunnerOutput:
     # Scheduled requests the runner could not run and left out of the step: request id -> why, one line (a
     # LoRA adapter whose evicted weights cannot be read again). The scheduler finishes them as aborted.
     failed_req_ids: dict[str, str] = field(default_factory=dict)
+    # Requests that ran but failed (a plugin's logits processor raised on them): request id -> the error, one
+    # line naming the plugin. The scheduler finishes them with finish_reason "error"; the engine goes on.
+    error_req_ids: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def make_empty(cls) -> ModelRunnerOutput:

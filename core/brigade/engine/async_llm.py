@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 from brigade.config import BrigadeConfig
 from brigade.engine.core import prepare_config
-from brigade.engine.core_client import AsyncMPClient, EngineDeadError, UtilityCallError
+from brigade.engine.core_client import AsyncMPClient, EngineDeadError, EngineRequestError, UtilityCallError
 from brigade.engine.input_processor import InputProcessor, eos_token_id
 from brigade.engine.messages import SchedulerStats, UtilityMethod
 from brigade.engine.output_processor import OutputProcessor
@@ -81,6 +81,8 @@ class AsyncLLM:
         Raises:
             InvalidParamError: bad input (before anything is queued), or an adapter the engine does not serve.
             EngineDeadError: the engine died before or while serving the request.
+            EngineRequestError: this request failed in the engine (a plugin's logits processor raised on it,
+                the message names it); the engine goes on serving the others.
             ValueError: a request with this id is already in flight.
         """
         await self.check_health()
@@ -109,9 +111,13 @@ class AsyncLLM:
                 await self.client.add_request(child)
             while True:
                 output: RequestOutput = await q.get()
-                if any(c.finish_reason == "error" for c in output.outputs):
+                failed = [c for c in output.outputs if c.finish_reason == "error"]
+                if failed:
                     finished = True
-                    raise EngineDeadError(self.dead_error or "the engine failed")
+                    if self.errored or not isinstance(failed[0].stop_reason, str):
+                        raise EngineDeadError(self.dead_error or "the engine failed")
+                    # This request failed in the engine (a plugin's logits processor raised); the engine lives.
+                    raise EngineRequestError(failed[0].stop_reason)
                 finished = output.finished
                 yield output
                 if finished:

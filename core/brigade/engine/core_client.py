@@ -33,6 +33,11 @@ class EngineDeadError(RuntimeError):
     """The EngineCore process died; no request can be served until restart."""
 
 
+class EngineRequestError(RuntimeError):
+    """One request failed inside a live engine (finish_reason "error": a plugin's logits processor raised on it);
+    the message is the engine's one line naming the cause. Other requests are served as usual."""
+
+
 class EngineStartupError(RuntimeError):
     """The EngineCore process failed while starting; the message carries its error."""
 

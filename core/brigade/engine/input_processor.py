@@ -27,15 +27,25 @@ def validate_plugin_logits_processors(params: SamplingParams, vocab_size: int) -
 
     Raises:
         InvalidParamError: naming the parameter, as the processor reports it.
+        PluginRuntimeError: a processor's ``validate`` raised anything else (a bug of the plugin); the message
+            names the processor, its plugin and distribution, and the error.
     """
     from brigade.plugins import registries
+    from brigade.plugins.errors import PluginRuntimeError
     from brigade.sample.logits_processors import BUILTIN_LOGITS_PROCESSORS
 
     builtins = set(BUILTIN_LOGITS_PROCESSORS.values())
     for name in registries.logits_processors.names():
         cls = registries.logits_processors.get(name)
         if cls not in builtins:
-            cls.validate(params, vocab_size)
+            try:
+                cls.validate(params, vocab_size)
+            except InvalidParamError:
+                raise
+            except Exception as exc:
+                source = registries.logits_processors.entry(name).source.describe()
+                raise PluginRuntimeError(f"logits processor {name!r} from {source} raised in validate(): "
+                                         f"{type(exc).__name__}: {exc}") from exc
 
 
 def child_request_id(request_id: str, index: int, n: int) -> str:

@@ -14,6 +14,12 @@ class PluginLoadError(RuntimeError):
     """
 
 
+class PluginRuntimeError(RuntimeError):
+    """A plugin's code raised while the server handled a request (a logits processor's ``validate``, say) with
+    something other than the errors its contract allows; the message names the plugin, its distribution and
+    the error. The request fails (HTTP 500); the server goes on."""
+
+
 class HookspecVersionError(PluginLoadError):
     """A plugin was built for a different major version of the hook specs; the message names both."""
 

@@ -7,7 +7,7 @@ a feature that no row uses costs one Python comparison per row and no tensor.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -58,6 +58,8 @@ class SamplingMetadata:
         vocab_size: V, the logits' last dimension.
         device: where the logits live.
         grammar_bitmask: [B, ceil(V/32)] int32 as xgrammar fills it (bit set = allowed), or None.
+        processor_errors: filled by the Sampler: row -> why a plugin's logits processor failed on it (one line
+            naming the processor and its plugin). Such a row's sample is meaningless; its request must fail.
             The runner sets it after building; unconstrained rows hold -1 (all bits set).
     """
 
@@ -77,6 +79,7 @@ class SamplingMetadata:
     vocab_size: int
     device: torch.device
     grammar_bitmask: torch.Tensor | None = None
+    processor_errors: dict[int, str] = field(default_factory=dict)
 
     @property
     def num_rows(self) -> int:

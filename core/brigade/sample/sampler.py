@@ -12,6 +12,7 @@ Order (DESIGN.md "Sampler order"; the order is the semantics):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ from brigade.sample.structured import apply_grammar_bitmask
 from brigade.sample.topk_topp import apply_top_k_top_p, random_sample
 
 __all__ = ["Sampler", "SamplerOutput", "TargetLogits", "argmax_rows"]
+
+logger = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class SamplerOutput:
@@ -68,12 +71,22 @@ class Sampler(nn.Module):
             ignored (they always run, at their fixed place), so the whole registry may be passed.
             Each class runs at the stage its ``is_mask`` / ``is_argmax_invariant`` flags select, after
             the built-ins of that stage.
+        descriptions: plugin class -> how errors name it (``"logits processor 'x' from plugin 'x' (dist 1.0)"``);
+            a class left out is named by its ``name`` attribute.
+
+    A plugin's processor that raises (in ``needs``, ``__init__`` or ``apply``) does not stop the step: the rows it
+    affects are recorded in ``metadata.processor_errors`` with a line naming the processor, and their requests
+    are failed by the caller; the other rows are sampled as usual (unless the processor wrote to them before it
+    raised, which the LogitsProcessor contract forbids). A built-in's error propagates (a bug of the engine).
     """
 
-    def __init__(self, extra_logits_processors: Sequence[type[LogitsProcessor]] = ()) -> None:
+    def __init__(self, extra_logits_processors: Sequence[type[LogitsProcessor]] = (),
+                 descriptions: dict[type[LogitsProcessor], str] | None = None) -> None:
         super().__init__()
         builtins = list(BUILTIN_LOGITS_PROCESSORS.values())
         classes = builtins + [c for c in dict.fromkeys(extra_logits_processors) if c not in builtins]
+        self.plugin_processors = frozenset(classes[len(builtins):])
+        self.descriptions = dict(descriptions or {})
         self.mask_processors = [c for c in classes if c.is_mask]
         self.non_argmax_invariant_processors = [c for c in classes
                                                 if not c.is_mask and not c.is_argmax_invariant]
@@ -161,12 +174,50 @@ class Sampler(nn.Module):
                     and not md.generators):
                 return False
             classes = classes + self.argmax_invariant_processors
-        return not any(cls.needs(p) for cls in classes for p in md.params)
+        try:
+            return not any(cls.needs(p) for cls in classes for p in md.params)
+        except Exception:  # a plugin's needs() failed: the unfused path names it (_apply_processors)
+            return False
 
-    @staticmethod
-    def _apply_processors(logits: torch.Tensor, metadata: SamplingMetadata,
+    def describe(self, cls: type[LogitsProcessor]) -> str:
+        """How an error names a processor: its plugin and distribution when known."""
+        return self.descriptions.get(cls) or f"logits processor {cls.name or cls.__name__!r}"
+
+    def _apply_processors(self, logits: torch.Tensor, metadata: SamplingMetadata,
                           classes: list[type[LogitsProcessor]]) -> torch.Tensor:
         for cls in classes:
-            if any(cls.needs(p) for p in metadata.params):
-                logits = cls(metadata).apply(logits)
+            if cls not in self.plugin_processors:
+                if any(cls.needs(p) for p in metadata.params):
+                    logits = cls(metadata).apply(logits)
+                continue
+            rows: list[int] = []
+            for row, params in enumerate(metadata.params):
+                try:
+                    if cls.needs(params):
+                        rows.append(row)
+                except Exception as exc:
+                    self._fail_rows(metadata, cls, "needs", exc, [row])
+            rows = [row for row in rows if row not in metadata.processor_errors]
+            if not rows:
+                continue
+            stage = "__init__"
+            try:
+                processor = cls(metadata)
+                stage = "apply"
+                result = processor.apply(logits)
+                if not isinstance(result, torch.Tensor) or result.shape != logits.shape:
+                    raise TypeError(f"returned {type(result).__name__} "
+                                    f"{tuple(result.shape) if isinstance(result, torch.Tensor) else ''}, "
+                                    f"not the [B, V] logits tensor {tuple(logits.shape)}")
+                logits = result
+            except Exception as exc:
+                self._fail_rows(metadata, cls, stage, exc, rows)
         return logits
+
+    def _fail_rows(self, metadata: SamplingMetadata, cls: type[LogitsProcessor], stage: str, exc: Exception,
+                   rows: list[int]) -> None:
+        message = f"{self.describe(cls)} raised in {stage}(): {type(exc).__name__}: {exc}"
+        logger.error("%s (rows %s of the step; their requests fail, the engine goes on)", message, rows,
+                     exc_info=exc)
+        for row in rows:
+            metadata.processor_errors.setdefault(row, message)

@@ -50,7 +50,10 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         # Logits processors from plugins (register_logits_processors); the Sampler skips built-ins it runs anyway.
         processors = registries.logits_processors
-        self.sampler = Sampler(extra_logits_processors=[processors.get(n) for n in processors.names()])
+        classes = {n: processors.get(n) for n in processors.names()}
+        self.sampler = Sampler(extra_logits_processors=list(classes.values()),
+                               descriptions={cls: f"logits processor {n!r} from {processors.entry(n).source.describe()}"
+                                             for n, cls in classes.items()})
         self.rejection_sampler = RejectionSampler(self.sampler)  # verifies draft tokens (speculative decoding)
         self.requests: dict[str, CachedRequestState] = {}
         self.transfer = HostToDevice(device)
@@ -385,6 +388,8 @@ class ModelRunner:
         for rid in inputs.sampling_req_ids:
             self.requests[rid].num_pending += 1
         result = SampledTokens(self, order, inputs.sampling_req_ids, out)
+        # Rows a plugin's logits processor failed on: their requests fail with its line (the engine goes on).
+        result.error_req_ids = {inputs.sampling_req_ids[row]: why for row, why in metadata.processor_errors.items()}
         if overlap:
             return result  # requests with prompt_logprobs are never overlapped (Request.overlap_safe)
         output = result.get()
@@ -452,8 +457,9 @@ class ModelRunner:
                                               logprobs=[lps[i][:k + 1] for i in span], ranks=[ranks[i] for i in span])
             first += len(tokens)
         self.prev_sampled, self.prev_rows = None, {}
+        errors = {row_req_ids[row]: why for row, why in sorted(metadata.processor_errors.items())}
         return ModelRunnerOutput(req_ids=order, sampled_token_ids=[emitted.get(r, []) for r in order],
-                                 logprobs=logprobs)
+                                 logprobs=logprobs, error_req_ids=errors)
 
     def _fill_pending_inputs(self, inputs) -> None:
         """Put the previous step's samples, still on the device, into this step's input ids."""
@@ -605,6 +611,7 @@ class SampledTokens:
             (_to_host(out.logprobs.token_ids), _to_host(out.logprobs.logprobs), _to_host(out.logprobs.ranks))
         self.event = None
         self.failed_req_ids: dict[str, str] = {}  # scheduled requests left out of the step (ModelRunnerOutput)
+        self.error_req_ids: dict[str, str] = {}  # requests a plugin's logits processor failed on (ModelRunnerOutput)
         if out.sampled_token_ids.device.type == "cuda":
             self.event = torch.cuda.Event()
             self.event.record()
@@ -630,4 +637,5 @@ class SampledTokens:
                     logprobs[rid] = LogprobsLists(token_ids=[ids[row][:k + 1]], logprobs=[lps[row][:k + 1]],
                                                   ranks=[ranks[row]])
         return ModelRunnerOutput(req_ids=self.req_ids, sampled_token_ids=[sampled.get(r, []) for r in self.req_ids],
-                                 logprobs=logprobs, failed_req_ids=self.failed_req_ids)
+                                 logprobs=logprobs, failed_req_ids=self.failed_req_ids,
+                                 error_req_ids=self.error_req_ids)

@@ -123,20 +123,42 @@ def _mount_endpoint_plugins(app: FastAPI) -> list[str]:
     """Include the routers of the endpoint plugins the operator allowed (BRIGADE_ENDPOINT_PLUGINS).
 
     Each factory gets ``app.state`` (``engine_client``, ``api_key``, ...). A factory that fails is fatal:
-    the operator named the plugin, so serving without it would be silent degradation.
+    the operator named the plugin, so serving without it would be silent degradation. So is a route (method and
+    path) that the server or an earlier plugin already serves: Starlette would route it to the first one, and the
+    plugin's route would be silently shadowed.
     """
     from brigade.plugins import PluginLoadError, registries, select_endpoints
 
+    owners = {key: "the server" for route in app.routes for key in _route_keys(route)}
     mounted = []
     for registration in select_endpoints(SUPPORTED_TASKS):
         router = registries.endpoints.create(registration.name, app.state)
+        described = f"endpoint {registration.name!r} from {registration.source.describe()}"
         if not isinstance(router, APIRouter):
-            raise PluginLoadError(f"endpoint plugin {registration.name!r} ({registration.source.describe()}) "
-                                  f"returned {type(router).__name__}, not a fastapi.APIRouter")
+            raise PluginLoadError(f"{described} returned {type(router).__name__}, not a fastapi.APIRouter")
+        for route in router.routes:
+            for method, path in _route_keys(route):
+                owner = owners.get((method, path))
+                if owner is not None:
+                    raise PluginLoadError(f"{described} routes {method} {path}, which {owner} already serves; "
+                                          "an endpoint plugin may only add new routes")
+        for route in router.routes:
+            owners.update(dict.fromkeys(_route_keys(route), described))
         app.include_router(router)
         mounted.append(registration.name)
         logger.info("mounted endpoint plugin %r (%s)", registration.name, registration.source.describe())
     return mounted
+
+
+def _route_keys(route) -> list[tuple[str, str]]:
+    """(method, path) pairs a route answers (websocket routes: ("WEBSOCKET", path); mounts: none)."""
+    path = getattr(route, "path", None)
+    if path is None:
+        return []
+    methods = getattr(route, "methods", None)
+    if methods is None:
+        return [("WEBSOCKET", path)] if type(route).__name__.endswith("WebSocketRoute") else []
+    return [(method, path) for method in sorted(methods)]
 
 
 def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings) -> FastAPI:
@@ -202,7 +224,10 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
                        allow_methods=settings.allowed_methods, allow_headers=settings.allowed_headers,
                        allow_credentials=settings.allow_credentials)
 
-    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD for load balancers' probes
+    # HEAD for load balancers' probes; its own operation id (one route for both gave the two operations the same
+    # id, and FastAPI warned "Duplicate Operation ID" each time it built /openapi.json).
+    @app.get("/health")
+    @app.head("/health", operation_id="health_health_head")
     async def health() -> Response:
         try:
             await engine.check_health()

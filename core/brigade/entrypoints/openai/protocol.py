@@ -50,12 +50,14 @@ def _null_is_default(cls: type[BaseModel], value: Any, info: ValidationInfo) -> 
     return cls.model_fields[info.field_name].get_default(call_default_factory=True) if value is None else value
 
 
-NULL_IS_DEFAULT = {"SamplingFields": ("n", "stream"), "CompletionRequest": ("echo",),
+NULL_IS_DEFAULT = {"SamplingFields": ("n", "stream"), "CompletionRequest": ("echo", "max_tokens"),
                    "ChatCompletionRequest": ("logprobs",)}
 """The fields, per request model, that OpenAI's API declares nullable but that have a non-null default here:
-they are typed ``X | None`` (so the OpenAPI schema says nullable) and ``null`` becomes the default. The other
-fields OpenAI declares nullable (temperature, top_p, stop, seed, max_tokens, logprobs of completions...) already
-default to None."""
+they are typed ``X | None`` (so the OpenAPI schema says nullable) and ``null`` becomes the default (completions'
+``max_tokens: null`` is 16, OpenAI's default, not "up to the context"). The other fields OpenAI declares
+nullable (temperature, top_p, stop, seed, chat's max_tokens and max_completion_tokens, completions' logprobs...)
+default to None, which is their default: chat's max_tokens None means up to the model's context, as OpenAI's
+chat default is unbounded."""
 
 RequestId = Annotated[str, Strict(), Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
 """vLLM's ``request_id``: 1 to 256 characters, no control characters (it is echoed in the response id and logs)."""

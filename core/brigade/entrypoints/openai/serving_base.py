@@ -20,12 +20,14 @@ from pydantic import BaseModel, ValidationError
 
 from brigade.config import ModelConfig
 from brigade.engine.async_llm import EngineDeadError
+from brigade.engine.core_client import EngineRequestError
 from brigade.engine.input_processor import bad_words_token_ids, validate_plugin_logits_processors
 from brigade.entrypoints.openai.errors import OpenAIError, from_invalid_param, from_validation_error
 from brigade.entrypoints.openai.protocol import SamplingFields, parse_json_body
 from brigade.entrypoints.openai.responses import PromptLogprob
 from brigade.entrypoints.openai.shutdown import Drain
 from brigade.lora.request import LoRARequest
+from brigade.plugins.errors import PluginRuntimeError
 from brigade.outputs import CompletionOutput, Logprob, RequestOutput
 from brigade.sampling_params import InvalidParamError, RequestOutputKind, SamplingParams, StructuredOutputsParams
 from brigade.structured_output import validate_structured_outputs
@@ -427,6 +429,9 @@ class OpenAIServing:
             return params
         except InvalidParamError as exc:
             raise from_invalid_param(exc) from None
+        except PluginRuntimeError as exc:  # a plugin's validate() failed: a 500 naming it, the server goes on
+            logger.error("%s", exc, exc_info=exc.__cause__)
+            raise OpenAIError(str(exc), status_code=500, type="server_error") from None
 
     @staticmethod
     def structured_outputs(request: SamplingFields) -> StructuredOutputsParams | None:
@@ -516,13 +521,16 @@ class OpenAIServing:
     def as_openai_error(self, exc: Exception) -> OpenAIError:
         """The client-facing form of an error raised while a request ran (stream or not).
 
-        InvalidParamError is the engine refusing the request (400); EngineDeadError, or any error once the
+        InvalidParamError is the engine refusing the request (400); EngineRequestError (a plugin's logits processor
+        failed on this request) and PluginRuntimeError are a 500 with their line, naming the plugin; EngineDeadError, or any error once the
         engine is marked dead, is a 503; anything else is a bug (500, logged with its traceback).
         """
         if isinstance(exc, OpenAIError):
             return exc
         if isinstance(exc, InvalidParamError):
             return from_invalid_param(exc)
+        if isinstance(exc, (EngineRequestError, PluginRuntimeError)):  # this request failed; the engine lives
+            return OpenAIError(str(exc), status_code=500, type="server_error")
         if isinstance(exc, EngineDeadError) or self.engine.errored:
             return OpenAIError.engine_dead(str(exc))
         logger.error("request failed inside the engine", exc_info=exc)

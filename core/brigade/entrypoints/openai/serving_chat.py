@@ -19,7 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 from brigade.entrypoints.openai.chat_template import (control_arguments, refuse_request_chat_template,
                                                       template_options)
 from brigade.entrypoints.openai.errors import OpenAIError
-from brigade.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from brigade.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage, TokenizeRequest
 from brigade.entrypoints.openai.responses import (ChatChoice, ChatCompletionResponse, ChatCompletionStreamResponse,
                                                   ChatLogprobs, ChatLogprobToken, ChatResponseMessage,
                                                   ChatStreamChoice, ChatTopLogprob, DeltaMessage, UsageInfo)
@@ -48,6 +48,19 @@ class OpenAIServingChat(OpenAIServing):
         self.chat_template = chat_template
         # The template call's own arguments, which chat_template_kwargs may not set.
         self.control_arguments = control_arguments(self.tokenizer)
+
+    @staticmethod
+    def check_generation_prompt(request: ChatCompletionRequest | TokenizeRequest) -> None:
+        """vLLM's ``check_generation_prompt``: a body that sets both ``continue_final_message`` and
+        ``add_generation_prompt`` to true is a 400. As in vLLM (a validator on the raw body), only fields the
+        client sent count: ``continue_final_message: true`` alone continues the message (the default
+        generation prompt is then off).
+
+        Raises: OpenAIError: 400 naming continue_final_message, with vLLM's message."""
+        if (request.continue_final_message and request.add_generation_prompt
+                and "add_generation_prompt" in request.model_fields_set):
+            raise OpenAIError.bad_param("Cannot set both `continue_final_message` and `add_generation_prompt` "
+                                        "to True.", "continue_final_message")
 
     async def render_messages(self, messages: list[ChatMessage], *, add_generation_prompt: bool,
                               continue_final_message: bool = False, add_special_tokens: bool = False,
@@ -118,6 +131,7 @@ class OpenAIServingChat(OpenAIServing):
                               other_constraint=own_constraint is not None)
         num_logprobs = self._num_logprobs(request)
         keep = self.truncation(request)  # truncate_prompt_tokens: the prompt's last tokens, before the length check
+        self.check_generation_prompt(request)
         prompt_ids = await self.render_messages(
             request.messages, add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message, add_special_tokens=request.add_special_tokens,

@@ -130,6 +130,12 @@ class OpenAIServingCompletion(OpenAIServing):
             inputs = [p if len(p.token_ids) <= keep else PromptInput(None, p.token_ids[-keep:]) for p in inputs]
         return inputs
 
+    @staticmethod
+    def _num_completion_tokens(request: CompletionRequest, results: list[PromptResult]) -> int:
+        """usage.completion_tokens: the tokens returned. echo with max_tokens 0 returns none (the one token the
+        engine generated to score the prompt is dropped), so it counts none."""
+        return 0 if echo_only(request) else sum(r.num_generated_tokens() for r in results)
+
     def _prompt_text(self, prompt: PromptInput) -> str:
         return prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids)
 
@@ -213,7 +219,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                                 prompt_logprobs=self._prompt_logprobs(request, result),
                                                 finish_reason=state.finish_reason, stop_reason=state.stop_reason))
         usage = UsageInfo.from_counts(sum(len(p.token_ids) for p in prompts),
-                                      sum(r.num_generated_tokens() for r in results),
+                                      self._num_completion_tokens(request, results),
                                       sum(r.num_cached_tokens for r in results))
         return CompletionResponse(id=base_id, model=self.model_name(request), choices=choices, usage=usage)
 
@@ -266,7 +272,8 @@ class OpenAIServingCompletion(OpenAIServing):
                     choice = CompletionChoice(index=index, text=prefix + text, logprobs=logprobs,
                                               prompt_logprobs=prompt_logprobs,
                                               finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
-                    so_far = (UsageInfo.from_counts(len(prompts[i].token_ids), results[i].num_generated_tokens(),
+                    so_far = (UsageInfo.from_counts(len(prompts[i].token_ids),
+                                                    self._num_completion_tokens(request, [results[i]]),
                                                     results[i].num_cached_tokens)
                               if request.continuous_usage() else None)  # this prompt's usage so far
                     yield sse_event(CompletionStreamResponse(id=base_id, created=created,
@@ -277,7 +284,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     finished.add(i)
             if request.include_usage():
                 usage = UsageInfo.from_counts(sum(len(p.token_ids) for p in prompts),
-                                              sum(r.num_generated_tokens() for r in results),
+                                              self._num_completion_tokens(request, results),
                                               sum(r.num_cached_tokens for r in results))
                 yield sse_event(CompletionStreamResponse(id=base_id, created=created, model=self.model_name(request),
                                                          choices=[], usage=usage))

@@ -24,6 +24,7 @@ class OpenAIServingTokenization:
         if (request.prompt is None) == (request.messages is None):
             raise OpenAIError.bad_param("give exactly one of prompt and messages", "prompt")
         if request.messages is not None:
+            self.chat.check_generation_prompt(request)
             token_ids = await self.chat.render_messages(request.messages,
                                                         add_generation_prompt=request.add_generation_prompt,
                                                         continue_final_message=request.continue_final_message,
