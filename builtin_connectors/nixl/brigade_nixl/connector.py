@@ -33,8 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from brigade.config import ConfigError, KVTransferConfig
-from brigade.kv_transfer import (KVCacheLayout, KVConnectorBase, KVConnectorMetadata, KVConnectorRole,
-                                 extend_block_keys)
+from brigade.kv_transfer import KVCacheLayout, KVConnectorBase, KVConnectorMetadata, KVConnectorRole, PromptBlocks
 from brigade_nixl.pool import BlockPool
 from brigade_nixl.side_channel import PROTOCOL_VERSION, SideChannelClient, SideChannelError, SideChannelServer
 from brigade_nixl.transfer import LoadError, SlotReader, make_agent, nixl_api
@@ -90,14 +89,6 @@ class _Lookup:
     deadline: float
 
 
-@dataclass(slots=True)
-class _ProducerState:
-    """A producer's running request whose prompt blocks are not saved yet, and its block table so far."""
-
-    request: Request
-    block_ids: list[int]
-
-
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -125,10 +116,9 @@ class NixlConnector(KVConnectorBase):
         self.block_size = layout.block_size
         self.address = f"{self.host}:{self.port}"
         # scheduler role
-        self._keys: dict[str, list[str]] = {}  # request id -> keys of its full blocks so far
+        self._blocks = PromptBlocks(layout)  # block keys, and the producer's prompt blocks to save
         self._lookups: dict[str, _Lookup] = {}  # waiting requests' leases, until admitted
         self._pending_loads: list[RequestLoad] = []  # admitted since the last build_connector_meta
-        self._unsaved: dict[str, _ProducerState] = {}
         self._handshake_done = False
         self._channel_failed = False  # the last call to the producer got no answer: send it no releases
         self._retry_at = 0.0  # time.monotonic() before which the producer is not asked again
@@ -202,11 +192,6 @@ class NixlConnector(KVConnectorBase):
                     pool_blocks * self.pool.slot_bytes / 2**20, self._agent.name, self.address)
 
     # ---- scheduler role -------------------------------------------------------------------------
-    def _block_keys(self, request: Request) -> list[str]:
-        keys = self._keys.setdefault(request.request_id, [])
-        extend_block_keys(keys, request.all_token_ids, self.layout, request.cache_salt)
-        return keys
-
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
         if not self.is_consumer or request.lora_name is not None:
             return 0
@@ -215,7 +200,7 @@ class NixlConnector(KVConnectorBase):
         last = (request.num_tokens - 1) // self.block_size  # at most num_tokens - 1 tokens: logits must exist
         lookup = None
         if last > first and self._producer_usable():
-            lookup = self._lookup(self._block_keys(request)[first:last], previous)
+            lookup = self._lookup(self._blocks.keys(request)[first:last], previous)
         elif previous is not None:
             self._release([previous.lease_id])
         if lookup is None:
@@ -286,30 +271,17 @@ class NixlConnector(KVConnectorBase):
             self.num_matched_tokens += num_external_tokens
         elif lookup is not None:
             self._release([lookup.lease_id])
-        if self.is_producer and request.lora_name is None:
-            self._unsaved[request.request_id] = _ProducerState(request, list(block_ids))
+        if self.is_producer:
+            self._blocks.track(request, block_ids)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> NixlConnectorMetadata:
         metadata = NixlConnectorMetadata(loads=self._pending_loads)
         self._pending_loads = []
-        cached = scheduler_output.scheduled_cached_reqs
-        for req_id, new_block_ids in zip(cached.req_ids, cached.new_block_ids):
-            state = self._unsaved.get(req_id)
-            if state is not None:
-                state.block_ids.extend(new_block_ids)
-        for req_id in scheduler_output.num_scheduled_tokens:
-            state = self._unsaved.get(req_id)
-            if state is None or state.request.num_computed_tokens < state.request.num_prompt_tokens:
-                continue  # not a producer's request, or its prompt is not computed by the end of this step
-            del self._unsaved[req_id]
-            keys = self._block_keys(state.request)
-            num_blocks = state.request.num_prompt_tokens // self.block_size
-            metadata.saves += [BlockSave(state.block_ids[i], keys[i]) for i in range(num_blocks)]
+        metadata.saves = [BlockSave(block_id, key) for block_id, key in self._blocks.completed(scheduler_output)]
         return metadata
 
     def request_finished(self, request: Request, block_ids: list[int]) -> bool:
-        self._keys.pop(request.request_id, None)
-        self._unsaved.pop(request.request_id, None)
+        self._blocks.forget(request.request_id)
         lookup = self._lookups.pop(request.request_id, None)
         if lookup is not None:  # finished (aborted) while waiting
             self._release([lookup.lease_id])

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from brigade.config import ConfigError, KVTransferConfig
-from brigade.kv_transfer import KVCacheLayout, KVConnectorBase, KVConnectorMetadata, KVConnectorRole
+from brigade.kv_transfer import KVCacheLayout, KVConnectorBase, KVConnectorMetadata, KVConnectorRole, PromptBlocks
 from brigade_shm.store import KVBlockStore, StoreEntryError
 
 if TYPE_CHECKING:
@@ -68,14 +68,6 @@ class SharedMemoryConnectorMetadata(KVConnectorMetadata):
     saves: list[BlockTransfer] = field(default_factory=list)  # after it
 
 
-@dataclass(slots=True)
-class _ProducerState:
-    """A producer's running request whose prompt blocks are not saved yet, and its block table so far."""
-
-    request: Request
-    block_ids: list[int]
-
-
 class SharedMemoryConnector(KVConnectorBase):
     """KV blocks through files in a shared directory. See the module docstring for the protocol.
 
@@ -94,9 +86,8 @@ class SharedMemoryConnector(KVConnectorBase):
         self.store = KVBlockStore(self.path, layout)
         self.block_size = layout.block_size
         # scheduler role
-        self._keys: dict[str, list[str]] = {}  # request id -> store keys of its full blocks so far
+        self._blocks = PromptBlocks(layout)  # block keys (the store's file names), and the prompt blocks to save
         self._pending_loads: list[RequestLoad] = []  # admitted since the last build_connector_meta
-        self._unsaved: dict[str, _ProducerState] = {}
         self.num_matched_tokens = 0
         # worker role
         self._failed_loads: dict[str, int] = {}
@@ -129,17 +120,12 @@ class SharedMemoryConnector(KVConnectorBase):
             raise ConfigError(f"{flag} path {path!r} does not exist and neither does its parent directory")
 
     # ---- scheduler role -------------------------------------------------------------------------
-    def _block_keys(self, request: Request) -> list[str]:
-        keys = self._keys.setdefault(request.request_id, [])
-        self.store.extend_keys(keys, request.all_token_ids, request.cache_salt)
-        return keys
-
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
         if not self.is_consumer or request.lora_name is not None:
             return 0
         first = num_computed_tokens // self.block_size
         last = (request.num_tokens - 1) // self.block_size  # at most num_tokens - 1 tokens: logits must exist
-        keys = self._block_keys(request)
+        keys = self._blocks.keys(request)
         num_blocks = first
         while num_blocks < last and self.store.contains(keys[num_blocks]):
             num_blocks += 1
@@ -148,35 +134,22 @@ class SharedMemoryConnector(KVConnectorBase):
     def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
         if num_external_tokens > 0:
             first = request.num_computed_tokens // self.block_size
-            keys = self._block_keys(request)
+            keys = self._blocks.keys(request)
             span = range(first, first + num_external_tokens // self.block_size)
             self._pending_loads.append(RequestLoad(request.request_id, request.num_computed_tokens,
                                                    [BlockTransfer(block_ids[i], keys[i]) for i in span]))
             self.num_matched_tokens += num_external_tokens
-        if self.is_producer and request.lora_name is None:
-            self._unsaved[request.request_id] = _ProducerState(request, list(block_ids))
+        if self.is_producer:
+            self._blocks.track(request, block_ids)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> SharedMemoryConnectorMetadata:
         metadata = SharedMemoryConnectorMetadata(loads=self._pending_loads)
         self._pending_loads = []
-        cached = scheduler_output.scheduled_cached_reqs
-        for req_id, new_block_ids in zip(cached.req_ids, cached.new_block_ids):
-            state = self._unsaved.get(req_id)
-            if state is not None:
-                state.block_ids.extend(new_block_ids)
-        for req_id in scheduler_output.num_scheduled_tokens:
-            state = self._unsaved.get(req_id)
-            if state is None or state.request.num_computed_tokens < state.request.num_prompt_tokens:
-                continue  # not a producer's request, or its prompt is not computed by the end of this step
-            del self._unsaved[req_id]
-            keys = self._block_keys(state.request)
-            num_blocks = state.request.num_prompt_tokens // self.block_size
-            metadata.saves += [BlockTransfer(state.block_ids[i], keys[i]) for i in range(num_blocks)]
+        metadata.saves = [BlockTransfer(block_id, key) for block_id, key in self._blocks.completed(scheduler_output)]
         return metadata
 
     def request_finished(self, request: Request, block_ids: list[int]) -> bool:
-        self._keys.pop(request.request_id, None)
-        self._unsaved.pop(request.request_id, None)
+        self._blocks.forget(request.request_id)
         return False  # saves are done within their step
 
     # ---- worker role ----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 from brigade.config import ConfigError, KVTransferConfig
 from brigade.kv_transfer.base import KVCacheLayout, KVConnectorBase, KVConnectorMetadata, KVConnectorRole
 from brigade.kv_transfer.keys import extend_block_keys
+from brigade.kv_transfer.prompt_blocks import PromptBlocks
 
 
 def get_connector_class(config: KVTransferConfig) -> type[KVConnectorBase]:
@@ -47,5 +48,5 @@ def make_kv_connector(config: KVTransferConfig, role: KVConnectorRole, layout: K
     return registries.kv_connectors.create(config.kv_connector, config, role, layout)
 
 
-__all__ = ["KVCacheLayout", "KVConnectorBase", "KVConnectorMetadata", "KVConnectorRole", "extend_block_keys",
-           "get_connector_class", "make_kv_connector"]
+__all__ = ["KVCacheLayout", "KVConnectorBase", "KVConnectorMetadata", "KVConnectorRole", "PromptBlocks",
+           "extend_block_keys", "get_connector_class", "make_kv_connector"]
