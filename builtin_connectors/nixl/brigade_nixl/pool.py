@@ -53,7 +53,6 @@ class BlockPool:
         self.slot_bytes = self.tensor[0].numel() * self.tensor.element_size()
         self._lock = threading.Lock()
         self._index: OrderedDict[str, int] = OrderedDict()
-        self._slot_keys: dict[int, str] = {}
         self._free = list(range(num_slots - 1, -1, -1))  # popped from the end: slot 0 first
         self._leases: dict[int, Lease] = {}
         self._num_leases = Counter()  # slot -> unexpired leases naming it
@@ -68,10 +67,6 @@ class BlockPool:
         with self._lock:
             return len(self._index)
 
-    def contains(self, key: str) -> bool:
-        with self._lock:
-            return key in self._index
-
     # ---- the producer's worker ------------------------------------------------------------------
     def reserve(self, key: str) -> int | None:
         """A slot to write ``key``'s block into, then ``publish``; None when ``key`` is already indexed or every
@@ -85,7 +80,7 @@ class BlockPool:
             self._expire_leases(time.monotonic())
             for old_key, slot in self._index.items():  # least recently used first
                 if not self._num_leases[slot]:
-                    del self._index[old_key], self._slot_keys[slot]
+                    del self._index[old_key]
                     return slot
             return None
 
@@ -93,12 +88,6 @@ class BlockPool:
         """``slot_id`` (from ``reserve``) now holds ``key``'s block: make it visible to ``lookup``."""
         with self._lock:
             self._index[key] = slot_id
-            self._slot_keys[slot_id] = key
-
-    def unreserve(self, slot_id: int) -> None:
-        """Give back a reserved slot that was not written (it becomes free)."""
-        with self._lock:
-            self._free.append(slot_id)
 
     # ---- the side channel -----------------------------------------------------------------------
     def lookup(self, keys: list[str]) -> tuple[int, list[int]]:

@@ -58,9 +58,9 @@ class SamplingMetadata:
         vocab_size: V, the logits' last dimension.
         device: where the logits live.
         grammar_bitmask: [B, ceil(V/32)] int32 as xgrammar fills it (bit set = allowed), or None.
+            The runner sets it after building; unconstrained rows hold -1 (all bits set).
         processor_errors: filled by the Sampler: row -> why a plugin's logits processor failed on it (one line
             naming the processor and its plugin). Such a row's sample is meaningless; its request must fail.
-            The runner sets it after building; unconstrained rows hold -1 (all bits set).
     """
 
     temperature: torch.Tensor | None

@@ -27,8 +27,8 @@ from brigade.entrypoints.openai.protocol import SamplingFields, parse_json_body
 from brigade.entrypoints.openai.responses import PromptLogprob
 from brigade.entrypoints.openai.shutdown import Drain
 from brigade.lora.request import LoRARequest
-from brigade.plugins.errors import PluginRuntimeError
 from brigade.outputs import CompletionOutput, Logprob, RequestOutput
+from brigade.plugins.errors import PluginRuntimeError
 from brigade.sampling_params import InvalidParamError, RequestOutputKind, SamplingParams, StructuredOutputsParams
 from brigade.structured_output import validate_structured_outputs
 
@@ -431,7 +431,7 @@ class OpenAIServing:
             raise from_invalid_param(exc) from None
         except PluginRuntimeError as exc:  # a plugin's validate() failed: a 500 naming it, the server goes on
             logger.error("%s", exc, exc_info=exc.__cause__)
-            raise OpenAIError(str(exc), status_code=500, type="server_error") from None
+            raise self.as_openai_error(exc) from None
 
     @staticmethod
     def structured_outputs(request: SamplingFields) -> StructuredOutputsParams | None:
@@ -522,8 +522,9 @@ class OpenAIServing:
         """The client-facing form of an error raised while a request ran (stream or not).
 
         InvalidParamError is the engine refusing the request (400); EngineRequestError (a plugin's logits processor
-        failed on this request) and PluginRuntimeError are a 500 with their line, naming the plugin; EngineDeadError, or any error once the
-        engine is marked dead, is a 503; anything else is a bug (500, logged with its traceback).
+        failed on this request) and PluginRuntimeError are a 500 with their line, naming the plugin; EngineDeadError,
+        or any error once the engine is marked dead, is a 503; anything else is a bug (500, logged with its
+        traceback).
         """
         if isinstance(exc, OpenAIError):
             return exc
