@@ -1,7 +1,7 @@
 """Tile the tensor-core skinny GEMM where it runs: inside a captured decode-like graph, with PDL.
 
 ``bench_gemm.py`` times each projection alone (L2 flushed, one launch), where a 20 us kernel's ramp and tail
-and the launch dominate, and two runs of the same kernel can differ by half (session 8, calls BA/BB). In a
+and the launch dominate, and two runs of the same kernel can differ by half. In a
 decode step the projections run back to back in a CUDA graph with programmatic dependent launch, so a tile
 that fills and drains fast is worth more there. This script captures the projections of a whole step (32 x
 qkv, o, gate_up, down on distinct weights, then the LM head: 15 GB, so L2 never serves them) at ``--rows``

@@ -1,0 +1,234 @@
+"""Summarise one result folder of the GPU headline suite (``benchmarks/run_gpu_suite.sh``) as a table.
+
+Reads the JSON records the suite writes (any subset of them; missing ones are skipped):
+
+=========================  ======================================================================
+``limits.json``            ``benchmarks/device_limits.py``: copy bandwidth, batch-1 TPOT bound, matmul peak
+                           (``roofline.json`` of ``python -m brigade.benchmarks.roofline`` is read instead
+                           when there is no ``limits.json``)
+``latency.json``           bench 1, ``brigade bench latency`` at batch 1 (with the HF ``generate`` peer)
+``throughput_1024_128``    bench 2, ``brigade bench throughput``, 1000 x (1024 in, 128 out)
+``throughput_sharegpt``    bench 3, ``brigade bench throughput --dataset sharegpt-like``, 1000 prompts
+``peers_1024_128``         bench 4, ``--hf-peer both`` on 64 x (1024 in, 128 out)
+``peers_sharegpt``         bench 4, ``--hf-peer both`` on bench 3's first 64 prompts
+``serve_rate_R``           bench 5, ``brigade bench serve`` at R requests/s (``serve.log``: the server's log)
+=========================  ======================================================================
+
+and writes ``summary.json`` (a list of rows: ``bench``, ``name``, ``figure``, ``unit``, ``bound``, ``ratio``,
+``peer``, ``target``, ``met``, ``source``) and ``summary.md`` (the same as a markdown table) into the folder,
+then prints the table. ``--baseline DIR`` adds the change of each headline figure against another result folder
+(positive = better). Needs no GPU: run it on the development machine after copying the folder back.
+
+Usage::
+
+    python benchmarks/suite_summary.py benchmarks/results/h200/2026-12-01T1200Z [--baseline OTHER_DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+# Targets of the headline suite: (kind, value). "max_ratio": figure / bound at most; "min_ratio": the ratio
+# (figure over the better peer) at least; "min": figure at least; "max": figure at most.
+TARGETS = {
+    "bench1": ("max_ratio", 1.15),
+    "bench2": ("min", 30_000.0),
+    "bench3": ("min", 40.0),
+    "bench4": ("min_ratio", 20.0),
+    "bench5_16": ("max", 12.0),
+}
+
+
+def _load(folder: Path, stem: str) -> dict | None:
+    path = folder / f"{stem}.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def _brigade(record: dict) -> dict:
+    return record.get("results", {}).get("brigade", {})
+
+
+def _row(bench: str, name: str, figure: float | None, unit: str, source: str, *, bound: float | None = None,
+         ratio: float | None = None, peer: str = "", higher_is_better: bool = True) -> dict:
+    target = TARGETS.get(bench)
+    met = None
+    target_text = ""
+    if target is not None and figure is not None:
+        kind, value = target
+        if kind == "max_ratio":
+            met = ratio is not None and ratio <= value
+            target_text = f"<= {value:g}x bound"
+        elif kind == "min_ratio":
+            met = ratio is not None and ratio >= value
+            target_text = f">= {value:g}x the better peer"
+        elif kind == "min":
+            met = figure >= value
+            target_text = f">= {value:,g}"
+        else:
+            met = figure <= value
+            target_text = f"<= {value:g} {unit}"
+    return {"bench": bench, "name": name, "figure": figure, "unit": unit, "bound": bound, "ratio": ratio,
+            "peer": peer, "target": target_text, "met": met, "source": source,
+            "higher_is_better": higher_is_better}
+
+
+def limits_rows(folder: Path) -> tuple[list[dict], dict]:
+    limits = _load(folder, "limits") or _load(folder, "roofline")
+    if limits is None:
+        return [], {}
+    source = "limits.json" if (folder / "limits.json").exists() else "roofline.json"
+    rows = [_row("limits", "copy bandwidth", limits.get("copy_bandwidth_GBps"), "GB/s", source),
+            _row("limits", "batch-1 TPOT bound", limits.get("bound_tpot_ms"), "ms", source, higher_is_better=False)]
+    if limits.get("matmul_tflops") is not None:
+        rows.append(_row("limits", "dense matmul peak", limits["matmul_tflops"], "TFLOP/s", source))
+    return rows, limits
+
+
+def latency_row(folder: Path, limits: dict) -> list[dict]:
+    record = _load(folder, "latency")
+    if record is None:
+        return []
+    tpot = _brigade(record).get("tpot_ms", {}).get("median")
+    bound = limits.get("bound_tpot_ms")
+    hf = record.get("results", {}).get("hf_generate", {}).get("tpot_ms", {}).get("median")
+    peer = f"HF generate {hf:.2f} ms ({hf / tpot:.1f}x slower)" if hf and tpot else ""
+    ratio = tpot / bound if tpot and bound else None
+    return [_row("bench1", "latency, batch 1, 128 in / 256 out: TPOT median", tpot, "ms", "latency.json",
+                 bound=bound, ratio=ratio, peer=peer, higher_is_better=False)]
+
+
+def throughput_rows(folder: Path, limits: dict) -> list[dict]:
+    rows = []
+    bound = limits.get("bound_total_tokens_per_s")
+    record = _load(folder, "throughput_1024_128")
+    if record is not None:
+        b = _brigade(record)
+        total = b.get("total_tokens_per_s")
+        rows.append(_row("bench2", "throughput, 1000 x (1024 in, 128 out): total tok/s", total, "tok/s",
+                         "throughput_1024_128.json", bound=bound, ratio=total / bound if total and bound else None,
+                         peer=f"{b.get('requests_per_s', 0):.1f} req/s, {b.get('output_tokens_per_s', 0):,.0f} output tok/s"))
+    record = _load(folder, "throughput_sharegpt")
+    if record is not None:
+        b = _brigade(record)
+        rows.append(_row("bench3", "throughput, 1000 ShareGPT-like prompts: req/s", b.get("requests_per_s"), "req/s",
+                         "throughput_sharegpt.json",
+                         peer=f"{b.get('output_tokens_per_s', 0):,.0f} output tok/s, "
+                              f"{b.get('total_tokens_per_s', 0):,.0f} total tok/s"))
+    return rows
+
+
+def peer_rows(folder: Path) -> list[dict]:
+    rows = []
+    for stem, label in (("peers_1024_128", "1024 in, 128 out"), ("peers_sharegpt", "ShareGPT-like")):
+        record = _load(folder, stem)
+        if record is None:
+            continue
+        results = record.get("results", {})
+        ours = _brigade(record).get("output_tokens_per_s")
+        peers = {name: results[name]["output_tokens_per_s"] for name in ("hf_generate", "hf_generate_batch")
+                 if "output_tokens_per_s" in results.get(name, {})}
+        best = max(peers.values()) if peers else None
+        ratio = ours / best if ours and best else None
+        text = ", ".join(f"{name[3:]} {value:,.0f} tok/s" for name, value in peers.items())
+        n = record.get("config", {}).get("benchmark", {}).get("num_prompts", "?")
+        rows.append(_row("bench4", f"vs HF peers, {n} prompts, {label}: output tok/s", ours, "tok/s",
+                         f"{stem}.json", ratio=ratio, peer=text))
+    return rows
+
+
+def _rate_key(path: Path) -> float:
+    rate = path.stem.removeprefix("serve_rate_")
+    return math.inf if rate == "inf" else float(rate)
+
+
+def serve_rows(folder: Path) -> list[dict]:
+    rows = []
+    log = folder / "serve.log"
+    compiles = log.read_text(errors="replace").count("compiling a new variant") if log.exists() else None
+    for path in sorted(folder.glob("serve_rate_*.json"), key=_rate_key):
+        record = _load(folder, path.stem)
+        if record is None:
+            continue
+        b = _brigade(record)
+        rate = path.stem.removeprefix("serve_rate_")
+        tpot = b.get("tpot_ms", {}).get("median")
+        notes = [f"TTFT median {b.get('ttft_ms', {}).get('median', float('nan')):.1f} ms",
+                 f"ITL p99 {b.get('itl_ms', {}).get('p99', float('nan')):.1f} ms",
+                 f"{b.get('completed', '?')}/{b.get('num_requests', '?')} completed"]
+        if compiles is not None:
+            notes.append(f"{compiles} compiles while serving")
+        bench = "bench5_16" if rate == "16" else "bench5"
+        rows.append(_row(bench, f"serve at {rate} req/s: TPOT median", tpot, "ms", path.name, peer="; ".join(notes),
+                         higher_is_better=False))
+    return rows
+
+
+def summarize(folder: Path) -> list[dict]:
+    rows, limits = limits_rows(folder)
+    return rows + latency_row(folder, limits) + throughput_rows(folder, limits) + peer_rows(folder) + serve_rows(folder)
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "–"
+    text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}"
+    return f"{text} {unit}".strip()
+
+
+def add_baseline(rows: list[dict], baseline: list[dict]) -> None:
+    """Set each row's ``change_pct`` against the row of the same name in ``baseline`` (positive = better)."""
+    before = {row["name"]: row for row in baseline}
+    for row in rows:
+        old = before.get(row["name"])
+        if row["bench"] == "limits" or old is None or not row["figure"] or not old["figure"]:
+            continue
+        change = (row["figure"] / old["figure"] - 1) * 100
+        row["change_pct"] = change if row["higher_is_better"] else -change
+
+
+def markdown(rows: list[dict]) -> str:
+    with_baseline = any("change_pct" in row for row in rows)
+    head = ["benchmark", "figure", "bound", "ratio", "peer / detail", "target", "met"]
+    if with_baseline:
+        head.append("vs baseline")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        ratio = "–" if row["ratio"] is None else f"{row['ratio']:.3f}x" if row["ratio"] < 10 else f"{row['ratio']:.1f}x"
+        met = "" if row["met"] is None else ("yes" if row["met"] else "**no**")
+        cells = [row["name"], _fmt(row["figure"], row["unit"]), _fmt(row["bound"], row["unit"]), ratio,
+                 row["peer"], row["target"], met]
+        if with_baseline:
+            cells.append("–" if "change_pct" not in row else f"{row['change_pct']:+.1f}%")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python benchmarks/suite_summary.py", description=__doc__.split("\n")[0])
+    parser.add_argument("folder", type=Path, help="one result folder of run_gpu_suite.sh")
+    parser.add_argument("--baseline", type=Path, default=None, help="another result folder to compare against")
+    args = parser.parse_args(argv)
+    if not args.folder.is_dir():
+        print(f"no such folder: {args.folder}", file=sys.stderr)
+        return 2
+    rows = summarize(args.folder)
+    if args.baseline is not None:
+        add_baseline(rows, summarize(args.baseline))
+    (args.folder / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+    table = markdown(rows)
+    (args.folder / "summary.md").write_text(table)
+    print(table, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
