@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# The headline benchmark suite on one GPU (docs/benchmarks.md), on the Llama-3.1-8B shape with dummy weights:
+#   limits          copy bandwidth, batch-1 TPOT bound, dense matmul peak (benchmarks/device_limits.py)
+#   latency         bench 1: batch 1, 128 in / 256 out, TPOT against the bound; HF `generate` in the same run
+#   throughput      bench 2: 1000 x (1024 in, 128 out)
+#   sharegpt        bench 3: 1000 ShareGPT-like prompts
+#   peers           bench 4: HF `generate` and `generate_batch` on 64 x (1024 in, 128 out), same prompts
+#   peers-sharegpt  bench 4: the same peers on bench 3's first 64 ShareGPT-like prompts
+#   serve           bench 5: `brigade bench serve` against `brigade serve --skip-tokenizer-init` at 16, 4, inf req/s
+# Every result goes into one folder per run, then benchmarks/suite_summary.py writes summary.json and summary.md
+# there and prints the table. Run from the repository root of a GPU machine set up as benchmarks/gpu_setup.sh says.
+set -uo pipefail
+
+usage() {
+  cat <<'EOF'
+Usage: benchmarks/run_gpu_suite.sh [options]
+  --part 1|2|all     part 1: limits latency throughput sharegpt peers (~7 min on an H200);
+                     part 2: peers-sharegpt serve (~7 min); all: both (~14 min, over one 10-minute device
+                     call: run the two parts as two calls). Default: all.
+  --bench LIST       run only these, comma-separated: limits latency throughput sharegpt peers peers-sharegpt
+                     serve, or their numbers 0 1 2 3 4 4s 5 (overrides --part)
+  --quick            fewer prompts and iterations everywhere (a smoke test of the whole suite, one call)
+  --run-name NAME    the result folder's name (default: the UTC start time, e.g. 2026-12-01T1405Z); give part 2
+                     part 1's name to fill the same folder
+  --out DIR          the result folder itself (default: [$OUT/]benchmarks/results/<gpu>/<run name>)
+  --baseline DIR     also compare every headline figure with this earlier result folder
+  --label TEXT       a note stored in run.json (for example the commit: the device's copy has no git history)
+  --no-setup         skip benchmarks/gpu_setup.sh (wheels and editable installs already done on this machine)
+  --dry-run          print the commands, run nothing
+  -h, --help         this help
+Environment: PORT (bench 5's server port, default 8000); <NAME>_TIMEOUT overrides a step's time limit in
+seconds, e.g. LATENCY_TIMEOUT=300 (names upper-cased, '-' as '_').
+EOF
+}
+
+part=all benches="" quick=0 run_name="" out_dir="" baseline="" label="" setup=1 dry=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --part) part=${2:?--part needs 1, 2 or all}; shift 2 ;;
+    --bench) benches=${2:?--bench needs a list}; shift 2 ;;
+    --quick) quick=1; shift ;;
+    --run-name) run_name=${2:?}; shift 2 ;;
+    --out) out_dir=${2:?}; shift 2 ;;
+    --baseline) baseline=${2:?}; shift 2 ;;
+    --label) label=${2:?}; shift 2 ;;
+    --no-setup) setup=0; shift ;;
+    --dry-run) dry=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "unknown option: $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+ALL="limits latency throughput sharegpt peers peers-sharegpt serve"
+case $part in
+  1) selected="limits latency throughput sharegpt peers" ;;
+  2) selected="peers-sharegpt serve" ;;
+  all) selected=$ALL ;;
+  *) echo "--part must be 1, 2 or all" >&2; exit 2 ;;
+esac
+if [ -n "$benches" ]; then
+  selected="" part=custom
+  for b in ${benches//,/ }; do
+    case $b in
+      0) b=limits ;; 1) b=latency ;; 2) b=throughput ;; 3) b=sharegpt ;; 4) b=peers ;; 4s) b=peers-sharegpt ;;
+      5) b=serve ;;
+    esac
+    case " $ALL " in *" $b "*) selected="$selected $b" ;; *) echo "unknown benchmark: $b" >&2; exit 2 ;; esac
+  done
+fi
+
+cd "$(dirname "$0")/.." || exit 1
+if [ "$setup" = 1 ]; then
+  GPU_SETUP_DRY_RUN=$dry source benchmarks/gpu_setup.sh || { echo "set-up failed" >&2; exit 1; }
+else
+  M=benchmarks/configs/llama-3.1-8b C="--load-format dummy --dtype bfloat16 --skip-tokenizer-init"
+  export PYTHONUNBUFFERED=1 BRIGADE_LOGGING_LEVEL=${BRIGADE_LOGGING_LEVEL:-WARNING}
+fi
+
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | awk '{print tolower($NF)}')
+run_name=${run_name:-$(date -u +%Y-%m-%dT%H%MZ)}
+out_dir=${out_dir:-${OUT:+$OUT/}benchmarks/results/${gpu:-gpu}/$run_name}
+[ "$dry" = 1 ] || mkdir -p "$out_dir/logs" || exit 1
+echo "benchmarks: $selected"
+echo "results:    $out_dir"
+
+# Sizes: full, or --quick.
+if [ "$quick" = 1 ]; then
+  LAT_ITERS=2 N2=100 N3=100 N4=8 SERVE="16:100 4:20 inf:100"
+else
+  LAT_ITERS=5 N2=1000 N3=1000 N4=64 SERVE="16:500 4:100 inf:500"
+fi
+PORT=${PORT:-8000}
+steps_file="$out_dir/steps.tsv"
+
+# step NAME DEFAULT_TIMEOUT CMD...: run CMD under a time limit, its whole output in logs/NAME.log, its tail on
+# the terminal, and one line "NAME  exit status  seconds" in steps.tsv. A failing step does not stop the suite.
+step() {
+  local name=$1 limit=$2; shift 2
+  local var; var=$(echo "${name}_TIMEOUT" | tr 'a-z-' 'A-Z_')
+  limit=${!var:-$limit}
+  echo "+ [$name, ${limit}s] $*"
+  [ "$dry" = 1 ] && return 0
+  local start=$SECONDS rc
+  timeout "$limit" "$@" > "$out_dir/logs/$name.log" 2>&1
+  rc=$?
+  grep -v -E "Warning: |warnings\.warn|[Dd]eprecat" "$out_dir/logs/$name.log" | tail -"${TAIL:-8}"
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" >> "$steps_file"
+  [ "$rc" = 0 ] || echo "!! $name: exit status $rc (124: over its ${limit}s limit)"
+  return 0
+}
+
+bench_limits() {
+  step limits 120 python3 benchmarks/device_limits.py $M --json "$out_dir/limits.json"
+}
+
+bench_latency() {
+  step latency 240 brigade bench latency $M $C --max-model-len 2048 --max-num-seqs 1 --batch-size 1 \
+    --input-len 128 --output-len 256 --num-iters-warmup 1 --num-iters $LAT_ITERS --hf-peer generate \
+    --output-json "$out_dir/latency.json"
+}
+
+bench_throughput() {
+  step throughput 180 brigade bench throughput $M $C --max-model-len 2048 --num-prompts $N2 --input-len 1024 \
+    --output-len 128 --max-num-seqs 512 --max-num-batched-tokens 16384 --output-json "$out_dir/throughput_1024_128.json"
+}
+
+bench_sharegpt() {
+  step sharegpt 150 brigade bench throughput $M $C --max-model-len 4096 --dataset sharegpt-like --num-prompts $N3 \
+    --max-num-seqs 512 --max-num-batched-tokens 16384 --output-json "$out_dir/throughput_sharegpt.json"
+}
+
+bench_peers() {
+  step peers 240 brigade bench throughput $M $C --max-model-len 2048 --num-prompts $N4 --input-len 1024 \
+    --output-len 128 --max-num-seqs 512 --max-num-batched-tokens 16384 --hf-peer both \
+    --output-json "$out_dir/peers_1024_128.json"
+}
+
+bench_peers_sharegpt() {
+  step peers-sharegpt 360 brigade bench throughput $M $C --max-model-len 4096 --dataset sharegpt-like \
+    --num-prompts $N4 --max-num-seqs 512 --max-num-batched-tokens 16384 --hf-peer both --hf-batch-size $N4 \
+    --output-json "$out_dir/peers_sharegpt.json"
+}
+
+healthy() {
+  python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
+    "http://127.0.0.1:$PORT/health" >/dev/null 2>&1
+}
+
+# stop_server PID: SIGTERM to the server's process group, SIGKILL after 30 s.
+stop_server() {
+  local pid=$1 i
+  kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null
+  for i in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  kill -9 -- "-$pid" 2>/dev/null || kill -9 "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+}
+
+# Bench 5: one server (its own process group, stopped by that group's id), then each rate in turn.
+bench_serve() {
+  local serve=(brigade serve $M $C --max-model-len 4096 --max-num-seqs 512 --port $PORT --disable-log-requests)
+  echo "+ [serve] ${serve[*]} > serve.log &"
+  local pid=""
+  if [ "$dry" = 0 ]; then
+    local leader=(); command -v setsid >/dev/null && leader=(setsid)
+    "${leader[@]}" "${serve[@]}" > "$out_dir/serve.log" 2>&1 &
+    pid=$!
+    local waited=0 limit=${SERVE_START_TIMEOUT:-240}
+    until healthy; do
+      if ! kill -0 "$pid" 2>/dev/null || [ "$waited" -ge "$limit" ]; then
+        echo "!! serve: the server did not come up in ${waited}s; its log:"; tail -20 "$out_dir/serve.log"
+        printf 'serve-start\t1\t%s\n' "$waited" >> "$steps_file"
+        stop_server "$pid"
+        return 0
+      fi
+      sleep 2; waited=$((waited + 2))
+    done
+    echo "server ready after ${waited}s"
+    printf 'serve-start\t0\t%s\n' "$waited" >> "$steps_file"
+  fi
+  local item rate n
+  for item in $SERVE; do
+    rate=${item%%:*} n=${item#*:}
+    step "serve-rate-$rate" 150 brigade bench serve --base-url "http://127.0.0.1:$PORT" --model $M \
+      --skip-tokenizer-init --dataset sharegpt-like --num-prompts "$n" --request-rate "$rate" --max-model-len 4096 \
+      --output-json "$out_dir/serve_rate_$rate.json"
+  done
+  if [ -n "$pid" ]; then
+    stop_server "$pid"
+    echo "compiles while serving (compile watch): $(grep -c 'compiling a new variant' "$out_dir/serve.log")"
+  fi
+}
+
+started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+[ "$dry" = 1 ] || nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader \
+  > "$out_dir/logs/nvidia-smi.txt" 2>&1
+for b in $selected; do
+  "bench_${b//-/_}"
+done
+[ "$dry" = 1 ] && exit 0
+
+python3 - "$out_dir" "$run_name" "$started" "$part" "$quick" "$label" "$selected" <<'PY'
+import json, subprocess, sys
+from pathlib import Path
+out, name, started, part, quick, label, selected = sys.argv[1:]
+run = Path(out) / "run.json"
+previous = json.loads(run.read_text()) if run.exists() else {"parts": []}
+steps = [{"step": s, "exit_status": int(rc), "seconds": int(sec)}
+         for s, rc, sec in (line.split("\t") for line in (Path(out) / "steps.tsv").read_text().splitlines() if line)]
+commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+previous["parts"].append({"part": part, "quick": quick == "1", "benchmarks": selected.split(), "started": started,
+                          "label": label or None, "commit": commit})
+previous.update(run_name=name, steps=steps)
+run.write_text(json.dumps(previous, indent=1) + "\n")
+PY
+echo
+echo "steps (name, exit status, seconds):"; column -t "$steps_file" 2>/dev/null || cat "$steps_file"
+echo
+python3 benchmarks/suite_summary.py "$out_dir" ${baseline:+--baseline "$baseline"}
