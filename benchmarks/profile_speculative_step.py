@@ -1,5 +1,5 @@
 """Where an n-gram speculative decoding step's time goes on the GPU (host side): cProfile of one batch-1 run
-with drafts at almost every step (outputs sampled from 8 token ids, as in ``feature_cost.py``), next to the
+with drafts at almost every step (outputs sampled from 8 token ids, as in ``lora_spec_cost.py``), next to the
 same run without speculation under ``enforce_eager`` (an eager step, no drafts) and with decode graphs.
 
 Usage (CUDA machine)::

@@ -1,5 +1,5 @@
 """How long one full garbage collection takes in a process holding an engine, before and after freezing the
-start-up heap (docs/benchmarks.md, "CPU: garbage-collection pauses").
+start-up heap (docs/benchmarks.md, "Garbage-collection pauses").
 
 Run: ``.venv/bin/python benchmarks/cpu/gc_pause.py`` (after ``scripts/setup.sh``).
 """

@@ -36,8 +36,8 @@ class CpuPlatform(Platform):
         if sc.max_num_batched_tokens is None and sc.enable_chunked_prefill:
             # A CPU step is slow: with the 8192-token default one long prompt is a single ~10 s step on 2 cores
             # (SmolLM2, 4000 tokens) during which no other request gets a token. 1024-token chunks cut that
-            # stall about 4x for a 6-17% longer TTFT of the long prompt itself (docs/benchmarks.md, "CPU:
-            # the default step budget").
+            # stall about 4x for a 6-17% longer TTFT of the long prompt itself (docs/benchmarks.md, "The default
+            # step budget").
             sc.max_num_batched_tokens = CPU_MAX_NUM_BATCHED_TOKENS
         requested = config.cache_config.kv_cache_memory_gib
         total = _physical_memory_gib()

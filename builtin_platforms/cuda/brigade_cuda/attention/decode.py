@@ -225,7 +225,7 @@ def choose_num_splits(num_decodes: int, num_kv_heads: int, max_seq_len: int, num
 
     Enough ``(request, kv head, split)`` programs to give every SM about two, but no split shorter than
     one ``block_n`` tile. Measured on an H200 (132 SMs, Llama-3-8B heads, graph-replayed; see
-    benchmarks/kernels/NOTES.md) this lands within 3% of the best split count of a sweep for batch
+    docs/performance-notes.md) this lands within 3% of the best split count of a sweep for batch
     1/32/256 at 1k/4k context. Contexts of at most ``single_split_len`` tokens take one split, which
     saves the merge kernel: a short context is read faster by a few programs than the merge costs.
     All inputs are host integers, so this never synchronizes with the device.

@@ -51,7 +51,7 @@ def fused_rope_kv_enabled() -> bool:
 def decode_rope_enabled() -> bool:
     """True unless ``BRIGADE_CUDA_DECODE_ROPE=0``: pure-decode steps rotate and write the new K/V inside the
     decode attention kernel (``decode_attention(rope=...)``), with no rotary/KV-write kernel at all. Batch-1
-    TPOT on the H200: 4.21 against 4.25 ms (``docs/benchmarks.md``); "0" keeps the fused rotary + KV-write
+    TPOT on the H200: 4.21 against 4.25 ms (``docs/performance-notes.md``); "0" keeps the fused rotary + KV-write
     kernel for A/B timing."""
     return os.environ.get("BRIGADE_CUDA_DECODE_ROPE", "1") != "0"
 
@@ -70,7 +70,7 @@ def short_graph_lens() -> tuple[int, ...]:
     these many tokens, with the split count chosen for that length (``BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN``,
     token counts separated by commas, default "512"; "0" turns it off). At batch 1 the full-length graph
     splits every context 32 ways, most splits empty for a short one; the 512-token bucket launches 8.
-    Batch-1 TPOT on the H200, 128 in / 256 out: 3.94 against 4.04 ms (session 6, ``docs/benchmarks.md``).
+    Batch-1 TPOT on the H200, 128 in / 256 out: 3.94 against 4.04 ms (``docs/performance-notes.md``).
 
     Raises:
         ValueError: the variable is not a comma-separated list of non-negative integers.

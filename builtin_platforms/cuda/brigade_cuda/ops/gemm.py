@@ -3,7 +3,7 @@ bandwidth problem; every weight byte is read once per step and the product is ne
 
 At a handful of tokens cuBLAS picks split-K kernels for some shapes (two launches, the reduce reading the
 partial sums back) and reaches about 73% of the copy bandwidth on the attention projections of an 8B model
-(``docs/benchmarks.md``). This kernel gives each program ``BLOCK_N`` whole output columns over the full ``K``:
+(``docs/performance-notes.md``). This kernel gives each program ``BLOCK_N`` whole output columns over the full ``K``:
 one launch, no workspace, the weight streamed through a software pipeline (``num_stages``) into a tensor-core
 product with the ``x`` rows padded to 16. The tile is chosen per shape from the table below, tuned on an H200
 inside a captured step of all the projections with PDL, where it runs (``benchmarks/kernels/tune_skinny_graph.py``;
@@ -20,8 +20,8 @@ weight into the projection (``LlamaForCausalLM.fold_norm_weights``): what is lef
 per row, ``1 / rms(x)``, and every GEMV program reads the whole row anyway, so it sums the squares while it
 streams ``x`` and scales its outputs at the end (``gemv(rms_norm_eps=...)``). The residual add that closes
 each branch goes into the epilogue of o_proj and down_proj (``residual=``). Together they remove both norm
-kernels of every layer at batch 1. (A first fold, session 3, also loaded the residual and the norm weight
-in every K step and was measured slower, see ``docs/benchmarks.md``.)
+kernels of every layer at batch 1. (A first fold also loaded the residual and the norm weight
+in every K step and was measured slower, see ``docs/performance-notes.md``.)
 """
 
 from __future__ import annotations
