@@ -8,7 +8,7 @@ Two timings per case:
   * ``graph``: the kernel time. One CUDA graph runs the decode over enough distinct KV caches (each
     used once per replay, at least 256 MB in all) that the 60 MB L2 never serves them; replay time
     divided by the number of caches, median of 30 replays. This is how a graph-captured decode step
-    runs (book ch. 10).
+    runs.
   * ``eager``: ``triton.testing.do_bench`` median of single eager calls (L2 flushed before each). For
     small cases this is bound by the host's kernel-launch cost, reported separately as ``host_us``.
 
