@@ -1,0 +1,79 @@
+"""The GPU headline suite's script and summary, checked without a GPU: argument handling, the commands a part
+runs (``--dry-run``), and the summary of a kept result folder."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITE = ROOT / "benchmarks" / "run_gpu_suite.sh"
+RESULTS = ROOT / "benchmarks" / "results" / "h200" / "2026-12-01"
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def _summary_module():
+    spec = importlib.util.spec_from_file_location("suite_summary", ROOT / "benchmarks" / "suite_summary.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _dry_run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SUITE), "--dry-run", "--no-setup", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_part_1_runs_limits_and_benches_1_to_4_without_the_server():
+    result = _dry_run("--part", "1", "--run-name", "check")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "device_limits.py" in out
+    assert "brigade bench latency" in out and "--hf-peer generate" in out and "--num-iters 5" in out
+    assert "--num-prompts 1000 --input-len 1024" in out
+    assert "--dataset sharegpt-like --num-prompts 1000" in out
+    assert "brigade serve" not in out
+    assert "benchmarks/results/" in out and "/check/latency.json" in out
+
+
+def test_part_2_runs_the_sharegpt_peers_and_serving_and_quick_cuts_prompts():
+    result = _dry_run("--part", "2", "--quick")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "--hf-peer both --hf-batch-size 8" in out
+    assert "brigade serve" in out and "--skip-tokenizer-init" in out
+    assert [line for line in out.splitlines() if "--request-rate" in line]
+    assert "brigade bench latency" not in out
+
+
+@pytest.mark.parametrize("args", [["--bench", "7"], ["--part", "3"], ["--no-such-flag"]])
+def test_bad_arguments_are_refused(args):
+    assert _dry_run(*args).returncode == 2
+
+
+def test_summary_of_a_kept_result_folder():
+    rows = {row["bench"] + "|" + row["name"]: row for row in _summary_module().summarize(RESULTS)}
+    latency = next(row for key, row in rows.items() if key.startswith("bench1|"))
+    assert latency["figure"] == pytest.approx(3.951, abs=1e-3)
+    assert latency["ratio"] == pytest.approx(1.095, abs=1e-3) and latency["met"] is True
+    peers = next(row for key, row in rows.items() if key.startswith("bench4|"))
+    assert peers["ratio"] == pytest.approx(15.45, abs=0.01) and peers["met"] is False
+    serve = next(row for key, row in rows.items() if key.startswith("bench5_16|"))
+    assert serve["figure"] == pytest.approx(5.11, abs=0.01) and serve["met"] is True
+
+
+def test_summary_against_a_baseline_counts_a_faster_tpot_as_better(tmp_path):
+    summary = _summary_module()
+    record = json.loads((RESULTS / "latency.json").read_text())
+    record["results"]["brigade"]["tpot_ms"]["median"] *= 0.9
+    (tmp_path / "latency.json").write_text(json.dumps(record))
+    rows = summary.summarize(tmp_path)
+    summary.add_baseline(rows, summary.summarize(RESULTS))
+    assert rows[0]["change_pct"] == pytest.approx(10.0)
+    assert "+10.0%" in summary.markdown(rows)
