@@ -53,6 +53,10 @@ def _load(folder: Path, stem: str) -> dict | None:
         return None
 
 
+def _prompts(record: dict) -> int | str:
+    return record.get("config", {}).get("benchmark", {}).get("num_prompts", "?")
+
+
 def _brigade(record: dict) -> dict:
     return record.get("results", {}).get("brigade", {})
 
@@ -113,13 +117,14 @@ def throughput_rows(folder: Path, limits: dict) -> list[dict]:
     if record is not None:
         b = _brigade(record)
         total = b.get("total_tokens_per_s")
-        rows.append(_row("bench2", "throughput, 1000 x (1024 in, 128 out): total tok/s", total, "tok/s",
-                         "throughput_1024_128.json", bound=bound, ratio=total / bound if total and bound else None,
-                         peer=f"{b.get('requests_per_s', 0):.1f} req/s, {b.get('output_tokens_per_s', 0):,.0f} output tok/s"))
+        detail = f"{b.get('requests_per_s', 0):.1f} req/s, {b.get('output_tokens_per_s', 0):,.0f} output tok/s"
+        rows.append(_row("bench2", f"throughput, {_prompts(record)} x (1024 in, 128 out): total tok/s", total,
+                         "tok/s", "throughput_1024_128.json", bound=bound,
+                         ratio=total / bound if total and bound else None, peer=detail))
     record = _load(folder, "throughput_sharegpt")
     if record is not None:
         b = _brigade(record)
-        rows.append(_row("bench3", "throughput, 1000 ShareGPT-like prompts: req/s", b.get("requests_per_s"), "req/s",
+        rows.append(_row("bench3", f"throughput, {_prompts(record)} ShareGPT-like prompts: req/s", b.get("requests_per_s"), "req/s",
                          "throughput_sharegpt.json",
                          peer=f"{b.get('output_tokens_per_s', 0):,.0f} output tok/s, "
                               f"{b.get('total_tokens_per_s', 0):,.0f} total tok/s"))
@@ -139,8 +144,7 @@ def peer_rows(folder: Path) -> list[dict]:
         best = max(peers.values()) if peers else None
         ratio = ours / best if ours and best else None
         text = ", ".join(f"{name[3:]} {value:,.0f} tok/s" for name, value in peers.items())
-        n = record.get("config", {}).get("benchmark", {}).get("num_prompts", "?")
-        rows.append(_row("bench4", f"vs HF peers, {n} prompts, {label}: output tok/s", ours, "tok/s",
+        rows.append(_row("bench4", f"vs HF peers, {_prompts(record)} prompts, {label}: output tok/s", ours, "tok/s",
                          f"{stem}.json", ratio=ratio, peer=text))
     return rows
 
