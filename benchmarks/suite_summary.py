@@ -124,8 +124,8 @@ def throughput_rows(folder: Path, limits: dict) -> list[dict]:
     record = _load(folder, "throughput_sharegpt")
     if record is not None:
         b = _brigade(record)
-        rows.append(_row("bench3", f"throughput, {_prompts(record)} ShareGPT-like prompts: req/s", b.get("requests_per_s"), "req/s",
-                         "throughput_sharegpt.json",
+        rows.append(_row("bench3", f"throughput, {_prompts(record)} ShareGPT-like prompts: req/s",
+                         b.get("requests_per_s"), "req/s", "throughput_sharegpt.json",
                          peer=f"{b.get('output_tokens_per_s', 0):,.0f} output tok/s, "
                               f"{b.get('total_tokens_per_s', 0):,.0f} total tok/s"))
     return rows
