@@ -19,12 +19,12 @@ Usage: benchmarks/run_gpu_suite.sh [options]
                      call: run the two parts as two calls). Default: all.
   --bench LIST       run only these, comma-separated: limits latency throughput sharegpt peers peers-sharegpt
                      serve, or their numbers 0 1 2 3 4 4s 5 (overrides --part)
-  --quick            fewer prompts and iterations everywhere (a smoke test of the whole suite, one call)
+  --quick            fewer prompts and iterations everywhere: a smoke test of the whole suite (~8 min)
   --run-name NAME    the result folder's name (default: the UTC start time, e.g. 2026-12-01T1405Z); give part 2
                      part 1's name to fill the same folder
   --out DIR          the result folder itself (default: [$OUT/]benchmarks/results/<gpu>/<run name>)
   --baseline DIR     also compare every headline figure with this earlier result folder
-  --label TEXT       a note stored in run.json (for example the commit: the device's copy has no git history)
+  --label TEXT       a note stored in run_<part>.json (e.g. the commit: the device's copy has no git history)
   --no-setup         skip benchmarks/gpu_setup.sh (wheels and editable installs already done on this machine)
   --dry-run          print the commands, run nothing
   -h, --help         this help
@@ -64,9 +64,12 @@ if [ -n "$benches" ]; then
       0) b=limits ;; 1) b=latency ;; 2) b=throughput ;; 3) b=sharegpt ;; 4) b=peers ;; 4s) b=peers-sharegpt ;;
       5) b=serve ;;
     esac
-    case " $ALL " in *" $b "*) selected="$selected $b" ;; *) echo "unknown benchmark: $b" >&2; exit 2 ;; esac
+    case " $ALL " in *" $b "*) ;; *) echo "unknown benchmark: $b" >&2; exit 2 ;; esac
+    wanted="${wanted:-} $b"
   done
+  for b in $ALL; do case " $wanted " in *" $b "*) selected="$selected $b" ;; esac; done   # in the suite's order
 fi
+tag=$([ "$part" = 1 ] || [ "$part" = 2 ] && echo "part$part" || echo "$part")   # part1, part2, all or custom
 
 cd "$(dirname "$0")/.." || exit 1
 if [ "$setup" = 1 ]; then
@@ -85,15 +88,17 @@ echo "results:    $out_dir"
 
 # Sizes: full, or --quick.
 if [ "$quick" = 1 ]; then
-  LAT_ITERS=2 N2=100 N3=100 N4=8 SERVE="16:100 4:20 inf:100"
+  LAT_ITERS=2 N2=100 N3=100 N4=4 SERVE="16:100 4:20 inf:100"
 else
   LAT_ITERS=5 N2=1000 N3=1000 N4=64 SERVE="16:500 4:100 inf:500"
 fi
 PORT=${PORT:-8000}
-steps_file="$out_dir/steps.tsv"
+steps_file="$out_dir/steps_$tag.tsv"   # one file per part, so that two parts merge into one folder
+[ "$dry" = 1 ] || : > "$steps_file"
 
 # step NAME DEFAULT_TIMEOUT CMD...: run CMD under a time limit, its whole output in logs/NAME.log, its tail on
-# the terminal, and one line "NAME  exit status  seconds" in steps.tsv. A failing step does not stop the suite.
+# the terminal, and one line "NAME  exit status  seconds" in steps_<part>.tsv. A failing step does not stop
+# the suite.
 step() {
   local name=$1 limit=$2; shift 2
   local var; var=$(echo "${name}_TIMEOUT" | tr 'a-z-' 'A-Z_')
@@ -192,25 +197,24 @@ bench_serve() {
 
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 [ "$dry" = 1 ] || nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader \
-  > "$out_dir/logs/nvidia-smi.txt" 2>&1
+  > "$out_dir/logs/nvidia-smi_$tag.txt" 2>&1
 for b in $selected; do
   "bench_${b//-/_}"
 done
 [ "$dry" = 1 ] && exit 0
 
-python3 - "$out_dir" "$run_name" "$started" "$part" "$quick" "$label" "$selected" <<'PY'
-import json, subprocess, sys
+python3 - "$out_dir" "$run_name" "$started" "$tag" "$quick" "$label" "$selected" <<'PY'
+import json, subprocess, sys, time
 from pathlib import Path
-out, name, started, part, quick, label, selected = sys.argv[1:]
-run = Path(out) / "run.json"
-previous = json.loads(run.read_text()) if run.exists() else {"parts": []}
-steps = [{"step": s, "exit_status": int(rc), "seconds": int(sec)}
-         for s, rc, sec in (line.split("\t") for line in (Path(out) / "steps.tsv").read_text().splitlines() if line)]
+out, name, started, tag, quick, label, selected = sys.argv[1:]
+lines = (Path(out) / f"steps_{tag}.tsv").read_text().splitlines()
+steps = [{"step": s, "exit_status": int(rc), "seconds": int(sec)} for s, rc, sec in (l.split("\t") for l in lines if l)]
 commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
-previous["parts"].append({"part": part, "quick": quick == "1", "benchmarks": selected.split(), "started": started,
-                          "label": label or None, "commit": commit})
-previous.update(run_name=name, steps=steps)
-run.write_text(json.dumps(previous, indent=1) + "\n")
+gpu = (Path(out) / "logs" / f"nvidia-smi_{tag}.txt").read_text().strip()
+record = {"run_name": name, "part": tag, "quick": quick == "1", "benchmarks": selected.split(), "started": started,
+          "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "label": label or None, "commit": commit,
+          "gpu": gpu, "steps": steps}
+(Path(out) / f"run_{tag}.json").write_text(json.dumps(record, indent=1) + "\n")
 PY
 echo
 echo "steps (name, exit status, seconds):"; column -t "$steps_file" 2>/dev/null || cat "$steps_file"

@@ -46,7 +46,7 @@ def test_part_2_runs_the_sharegpt_peers_and_serving_and_quick_cuts_prompts():
     result = _dry_run("--part", "2", "--quick")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "--hf-peer both --hf-batch-size 8" in out
+    assert "--hf-peer both --hf-batch-size 4" in out
     assert "brigade serve" in out and "--skip-tokenizer-init" in out
     assert [line for line in out.splitlines() if "--request-rate" in line]
     assert "brigade bench latency" not in out
