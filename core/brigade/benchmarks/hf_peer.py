@@ -1,6 +1,6 @@
 """The HF transformers peer: the same model and the same token-id prompts, run in the benchmark's process.
 
-Two ways of running HF are measured (DESIGN.md, "Peers"):
+Two ways of running HF are measured:
 
 * ``generate``: static batches of ``batch_size`` prompts, left-padded to the batch's longest prompt, each
   generating ``max(output_len)`` of its batch (``min_new_tokens = max_new_tokens``, so EOS never stops

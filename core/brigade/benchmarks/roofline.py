@@ -2,7 +2,7 @@
 
 Batch-1 decode reads every weight once per token (except the embedding table, of which it reads one row),
 so its time per output token is at least ``weight bytes / memory bandwidth``. The bandwidth is measured in
-the same run with a device-to-device copy (read + write), as DESIGN.md asks.
+the same run with a device-to-device copy (read + write), so the bound is this device's, not a datasheet's.
 """
 
 from __future__ import annotations

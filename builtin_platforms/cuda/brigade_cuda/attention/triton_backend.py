@@ -1,5 +1,6 @@
-"""The Triton paged-attention backend for CUDA GPUs: KV write, split-KV decode and varlen prefill
-(book ch. 6 for the backend contract, ch. 10 for CUDA-graph constraints).
+"""The Triton paged-attention backend for CUDA GPUs: KV write, split-KV decode and varlen prefill,
+behind the core's attention-backend contract and fit for CUDA graphs (every launch's grid depends only on padded
+sizes).
 
 A step's requests arrive decodes first (``metadata.num_decodes`` requests of one query token each),
 then prefills. ``forward`` launches at most four kernels: the KV-cache write, the decode split kernel
@@ -70,7 +71,7 @@ def short_graph_lens() -> tuple[int, ...]:
     these many tokens, with the split count chosen for that length (``BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN``,
     token counts separated by commas, default "512"; "0" turns it off). At batch 1 the full-length graph
     splits every context 32 ways, most splits empty for a short one; the 512-token bucket launches 8.
-    Batch-1 TPOT on the H200, 128 in / 256 out: 3.94 against 4.04 ms (session 6, ``docs/benchmarks.md``).
+    Batch-1 TPOT on the H200, 128 in / 256 out: 3.94 against 4.04 ms.
 
     Raises:
         ValueError: the variable is not a comma-separated list of non-negative integers.

@@ -1,4 +1,4 @@
-"""Skinny GEMM for decode: ``y = x @ W.T (+ b)`` with few rows in ``x`` (book ch. 10: batch-1 decode is a
+"""Skinny GEMM for decode: ``y = x @ W.T (+ b)`` with few rows in ``x`` (batch-1 decode is a
 bandwidth problem; every weight byte is read once per step and the product is nearly free).
 
 At a handful of tokens cuBLAS picks split-K kernels for some shapes (two launches, the reduce reading the
@@ -20,8 +20,8 @@ weight into the projection (``LlamaForCausalLM.fold_norm_weights``): what is lef
 per row, ``1 / rms(x)``, and every GEMV program reads the whole row anyway, so it sums the squares while it
 streams ``x`` and scales its outputs at the end (``gemv(rms_norm_eps=...)``). The residual add that closes
 each branch goes into the epilogue of o_proj and down_proj (``residual=``). Together they remove both norm
-kernels of every layer at batch 1. (A first fold, session 3, also loaded the residual and the norm weight
-in every K step and was measured slower, see ``docs/benchmarks.md``.)
+kernels of every layer at batch 1. (A fold that also loaded the residual and the norm weight in every K
+step was measured slower.)
 """
 
 from __future__ import annotations
