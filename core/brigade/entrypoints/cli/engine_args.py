@@ -45,7 +45,9 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
     parser.set_defaults(**{_CHOICES_DEST: choices})
     m = parser.add_argument_group("model")
     if positional_model:
-        m.add_argument("model_tag", nargs="?", metavar="MODEL", help="HF-format model directory")
+        m.add_argument("model_tag", nargs="?", metavar="MODEL",
+                       help=f"HF-format model directory (default: the {DEFAULT_MODEL_NAME} that scripts/setup.sh "
+                            "built)")
     m.add_argument("--model", help="HF-format model directory (same as the positional MODEL)")
     m.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
     m.add_argument("--trust-remote-code", action="store_true",
