@@ -27,7 +27,8 @@ OUTSIDE = {
     "a machine's work directory": re.compile(r"(?<![\w.-])/wor[k]/"),
     "a machine's root home directory": re.compile(r"(?<![\w.-])/roo[t]/"),
     "a design note that is not in the repository": re.compile(r"\b(?:DESIG[N]|MODE[L]|STYL[E]|AP[I])\.md\b"),
-    "a book chapter instead of the mechanism in words": re.compile(r"(?i)\bboo[k](?:'s)? ch(?:\.|apter)|\bc[h]\. ?[0-9]"),
+    "a book chapter instead of the mechanism in words":
+        re.compile(r"(?i)\bboo[k](?:'s)? ch(?:\.|apter)|\bc[h]\. ?[0-9]"),
 }
 
 # Work-round names, in text and in file names.

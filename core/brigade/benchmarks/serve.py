@@ -10,8 +10,8 @@ the answer (SSE) and notes the arrival time of every chunk. From those times (th
 * **TPOT**: ``(e2e - TTFT) / (output tokens - 1)`` per request, the token count from the stream's usage;
 * **E2EL**: request sent -> ``[DONE]``.
 
-Client overhead is kept low, so that it does not count in the figures: chunks are decoded into typed msgspec structs holding
-only ``choices`` and ``usage``, and prompts are sent as prebuilt token-id lists.
+Client overhead is kept low, so that it does not count in the figures: chunks are decoded into typed msgspec
+structs holding only ``choices`` and ``usage``, and prompts are sent as prebuilt token-id lists.
 """
 
 from __future__ import annotations

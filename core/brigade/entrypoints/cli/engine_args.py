@@ -1,8 +1,9 @@
 """Engine flags shared by ``brigade serve``, ``generate`` and ``bench``, and their turn into a BrigadeConfig.
 
-Flag names and defaults follow ``vllm serve``'s. Plugin-backed flags (``--quantization``,
-``--attention-backend``, ``--kv-transfer-config``'s connector, ``--io-processor-plugin``) are checked
-against what the installed plugins registered, which is why plugins load before the CLI parses. A bad value becomes one ConfigError line naming the flag and what would be right.
+Flag names and defaults follow ``vllm serve``'s. Plugin-backed flags (``--quantization``, ``--attention-backend``,
+``--kv-transfer-config``'s connector, ``--io-processor-plugin``) are checked against what the installed plugins
+registered, which is why plugins load before the CLI parses. A bad value becomes one ConfigError line naming the
+flag and what would be right.
 """
 
 from __future__ import annotations
