@@ -2,7 +2,7 @@
 
 Every tracked text file (``git ls-files``; binaries skipped) is checked for paths into folders that are not part of
 the repository (a design folder beside it, a machine's home or work directory), for design notes that are not in
-it, for citations of a book's chapters instead of the mechanism in words, and for work-round names (numbered
+it, for citations of chapters of a book instead of the mechanism in words, and for work-round names (numbered
 sessions, lettered calls, one-off run scripts, numbered reviews, issues or rounds) in file names and text. Every
 relative markdown link in a tracked ``.md`` file must resolve to a tracked file.
 
@@ -27,7 +27,7 @@ OUTSIDE = {
     "a machine's work directory": re.compile(r"(?<![\w.-])/wor[k]/"),
     "a machine's root home directory": re.compile(r"(?<![\w.-])/roo[t]/"),
     "a design note that is not in the repository": re.compile(r"\b(?:DESIG[N]|MODE[L]|STYL[E]|AP[I])\.md\b"),
-    "a book chapter instead of the mechanism in words":
+    "a chapter of a book instead of the mechanism in words":
         re.compile(r"(?i)\bboo[k](?:'s)? ch(?:\.|apter)|\bc[h]\. ?[0-9]"),
 }
 
@@ -40,10 +40,10 @@ JOURNAL = {
     "a numbered issue": re.compile(r"(?i)\bissu[e] [0-9]+"),
     "a numbered round": re.compile(r"(?i)\broun[d] [0-9]"),
 }
-# File and folder names only: result folders named after work rounds and tests named after a book's chapter.
+# File and folder names only: result folders named after work rounds and tests named after chapters of a book.
 JOURNAL_NAMES = {
     "a work-round folder": re.compile(r"(?i)^(?:session[0-9]+|call_[a-z]{1,2}[0-9]?)$"),
-    "a book chapter": re.compile(r"(?i)book_ch[0-9]"),
+    "a chapter of a book": re.compile(r"(?i)book_ch[0-9]"),
 }
 
 # Justified exceptions, as (path prefix, pattern name). Benchmark result files record the command line and the
