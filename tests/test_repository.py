@@ -33,10 +33,10 @@ OUTSIDE = {
 
 # Work-round names, in text and in file names.
 JOURNAL = {
-    "a numbered session": re.compile(r"(?i)\bsessio[n] ?[0-9]+"),
+    "a numbered session": re.compile(r"(?i)(?<![a-z])sessio[n][ _]?[0-9]+"),
     "a lettered call": re.compile(r"\bcal[l] [A-Z]{1,2}\b"),
     "a one-off run script": re.compile(r"\bru[n]_[a-z]{1,2}\.sh\b"),
-    "a numbered review": re.compile(r"(?i)\brevie[w][ _]?[0-9]+"),
+    "a numbered review": re.compile(r"(?i)(?<![a-z])revie[w][ _]?[0-9]+"),
     "a numbered issue": re.compile(r"(?i)\bissu[e] [0-9]+"),
     "a numbered round": re.compile(r"(?i)\broun[d] [0-9]"),
 }
