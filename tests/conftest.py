@@ -1,8 +1,8 @@
 """Shared test fixtures: the real SmolLM2 model directory, a transformers reference on it, a free port.
 
 The model directory is built offline by ``scripts/fetch_model.py`` (run by ``scripts/setup.sh``).
-The reference is HF transformers in fp32 on the CPU on the same files, which DESIGN.md names as
-the correctness oracle: greedy tokens must match exactly and logprobs closely. Sub-folders add
+The reference is HF transformers in fp32 on the CPU on the same files, the
+correctness oracle: greedy tokens must match exactly and logprobs closely. Sub-folders add
 their own fixtures in their own ``conftest.py``.
 """
 

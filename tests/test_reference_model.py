@@ -2,7 +2,7 @@
 
 They check the files that ``scripts/fetch_model.py`` writes (config keys for transformers 4.x and
 5.x, bf16 safetensors, tokenizer class, chat template) and that plain transformers, in fp32 on the
-CPU, produces the greedy continuations recorded in shared/MODEL.md from them.
+CPU, produces the greedy continuations below from them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from safetensors import safe_open
 
 PARIS_PROMPT = "The capital of France is"
-# MODEL.md: transformers greedy on the dequantized Q4_1 weights.
+# transformers greedy on the dequantized Q4_1 weights.
 PARIS_CONTINUATION = " Paris.\n\nThe answer is: 2018-01-22 12:12:53."
 CHAT_QUESTION = "What is the capital of France?"
 CHAT_ANSWER = "The capital of France is Paris."

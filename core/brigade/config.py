@@ -1,4 +1,4 @@
-"""Configuration: small dataclasses, one per component, composed into BrigadeConfig (book ch. 1)."""
+"""Configuration: small dataclasses, one per component, composed into BrigadeConfig."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ MIN_KV_BLOCKS = 2
 
 @dataclass
 class CacheConfig:
-    """The paged KV cache: block size, memory budget and prefix caching (book ch. 2, 4, 12)."""
+    """The paged KV cache: block size, memory budget and prefix caching."""
 
     block_size: int | None = None
     """Tokens per KV block; None lets the platform choose (16 on most)."""
@@ -133,7 +133,7 @@ class CacheConfig:
 
 @dataclass
 class SchedulerConfig:
-    """Continuous batching limits per step (book ch. 4)."""
+    """Continuous batching limits per step."""
 
     max_num_seqs: int = 256
     """Most requests running at once."""
@@ -164,7 +164,7 @@ class SchedulerConfig:
 
 @dataclass
 class ParallelConfig:
-    """How the model is spread over devices (book ch. 8)."""
+    """How the model is spread over devices."""
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -192,7 +192,7 @@ CUDAGRAPH_MODES = ("NONE", "FULL_DECODE_ONLY", "FULL")
 
 @dataclass
 class CompilationConfig:
-    """Optimization level and CUDA graphs (book ch. 10, 14). Flags set by the user win over the level."""
+    """Optimization level and CUDA graphs. Flags set by the user win over the level."""
 
     level: int = 2
     """-O0 none, -O1 compile only, -O2 compile + decode CUDA graphs (default), -O3 adds larger capture sizes."""
@@ -242,7 +242,7 @@ POSSIBLE_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's; an a
 
 @dataclass
 class LoRAConfig:
-    """Multi-LoRA serving (--enable-lora; book ch. 12, Hu et al. 2021 arXiv:2106.09685). Present on a
+    """Multi-LoRA serving (--enable-lora, Hu et al. 2021 arXiv:2106.09685). Present on a
     BrigadeConfig only when LoRA is enabled."""
 
     max_loras: int = 1
@@ -283,7 +283,7 @@ class LoRAConfig:
 
 @dataclass
 class KVTransferConfig:
-    """--kv-transfer-config: which KV connector plugin moves KV blocks between instances (book ch. 9)."""
+    """--kv-transfer-config: which KV connector plugin moves KV blocks between instances."""
 
     kv_connector: str
     kv_role: str = "kv_both"
@@ -305,7 +305,7 @@ MAX_SPECULATIVE_TOKENS = 64  # more drafts than this per step only add rejected 
 class SpeculativeConfig:
     """--speculative-config: speculative decoding with an n-gram (prompt-lookup) proposer, in vLLM's form
     ``{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N, "prompt_lookup_min": M}``
-    (book ch. 12; Leviathan et al. 2023, arXiv:2211.17192). Present on a BrigadeConfig only when enabled.
+    (Leviathan et al. 2023, arXiv:2211.17192). Present on a BrigadeConfig only when enabled.
 
     As in vLLM, when neither lookup bound is given both are 5, and when one is given the other equals it.
 

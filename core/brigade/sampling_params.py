@@ -1,4 +1,4 @@
-"""SamplingParams: what the user asks of one request's sampling and stopping (book ch. 7)."""
+"""SamplingParams: what the user asks of one request's sampling and stopping."""
 
 from __future__ import annotations
 

@@ -91,7 +91,8 @@ def assert_one_line(proc: subprocess.CompletedProcess, prefix: str, needle: str)
     (["serve", "{model}", "-O3", "--compilation-config", '{{"level": 1}}'], "brigade serve",
      "-O3 and --compilation-config level 1 disagree; give one"),
 ])
-def test_bad_flags_are_one_line_from_the_subcommand(smollm2_path, tmp_path, argv, prefix, needle):
+def test_bad_flags_are_one_line_from_the_subcommand(smollm2_path, tmp_path, monkeypatch, argv, prefix, needle):
+    monkeypatch.setenv("BRIGADE_CACHE_DIR", str(tmp_path / "cache"))  # no set-up model to fall back on
     fill = {"model": str(smollm2_path), "empty": str(tmp_path)}
     proc = run_cli(*[a.format(**fill) for a in argv])
     assert_one_line(proc, prefix, needle.format(**fill))

@@ -100,7 +100,7 @@ def test_completion_greedy_and_usage(client, tokenizer):
     out = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2)
     choice = out.choices[0]
     assert out.object == "text_completion" and out.model == MODEL_NAME
-    assert choice.text.startswith(" Paris."), choice.text  # MODEL.md: " Paris.\n\nThe answer is: ..."
+    assert choice.text.startswith(" Paris."), choice.text  # transformers' greedy text: " Paris.\n\nThe answer is: ..."
     assert choice.finish_reason == "length"
     assert out.usage.prompt_tokens == len(tokenizer(PROMPT)["input_ids"])
     assert out.usage.completion_tokens == 6 == len(choice.logprobs.tokens)
@@ -254,7 +254,7 @@ def test_chat_greedy_and_usage(server, client):
                                          temperature=0, logprobs=True, top_logprobs=2)
     choice = out.choices[0]
     assert out.object == "chat.completion" and choice.message.role == "assistant"
-    assert choice.message.content == "The capital of France is Paris."  # MODEL.md
+    assert choice.message.content == "The capital of France is Paris."  # transformers' greedy answer
     assert choice.finish_reason == "stop"
     num_prompt = httpx.post(server.url("/tokenize"), json={"messages": QUESTION}).json()["count"]
     assert out.usage.prompt_tokens == num_prompt

@@ -1,7 +1,7 @@
 """A real ``brigade serve`` under abuse: 300 concurrent streams with early disconnects, API fuzzing from the
 server's own /openapi.json (schemathesis), and prompts over the length limit.
 
-Invariants checked (DESIGN.md): every request that was not abandoned completes; every KV block returns to
+Invariants checked: every request that was not abandoned completes; every KV block returns to
 the pool; the server's memory does not grow from one load round to the next; no request gets a 5xx or
 hangs. One server for the module, on loopback; outputs are a few tokens so the CPU keeps up.
 """

@@ -111,7 +111,8 @@ def test_chat_template_text_is_still_accepted(smollm2_path, tmp_path):
         assert config_from_args(parse(str(smollm2_path), "--chat-template", value)).model_config.chat_template == value
 
 
-def test_model_errors():
+def test_model_errors(monkeypatch, tmp_path):
+    monkeypatch.setenv("BRIGADE_CACHE_DIR", str(tmp_path))  # no set-up model to fall back on
     with pytest.raises(ConfigError, match="no model given"):
         config_from_args(parse())
     with pytest.raises(ConfigError, match="does not exist"):
@@ -120,11 +121,12 @@ def test_model_errors():
         config_from_args(parse("/a", "--model", "/b"))
 
 
-def test_generate_model_errors_show_its_own_usage(smollm2_path):
+def test_generate_model_errors_show_its_own_usage(smollm2_path, tmp_path):
     """`brigade generate` takes PROMPT then MODEL; its errors say so, and spot the two swapped."""
     run = subprocess.run
     cmd = [*brigade_command(), "generate"]
-    missing = run([*cmd, "Hello"], capture_output=True, text=True, timeout=120)
+    no_set_up_model = {**os.environ, "BRIGADE_CACHE_DIR": str(tmp_path)}
+    missing = run([*cmd, "Hello"], capture_output=True, text=True, timeout=120, env=no_set_up_model)
     assert missing.returncode != 0
     assert "no model given" in missing.stderr and "brigade generate PROMPT MODEL" in missing.stderr
     swapped = run([*cmd, str(smollm2_path), "Hello"], capture_output=True, text=True, timeout=120)

@@ -127,7 +127,7 @@ def test_real_smollm2_matches_transformers(smollm2_path, hf_reference, paged_ste
         ref = hf_logits(hf_reference.model, prompt + [next_ids[i]])
         assert_logits_close(prefill[last[i]], ref[-2])
         assert_logits_close(decode[i], ref[-1])
-    # The greedy continuation MODEL.md records: " Paris".
+    # transformers' greedy continuation on these weights: " Paris".
     assert tok.decode([next_ids[0]]) == " Paris"
 
 

@@ -1,4 +1,4 @@
-"""Operator controls over real installs: BRIGADE_PLUGINS and BRIGADE_ENDPOINT_PLUGINS (DESIGN.md
+"""Operator controls over real installs: BRIGADE_PLUGINS and BRIGADE_ENDPOINT_PLUGINS (docs/plugins.md,
 "Operator controls"). Strict mode and unset-versus-empty are in test_book_ch13.py (Q1, Q2)."""
 
 from __future__ import annotations

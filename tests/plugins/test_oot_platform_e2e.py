@@ -1,6 +1,6 @@
 """The example out-of-tree platform runs the real engine end to end on the CPU: installed with pip,
 detected through its entry point, it picks its own worker class, block size and attention backend, and
-greedy output matches what the model says on the core CPU platform (MODEL.md)."""
+greedy output matches what the model says on the core CPU platform."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Plugins in every process: workers started by fork and by spawn see the general and platform plugins,
-and the API-only groups stay out of engine processes (DESIGN.md "Entry-point groups")."""
+and the API-only groups stay out of engine processes (docs/plugins.md, "Entry-point groups")."""
 
 from __future__ import annotations
 

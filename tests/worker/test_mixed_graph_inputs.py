@@ -1,8 +1,8 @@
 """The mixed-step graphs' input staging (``MixedGraphs``): a step of any mix goes into the persistent buffers
 padded to the graph's token and request counts (padding tokens slot -1, padding requests query length 0 and
-seq_len 0), with the same values as a plain transfer. Built on
-the CPU (no graph is captured); the padded layout end to end is tests/engine/test_mixed_graph_layout.py, the
-replay on a GPU tests/cuda/test_engine_gpu.py."""
+seq_len 0), with the same values as a plain transfer. Built on the CPU (no graph is captured); the padded
+layout end to end is in tests/engine/test_greedy_equality.py (``pad_mixed_steps``), the replay on a GPU in
+tests/cuda/test_engine_gpu.py."""
 
 from __future__ import annotations
 

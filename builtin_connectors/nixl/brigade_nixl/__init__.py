@@ -1,1 +1,1 @@
-"""brigade-nixl: the ``NixlConnector`` KV connector, prefill/decode disaggregation through NIXL READs (book ch. 9)."""
+"""brigade-nixl: the ``NixlConnector`` KV connector, prefill/decode disaggregation through NIXL READs."""

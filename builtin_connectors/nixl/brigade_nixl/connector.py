@@ -1,4 +1,4 @@
-"""NixlConnector: prefill/decode disaggregation between Brigade instances through NIXL READs (book ch. 9).
+"""NixlConnector: prefill/decode disaggregation between Brigade instances through NIXL READs.
 
 The producer (``kv_producer``), once a request's prompt is computed, copies the KV of its full prompt blocks into
 a host staging pool (``BlockPool``) registered with its NIXL agent, and answers consumers on a side channel

@@ -1,1 +1,1 @@
-"""brigade-shm: the ``SharedMemoryConnector`` KV connector, prefill/decode disaggregation on one host (book ch. 9)."""
+"""brigade-shm: the ``SharedMemoryConnector`` KV connector, prefill/decode disaggregation on one host."""

@@ -1,4 +1,4 @@
-"""SharedMemoryConnector: prefill/decode disaggregation between Brigade instances on one host (book ch. 9).
+"""SharedMemoryConnector: prefill/decode disaggregation between Brigade instances on one host.
 
 The producer (``kv_producer``), once a request's prompt is computed, saves the KV of its full prompt blocks to a
 ``KVBlockStore`` (files under ``kv_connector_extra_config["path"]``, by default ``/dev/shm/brigade-kv``). The

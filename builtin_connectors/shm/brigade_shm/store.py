@@ -2,10 +2,11 @@
 
 A block's file is named by its chained key (``brigade.kv_transfer.extend_block_keys``, shared with the other
 connectors): the sha256 of the parent block's key and the block's token ids, the first block's parent being a seed
-made of the engine's ``KVCacheLayout`` key and the request's ``cache_salt`` (the prefix cache's chaining, book
-ch. 12, but with a fixed seed, so that two processes agree). A key thus names the whole prefix up to its block, for
-one model, dtype and block layout; engines of another layout never find each other's files. The file also records the layout, the key and a CRC-32 of the data, checked on every read,
-so a truncated, corrupt or misplaced file is refused (``StoreEntryError``) instead of loaded.
+made of the engine's ``KVCacheLayout`` key and the request's ``cache_salt`` (vLLM v1's chained block hash of the
+prefix cache, but with a fixed seed, so that two processes agree). A key thus names the whole prefix up to its
+block, for one model, dtype and block layout; engines of another layout never find each other's files. The file also
+records the layout, the key and a CRC-32 of the data, checked on every read, so a truncated, corrupt or misplaced
+file is refused (``StoreEntryError``) instead of loaded.
 
 Writes are atomic: a temporary file in the same directory, then ``os.replace``. The files stay until removed:
 this version evicts nothing (clear the directory, or mount a size-limited tmpfs).

@@ -1,4 +1,4 @@
-"""The cuda platform and its side-effect-free detector (book ch. 13).
+"""The cuda platform and its side-effect-free detector.
 
 Detection must not create a CUDA context or even initialise the CUDA driver in the detecting process:
 EngineCore and workers may ``fork`` afterwards, and a forked child cannot use a driver its parent

@@ -1,4 +1,4 @@
-"""The rocm platform: AMD GPUs through a HIP build of PyTorch (book ch. 13).
+"""The rocm platform: AMD GPUs through a HIP build of PyTorch.
 
 A HIP build exposes AMD GPUs through ``torch.cuda`` with device type "cuda" and speaks RCCL through
 torch.distributed's "nccl" backend, so only detection and the visibility variable differ from CUDA.

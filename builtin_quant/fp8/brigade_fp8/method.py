@@ -1,6 +1,6 @@
 """Fp8LinearMethod: a linear layer whose weight is stored as FP8 (e4m3) with per-output-channel scales.
 
-Online quantization (book ch. 11, "quantification à la volée"): the layer first holds the
+Online quantization (vLLM's ``fp8`` method on an unquantized checkpoint): the layer first holds the
 checkpoint's weight in the model dtype, so the ordinary HF shard loaders fill it; once every
 tensor is loaded, ``process_weights_after_loading`` quantizes it and frees the original, halving
 the weight memory versus bf16 (quartering it versus fp32).

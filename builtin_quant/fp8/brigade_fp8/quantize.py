@@ -4,9 +4,8 @@
 is 448. Scaling each output row by ``amax(row) / 448`` uses the whole range for every channel, so a
 value in the normal range (``|w| >= 2**-6 * scale``) is stored with a relative error of at most
 ``2**-4`` (half a unit in the last of 3 mantissa bits); smaller values fall into the subnormals,
-whose absolute error is at most ``2**-10 * scale``. Scheme: the "dynamic" FP8 weight quantization
-of the book's quantization chapter (ch. 11) and of Micikevicius et al., "FP8 Formats for Deep
-Learning" (2022).
+whose absolute error is at most ``2**-10 * scale``. Scheme: the "dynamic" per-channel FP8 weight
+quantization of vLLM's ``fp8`` method and of Micikevicius et al., "FP8 Formats for Deep Learning" (2022).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The attention-backend interface that every backend (reference, Triton, vendor) implements (book ch. 5, 6).
+"""The attention-backend interface that every backend (reference, Triton, vendor) implements.
 
 The model runner builds one AttentionMetadata per step. Each attention layer calls its backend's
 ``forward``, which first writes the step's new K/V into the paged cache through ``slot_mapping`` and

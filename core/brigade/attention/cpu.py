@@ -1,4 +1,4 @@
-"""The CPU attention backend: the reference backend with its decode route compiled (book ch. 5, 6).
+"""The CPU attention backend: the reference backend with its decode route compiled.
 
 Prefill routes are the reference backend's (PyTorch SDPA over the step's own K/V, or over the gathered
 context). Decode rows, most of a CPU step's attention time, go to ``csrc/cpu_attention.c``, which reads

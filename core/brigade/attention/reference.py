@@ -1,4 +1,4 @@
-"""The reference attention backend: plain PyTorch over the paged KV cache (book ch. 5, 6).
+"""The reference attention backend: plain PyTorch over the paged KV cache.
 
 It is the CPU path and the correctness oracle for the fast kernels. A step's requests take one of three
 routes, each a few batched PyTorch calls per layer rather than one per request:

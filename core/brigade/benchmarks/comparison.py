@@ -26,7 +26,7 @@ RATIO_METRICS = ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s")
 class Comparison:
     """Per system: the figures of its median round (by output tok/s) and, with repeats, every round."""
 
-    requests: list[SampleRequest]  # round 0's requests
+    requests: list[SampleRequest]  # the first round's requests
     engine_config: object
     results: dict[str, dict] = field(default_factory=dict)
     ratios: dict[str, float | None] = field(default_factory=dict)

@@ -1,7 +1,8 @@
 """Online serving benchmark: Poisson arrivals of streaming ``/v1/completions`` requests against a server.
 
 Each request sends its prompt as token ids with ``ignore_eos`` and ``max_tokens = output_len``, streams
-the answer (SSE) and notes the arrival time of every chunk. From those times (book ch. 14, "outil bench"):
+the answer (SSE) and notes the arrival time of every chunk. From those times (the metrics of
+``vllm bench serve``):
 
 * **TTFT**: request sent -> first chunk carrying a choice (prefill plus queueing);
 * **ITL**: gaps between successive chunks (decode stability; a chunk may carry more than one token
@@ -9,8 +10,8 @@ the answer (SSE) and notes the arrival time of every chunk. From those times (bo
 * **TPOT**: ``(e2e - TTFT) / (output tokens - 1)`` per request, the token count from the stream's usage;
 * **E2EL**: request sent -> ``[DONE]``.
 
-Client overhead is kept low as the book advises: chunks are decoded into typed msgspec structs holding
-only ``choices`` and ``usage``, and prompts are sent as prebuilt token-id lists.
+Client overhead is kept low, so that it does not count in the figures: chunks are decoded into typed msgspec
+structs holding only ``choices`` and ``usage``, and prompts are sent as prebuilt token-id lists.
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""Engine-side state: requests, the KV block pool and its manager, and the scheduler (book ch. 2, 4)."""
+"""Engine-side state: requests, the KV block pool and its manager, and the scheduler."""

@@ -1,4 +1,4 @@
-"""Chained block hashes for prefix caching (book ch. 12).
+"""Chained block hashes for prefix caching.
 
 The hash of block i covers block i's tokens, the hash of block i-1, and extra keys (the LoRA adapter's name
 and id, and the ``cache_salt`` on the first block only). Chaining makes a hit on block i imply a hit on every

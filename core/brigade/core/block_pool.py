@@ -1,6 +1,6 @@
 """BlockPool: the fixed set of KV blocks, their free queue in eviction order, and the prefix-cache index.
 
-Blocks live for the whole engine; only their ``ref_cnt`` and ``block_hash`` change (book ch. 2, 4, 12).
+Blocks live for the whole engine; only their ``ref_cnt`` and ``block_hash`` change.
 A block whose ``ref_cnt`` drops to 0 goes to the tail of the free queue but keeps its hash, so a later
 request with the same prefix can take it back ("touch") until it is evicted from the head.
 """

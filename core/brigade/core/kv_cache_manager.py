@@ -1,4 +1,4 @@
-"""KVCacheManager: per-request block tables on top of the BlockPool, and prefix-cache lookups (book ch. 4, 12).
+"""KVCacheManager: per-request block tables on top of the BlockPool, and prefix-cache lookups.
 
 The scheduler asks it two questions: how many of a new request's tokens are already in the cache
 (``get_computed_blocks``), and whether a request can get slots for N more tokens (``allocate_slots``).
@@ -45,7 +45,7 @@ class KVCacheManager:
         """Longest cached prefix of a request that holds no blocks.
 
         At most ``num_tokens - 1`` tokens count as hits, so at least one token is computed and the step
-        yields logits to sample from (book ch. 4, Q2).
+        yields logits to sample from.
 
         Returns:
             (blocks, num_computed_tokens): the hit blocks (not yet referenced) and the tokens they cover.
@@ -76,7 +76,7 @@ class KVCacheManager:
                        num_new_computed_tokens: int = 0, num_external_tokens: int = 0) -> list[KVCacheBlock] | None:
         """Make room for ``num_new_tokens`` more tokens of ``request``.
 
-        The block table then covers, in order (book ch. 4, vLLM's layout)::
+        The block table then covers, in order (vLLM's layout)::
 
             | computed | new_computed (local hits) | external (a KV connector loads them) | new (computed) |
 

@@ -1,7 +1,7 @@
 """Request: the EngineCore's record of one request, with vLLM v1's single model of token accounting.
 
-There is no prefill or decode phase: each step moves ``num_computed_tokens`` towards ``num_tokens``
-(book ch. 2, 4). ``num_tokens`` counts prompt plus output tokens; the request is "decoding" exactly when
+There is no prefill or decode phase: each step moves ``num_computed_tokens`` towards ``num_tokens``.
+``num_tokens`` counts prompt plus output tokens; the request is "decoding" exactly when
 one token remains to compute.
 """
 

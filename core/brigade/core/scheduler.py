@@ -1,4 +1,4 @@
-"""Scheduler: continuous batching at the level of single steps (book ch. 4).
+"""Scheduler: continuous batching at the level of single steps.
 
 Each step it gives every running request, then waiting ones, a number of new tokens within the token
 budget (``max_num_batched_tokens``) and ``max_num_seqs``. Prefill chunks and decodes mix freely: a request
@@ -10,7 +10,7 @@ request whose adapter would make more than ``max_loras`` distinct adapters among
 drop after an unload. A request the runner could not run (its adapter's evicted weights cannot be read again)
 comes back in ``ModelRunnerOutput.failed_req_ids`` and is finished as aborted.
 
-Speculative decoding (``--speculative-config``, book ch. 12): after a step, ``update_from_output`` asks the
+Speculative decoding (``--speculative-config``): after a step, ``update_from_output`` asks the
 n-gram proposer (``brigade.spec_decode``) for draft tokens of each running request; the next ``schedule``
 gives a decoding request with drafts 1 + k tokens (drafts capped by the token budget, max_tokens and
 max_model_len) and KV slots for all of them, and sends the drafts down in
@@ -19,7 +19,7 @@ max_model_len) and KV slots for all of them, and sends the drafts down in
 hashes are only published for tokens in ``all_token_ids`` (never drafts), so the prefix cache never holds a
 rejected token.
 
-KV connector (``--kv-transfer-config``, book ch. 9): the scheduler-role connector (``brigade.kv_transfer``) is
+KV connector (``--kv-transfer-config``): the scheduler-role connector (``brigade.kv_transfer``) is
 asked, for each waiting request being admitted, how many tokens beyond the local prefix-cache hit an external
 store holds; those tokens get blocks and count as computed, the connector is told which blocks
 (``update_state_after_alloc``), and its per-step metadata rides in ``SchedulerOutput.kv_connector_metadata`` to

@@ -1,4 +1,4 @@
-"""SchedulerOutput: what the scheduler tells the model runner to compute in one step (book ch. 4, 5).
+"""SchedulerOutput: what the scheduler tells the model runner to compute in one step.
 
 It sends diffs: full data for requests the runner has not seen (new or resumed after preemption), and
 only new block ids for requests it already holds. The runner appends sampled tokens to its own copy of
@@ -59,9 +59,9 @@ class SchedulerOutput:
     grammar_bitmask: np.ndarray | None = None
     # Speculative decoding: draft tokens d1..dk of each decoding request that has some. Such a request is
     # scheduled for 1 + k tokens ([last sampled token, d1..dk]); the runner verifies the drafts and returns
-    # the accepted ones plus one token (book ch. 12).
+    # the accepted ones plus one token.
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
-    # KV connector (--kv-transfer-config, book ch. 9): what the worker-role connector loads before this step's
+    # KV connector (--kv-transfer-config): what the worker-role connector loads before this step's
     # forward pass and saves after it (the connector's own KVConnectorMetadata subclass); None without one.
     kv_connector_metadata: KVConnectorMetadata | None = None
 

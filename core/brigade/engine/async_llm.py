@@ -1,4 +1,4 @@
-"""AsyncLLM: the API server's asynchronous handle on an EngineCore process (book ch. 3).
+"""AsyncLLM: the API server's asynchronous handle on an EngineCore process.
 
 ``generate()`` is an async iterator of RequestOutputs per request. One background task reads every
 step's outputs from the engine, runs the output processor, and feeds each request's queue; stat

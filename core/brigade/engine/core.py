@@ -1,4 +1,4 @@
-"""EngineCore: the busy loop's body. One ``step()`` is schedule, execute, update (book ch. 1, 4).
+"""EngineCore: the busy loop's body. One ``step()`` is schedule, execute, update.
 
 It lives in its own process behind ZMQ when serving (engine/core_proc.py), or in the caller's process
 for the offline LLM class. Either way it sees only EngineCoreRequest messages and returns
@@ -190,7 +190,7 @@ class EngineCore:
             self.structured_output_manager.wait_for_compiles(timeout_s=0.05)
 
     def _step_overlapped(self) -> EngineCoreOutputs:
-        """Launch step N+1, then finish step N while the device runs it (book ch. 4, asynchronous scheduling).
+        """Launch step N+1, then finish step N while the device runs it (asynchronous scheduling).
 
         The scheduler counts step N's samples as placeholders, so it can plan N+1 before their values are
         known; stop conditions are therefore applied one step late and a finished request may compute one

@@ -1,4 +1,4 @@
-"""AsyncMPClient: the front end's side of the ZMQ link to an EngineCore process (book ch. 3).
+"""AsyncMPClient: the front end's side of the ZMQ link to an EngineCore process.
 
 It binds an input PUSH socket and an output PULL socket in a private temporary directory, spawns the
 EngineCore process, and waits for it to report ready (or its start-up error).

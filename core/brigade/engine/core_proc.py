@@ -1,4 +1,4 @@
-"""The EngineCore process: a busy loop fed and drained over ZMQ by two I/O threads (book ch. 1, 3).
+"""The EngineCore process: a busy loop fed and drained over ZMQ by two I/O threads.
 
 Sockets carry msgspec-encoded messages. The front end binds both sockets; this process connects. The
 loop blocks only when no request is in flight, so an idle engine costs nothing and a busy one never

@@ -1,4 +1,4 @@
-"""Incremental detokenization and stop strings (book ch. 7).
+"""Incremental detokenization and stop strings.
 
 Text is decoded token by token with tokenizers' DecodeStream, which buffers partial UTF-8 sequences.
 Stop strings are searched only in the window the new text can complete, and a stream holds back the

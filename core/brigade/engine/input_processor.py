@@ -1,4 +1,4 @@
-"""InputProcessor: the front end's turn from a user prompt to EngineCoreRequests (book ch. 3).
+"""InputProcessor: the front end's turn from a user prompt to EngineCoreRequests.
 
 It tokenizes, validates every parameter against the model (so a bad request is refused before it is
 queued), turns bad words into token ids, and fans ``n > 1`` out into one engine request per sequence.

@@ -1,4 +1,4 @@
-"""Typed messages between the front end (API server or LLM) and the EngineCore process (book ch. 1, 3).
+"""Typed messages between the front end (API server or LLM) and the EngineCore process.
 
 They are msgspec structs with ``array_like=True, omit_defaults=True``: they cross a ZMQ socket once
 per request and once per step, so they encode as compact arrays without field names or default values.
@@ -81,7 +81,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
 
 
 class SpecDecodingStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """Speculative decoding counters of one step (vLLM's ``SpecDecodingStats``; book ch. 12).
+    """Speculative decoding counters of one step (vLLM's ``SpecDecodingStats``).
 
     A "draft" is one request's drafts verified in one step; per_pos[i] counts drafts whose token i was accepted.
     """

@@ -1,4 +1,4 @@
-"""OutputProcessor: turns each step's EngineCoreOutputs into RequestOutputs for users (book ch. 3, 7).
+"""OutputProcessor: turns each step's EngineCoreOutputs into RequestOutputs for users.
 
 Per sequence it detokenizes, applies stop strings (asking the engine to abort the sequence when one
 matches), converts logprobs, and records timing. Per request it joins the n sequences back together

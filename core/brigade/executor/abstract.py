@@ -1,4 +1,4 @@
-"""The Executor interface: the EngineCore's only handle on the workers (book ch. 1, 8)."""
+"""The Executor interface: the EngineCore's only handle on the workers."""
 
 from __future__ import annotations
 

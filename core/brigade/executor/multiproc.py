@@ -1,4 +1,4 @@
-"""MultiprocExecutor: one worker process per device, driven over pipes with typed commands (book ch. 8).
+"""MultiprocExecutor: one worker process per device, driven over pipes with typed commands.
 
 Workers start with ``fork`` or ``spawn`` (``BRIGADE_WORKER_MULTIPROC_METHOD``, default spawn). Each
 worker process loads the general and platform plugins itself, so plugin code works in both (it must be

@@ -1,4 +1,4 @@
-"""KV transfer between instances (book ch. 9): the connector contract and its lookup in the plugin registry.
+"""KV transfer between instances: the connector contract and its lookup in the plugin registry.
 
 Connectors come from plugins (``register_kv_connectors``); the core only knows ``KVConnectorBase``. The engine
 core makes the scheduler-role instance, each model runner the worker-role one, both by the name given in

@@ -1,4 +1,4 @@
-"""The KV connector contract: moving KV blocks between Brigade instances (book ch. 9, vLLM's KVConnectorBase_V1).
+"""The KV connector contract: moving KV blocks between Brigade instances (vLLM's KVConnectorBase_V1).
 
 A connector class is registered by a plugin (``register_kv_connectors``) and instantiated twice per engine, once
 per role:
@@ -135,7 +135,7 @@ class KVConnectorBase(ABC):
         At the call, ``request.num_computed_tokens`` is the local prefix-cache hit; the external tokens (if
         ``num_external_tokens`` > 0) are the ``num_external_tokens`` tokens right after it, and ``block_ids`` is
         the request's whole block table. Whether to load is decided by ``num_external_tokens``, never by whether
-        there are blocks (book ch. 9).
+        there are blocks.
         """
 
     @abstractmethod

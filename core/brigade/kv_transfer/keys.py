@@ -1,4 +1,4 @@
-"""Block keys shared by KV connectors: a chained sha256 per full block of a request's tokens (book ch. 9, 12).
+"""Block keys shared by KV connectors: a chained sha256 per full block of a request's tokens.
 
 A block's key is the sha256 of its parent block's key and its token ids (int64, little-endian), the first block's
 parent being a seed made of the engine's ``KVCacheLayout`` key and the request's ``cache_salt``: the prefix

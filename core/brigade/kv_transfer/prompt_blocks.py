@@ -1,4 +1,4 @@
-"""Scheduler-role bookkeeping shared by connectors that save whole prompt blocks (book ch. 9).
+"""Scheduler-role bookkeeping shared by connectors that save whole prompt blocks.
 
 A producer connector saves the KV of a request's full prompt blocks once its prompt is computed. To know which
 blocks, the scheduler-role instance tracks each producer request's block table as the scheduler grows it, and the

@@ -1,4 +1,4 @@
-"""Loading and checking PEFT LoRA adapters (book ch. 12; Hu et al. 2021, arXiv:2106.09685).
+"""Loading and checking PEFT LoRA adapters (Hu et al. 2021, arXiv:2106.09685).
 
 An adapter folder holds ``adapter_config.json`` (``r``, ``lora_alpha``, ``target_modules`` as a list of
 projection names, or as PEFT's string: "all-linear" or a regex matched against ``model.layers.{i}.{block}.

@@ -1,4 +1,4 @@
-"""The LoRA delta inside a linear layer, for a batch mixing adapters (book ch. 12; punica, S-LoRA).
+"""The LoRA delta inside a linear layer, for a batch mixing adapters (punica, S-LoRA).
 
 Every adapted layer holds ``max_loras`` weight slots, stacked and zero-padded to the largest rank, and
 all of them share one ``LoRABatch``: a one-hot ``[tokens, max_loras]`` mask saying which slot each token's

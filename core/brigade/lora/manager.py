@@ -1,4 +1,4 @@
-"""LoRAManager: the model runner's adapters and weight slots (book ch. 12: vLLM's LoRAModelManager).
+"""LoRAManager: the model runner's adapters and weight slots (after vLLM's LoRAModelManager).
 
 The scheduler guarantees that a step holds at most ``max_loras`` distinct adapters; this class decides
 *how* they run: which slot each one occupies (an adapter stays in its slot across steps, and the slot used

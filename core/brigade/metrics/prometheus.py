@@ -1,4 +1,4 @@
-"""PrometheusStatLogger: publishes engine statistics as ``brigade:`` metrics mirroring vLLM's names (API.md).
+"""PrometheusStatLogger: publishes engine statistics as ``brigade:`` metrics mirroring vLLM's names.
 
 Each logger owns its CollectorRegistry (no process-global registry), so several apps or tests in one
 process never collide. Counters follow Prometheus naming: ``brigade:prompt_tokens`` is exposed as

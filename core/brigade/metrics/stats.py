@@ -1,4 +1,4 @@
-"""Front-end statistics of one engine step, and the base class of stat loggers (book ch. 3)."""
+"""Front-end statistics of one engine step, and the base class of stat loggers."""
 
 from __future__ import annotations
 

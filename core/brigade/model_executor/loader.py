@@ -1,4 +1,4 @@
-"""Model loading: read the HF config, pick the architecture's class, build it on the device, fill its weights (book ch. 11).
+"""Model loading: read the HF config, pick the architecture's class, build it on the device, fill its weights.
 
 The class comes from the model registry (``brigade.plugins.registries.models``), so plugin packages
 can add or override architectures. Weights come from the directory's safetensors files (streamed,

@@ -1,4 +1,4 @@
-"""Weight utilities: parameter attributes, the default weight loader, checkpoint readers, dummy weights (book ch. 11).
+"""Weight utilities: parameter attributes, the default weight loader, checkpoint readers, dummy weights.
 
 Parameters carry the metadata their loader needs as plain attributes set by ``set_weight_attrs``:
 

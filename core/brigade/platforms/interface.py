@@ -1,4 +1,4 @@
-"""The Platform interface: one class per kind of hardware (book ch. 13).
+"""The Platform interface: one class per kind of hardware.
 
 A platform plugin's detector returns a Platform subclass or None, with no side effects (it must not
 create a CUDA context). The chosen class is used through class methods; it holds no per-process state.
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 class Platform:
     """Hardware facts and hooks the core asks about; subclasses override the class attributes.
 
-    Three device-id namespaces (book ch. 13):
+    Three device-id namespaces:
       * logical: the index torch uses inside this process (0 .. number of visible devices - 1);
       * visible: the entry of ``device_control_env_var`` (e.g. CUDA_VISIBLE_DEVICES) at that index;
       * physical: the id of the device on the host. Visible ids are physical ids for NVIDIA and AMD.

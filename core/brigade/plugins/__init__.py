@@ -1,4 +1,4 @@
-"""Brigade's plugin framework: hook specs, entry-point loading, registries and platform choice (book ch. 13).
+"""Brigade's plugin framework: hook specs, entry-point loading, registries and platform choice.
 
 The core uses three names::
 

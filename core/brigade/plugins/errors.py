@@ -1,4 +1,4 @@
-"""Errors of the plugin framework: loading failures, registry conflicts and unknown names (book ch. 13)."""
+"""Errors of the plugin framework: loading failures, registry conflicts and unknown names."""
 
 from __future__ import annotations
 

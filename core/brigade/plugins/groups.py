@@ -1,4 +1,4 @@
-"""Entry-point groups, the processes that load each, and discovery through importlib.metadata (book ch. 13).
+"""Entry-point groups, the processes that load each, and discovery through importlib.metadata.
 
 Group and process boundary together decide the load scope:
 

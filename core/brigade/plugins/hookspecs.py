@@ -2,7 +2,7 @@
 
 Every hook is keyword-only and contributes things through a ``register`` callable that the host
 validates at registration time (the llm/datasette style). The core calls each plugin's registration
-hooks once per process at startup; nothing here runs on the per-step hot path (book ch. 13).
+hooks once per process at startup; nothing here runs on the per-step hot path.
 
 A plugin declares the major version it was built for as a module attribute::
 
@@ -112,7 +112,7 @@ def register_kv_connectors(register: RegisterComponent) -> None:
     Args:
         register: ``register(name, connector_cls, *, override=False)``; the class or ``"module:Attr"``, a subclass
             of ``brigade.kv_transfer.KVConnectorBase``, instantiated once per role (scheduler, worker) as
-            ``connector_cls(kv_transfer_config, role, kv_cache_layout)`` (book ch. 9).
+            ``connector_cls(kv_transfer_config, role, kv_cache_layout)``.
 
     Returns:
         None. Not firstresult: every implementation runs.
@@ -164,7 +164,7 @@ def register_stat_loggers(register: RegisterComponent) -> None:
 
 @hookspec
 def register_logits_processors(register: RegisterComponent) -> None:
-    """Contribute logits processors the sampler may apply (book ch. 7).
+    """Contribute logits processors the sampler may apply.
 
     Args:
         register: ``register(name, processor_cls, *, override=False)``; the class or ``"module:Attr"``.

@@ -1,5 +1,5 @@
 """IO processors: plugins that turn a task-specific request body into prompts, and the finished outputs
-into a task-specific response (book ch. 13, section III). They run in the API process only.
+into a task-specific response. They run in the API process only.
 
 Selection: ``--io-processor-plugin NAME`` wins; otherwise the model's HF config may name one in an
 ``io_processor_plugin`` field; otherwise the model needs none.

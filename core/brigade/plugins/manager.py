@@ -1,5 +1,5 @@
 """The plugin manager: discovers entry points, applies the allowlists, registers plugins with pluggy and
-fills the registries, once per process (book ch. 13).
+fills the registries, once per process.
 
 Loading is idempotent and re-entrant: each group is marked loaded *before* its plugins load (so a
 failure is not retried and a plugin that calls back into ``load`` does not recurse), and a lock guards

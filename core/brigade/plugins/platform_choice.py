@@ -1,4 +1,4 @@
-"""Platform resolution: which registered platform this process runs on, and why (book ch. 13).
+"""Platform resolution: which registered platform this process runs on, and why.
 
 Rules, in order:
   1. ``BRIGADE_PLATFORM=NAME`` forces NAME; only its detector runs, and it must detect its hardware.

@@ -1,4 +1,4 @@
-"""The operator's plugin controls, read from the environment once per load (book ch. 13, Q1 and Q2).
+"""The operator's plugin controls, read from the environment once per load.
 
 ``BRIGADE_PLUGINS`` and ``BRIGADE_ENDPOINT_PLUGINS`` distinguish unset from empty on purpose: unset means
 "not configured" (load everything, or for endpoints: nothing, with one warning), while an empty string

@@ -1,4 +1,4 @@
-"""The sampler package: per-step sampling metadata, logits processors and the Sampler (book ch. 7)."""
+"""The sampler package: per-step sampling metadata, logits processors and the Sampler."""
 
 from brigade.sample.logits_processors import (BUILTIN_LOGITS_PROCESSORS, LogitsProcessor,
                                               validate_logits_processor_params)

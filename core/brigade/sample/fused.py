@@ -1,5 +1,5 @@
 """A platform's fused sampler for plain batches: one pass over the logits instead of the Sampler's chain of
-tensor ops (book ch. 7; the draw is the exponential race of ``sample/topk_topp.py``).
+tensor ops (the draw is the exponential race of ``sample/topk_topp.py``).
 
 A batch is *plain* when every row is greedy, or every row is random with nothing but a temperature: no
 logprobs, masks, grammar, logits processors (logit_bias, min_tokens, min_p, plugins), penalties, top-k/top-p

@@ -1,4 +1,4 @@
-"""Logits processors: per-batch transforms of the logits, built from the rows' SamplingParams (book ch. 7).
+"""Logits processors: per-batch transforms of the logits, built from the rows' SamplingParams.
 
 Each processor class says whether it is argmax-invariant. Those that are not (logit_bias, min_tokens,
 allowed tokens, bad words) can change the greedy pick, so the Sampler runs them before the greedy

@@ -1,4 +1,4 @@
-"""LogprobsTensors: top-k log-probabilities of the raw logits and the sampled token's rank (book ch. 7).
+"""LogprobsTensors: top-k log-probabilities of the raw logits and the sampled token's rank.
 
 Logprobs come from the raw model logits, before penalties, temperature or any processor, so what the
 user sees is the model's own distribution (vLLM v1's contract, unlike v0).

@@ -1,4 +1,4 @@
-"""SamplingMetadata: the batched, per-step sampling state the stateless Sampler reads (book ch. 7).
+"""SamplingMetadata: the batched, per-step sampling state the stateless Sampler reads.
 
 The Sampler is created once per engine while the batch changes every step, so all per-batch state is
 built here, outside it (vLLM v1's "stateless Sampler + external metadata"). Building runs every step:

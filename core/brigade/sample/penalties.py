@@ -1,7 +1,7 @@
-"""Penalties: the repetition (CTRL) and presence/frequency (OpenAI) adjustments of the logits (book ch. 7).
+"""Penalties: the repetition (CTRL) and presence/frequency (OpenAI) adjustments of the logits.
 
 Both run before the greedy shortcut and before temperature, so that a penalty means the same thing at
-every temperature and greedy requests honour it too (book ch. 7, Q1).
+every temperature and greedy requests honour it too.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """RejectionSampler: verifies draft tokens against the target model's distribution (speculative decoding).
 
 Speculative sampling (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding",
-arXiv:2211.17192; Chen et al. 2023, arXiv:2302.01318; book ch. 12): a request with drafts d_1..d_k ran the
+arXiv:2211.17192; Chen et al. 2023, arXiv:2302.01318): a request with drafts d_1..d_k ran the
 k + 1 tokens [last token, d_1..d_k] through the model in one pass, so row j of its logits is the target
 distribution p_{j+1} of the token after d_j (row 0: after the last token). For j = 1..k in order:
 

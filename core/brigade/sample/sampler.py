@@ -1,6 +1,6 @@
-"""Sampler: turns a step's logits into one token id per request, in the order of book ch. 7.
+"""Sampler: turns a step's logits into one token id per request, in vLLM v1's sampler order.
 
-Order (DESIGN.md "Sampler order"; the order is the semantics):
+Order (the order is the semantics):
   1. logprobs from the raw logits;          2. cast to fp32;
   3. masks: allowed tokens, bad words, grammar bitmask;
   4. processors that are not argmax-invariant (logit_bias, min_tokens, plugins);
@@ -64,7 +64,7 @@ class TargetLogits:
 
 
 class Sampler(nn.Module):
-    """Stateless sampler: all per-batch state comes in the SamplingMetadata (book ch. 7).
+    """Stateless sampler: all per-batch state comes in the SamplingMetadata.
 
     Args:
         extra_logits_processors: processor classes contributed by plugins. Built-in classes in it are
@@ -139,7 +139,7 @@ class Sampler(nn.Module):
             logits = apply_grammar_bitmask(logits, metadata.grammar_bitmask)
         # (4) Processors that can change the argmax.
         logits = self._apply_processors(logits, metadata, self.non_argmax_invariant_processors)
-        # (5) Penalties, before the greedy pick and before temperature (book ch. 7, Q1).
+        # (5) Penalties, before the greedy pick and before temperature.
         if metadata.penalties is not None:
             logits = apply_penalties(logits, metadata.penalties)
         return logits

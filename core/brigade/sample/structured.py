@@ -1,4 +1,4 @@
-"""Structured output seam: apply an xgrammar-style token bitmask to the logits (book ch. 7).
+"""Structured output seam: apply an xgrammar-style token bitmask to the logits.
 
 The grammar state machine advances on the CPU (xgrammar, wired elsewhere); each step it fills an int32
 bitmask of shape [B, ceil(V/32)] in which bit j of word w allows token 32*w + j. The Sampler applies it

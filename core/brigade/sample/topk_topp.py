@@ -1,4 +1,4 @@
-"""Top-k / top-p truncation and the sync-free random draw of the Sampler (book ch. 7).
+"""Top-k / top-p truncation and the sync-free random draw of the Sampler.
 
 One sort-based implementation serves the whole batch: rows that do not use top-k carry k = V and rows
 that do not use top-p carry p = 1, which keep every token.

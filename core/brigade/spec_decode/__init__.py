@@ -1,4 +1,4 @@
-"""Speculative decoding (book ch. 12): proposers of draft tokens. Verification is the model runner's
+"""Speculative decoding: proposers of draft tokens. Verification is the model runner's
 rejection sampler (``brigade.sample.rejection_sampler``)."""
 
 from brigade.spec_decode.ngram import NgramProposer

@@ -1,7 +1,7 @@
 """NgramProposer: draft tokens by prompt lookup (n-gram matching), as vLLM v1's ``ngram`` method.
 
 Prompt lookup decoding (A. Saxena, 2023, github.com/apoorvumang/prompt-lookup-decoding; vLLM's
-``NgramProposer``; book ch. 12): find the longest suffix of the request's tokens (prompt plus output), of
+``NgramProposer``): find the longest suffix of the request's tokens (prompt plus output), of
 ``min_n`` to ``max_n`` tokens, that also occurs earlier in those tokens, and propose the up to ``k`` tokens
 that followed its most recent earlier occurrence. It needs no draft model; it pays off when the output
 copies from the context (quoting, code edits, lists, repetition).

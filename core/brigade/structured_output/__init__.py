@@ -1,4 +1,4 @@
-"""Structured output: grammar constraints (JSON schema, regex, choice, EBNF) through xgrammar (book ch. 7)."""
+"""Structured output: grammar constraints (JSON schema, regex, choice, EBNF) through xgrammar."""
 
 from brigade.structured_output.manager import StructuredOutputManager
 from brigade.structured_output.spec import GrammarSpec, validate_structured_outputs

@@ -1,4 +1,4 @@
-"""RequestGrammar: one request's grammar state machine, advanced on the CPU by accepted tokens (book ch. 7).
+"""RequestGrammar: one request's grammar state machine, advanced on the CPU by accepted tokens.
 
 The matcher's state is the set of tokens it has accepted, so it stays valid across preemption: a
 recomputed request re-runs its prompt and outputs through the model but never re-feeds the matcher.

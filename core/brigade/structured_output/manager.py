@@ -1,4 +1,4 @@
-"""StructuredOutputManager: grammars compiled off the scheduling loop, one bitmask per step (book ch. 7).
+"""StructuredOutputManager: grammars compiled off the scheduling loop, one bitmask per step.
 
 It lives in the EngineCore next to the scheduler. A request with a constraint gets its grammar compiled
 in a thread pool (xgrammar releases the GIL while compiling), so the busy loop keeps stepping the other

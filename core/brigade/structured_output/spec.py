@@ -1,6 +1,6 @@
 """GrammarSpec: one request's output constraint in a canonical, hashable form, and its xgrammar Grammar.
 
-The same conversion serves two processes (book ch. 7, "sortie structurée"): the front end builds the
+The same conversion serves two processes: the front end builds the
 Grammar once to refuse a bad schema, regex or EBNF with a 400 before anything is queued (cheap: no
 tokenizer is involved), and the EngineCore builds it again in a worker thread and compiles it against
 the model's vocabulary. The canonical text is the compile cache key, so identical constraints sent with

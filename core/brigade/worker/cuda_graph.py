@@ -1,4 +1,4 @@
-"""Decode CUDA graphs: capture the forward pass at fixed batch sizes, replay with padded batches (book ch. 10).
+"""Decode CUDA graphs: capture the forward pass at fixed batch sizes, replay with padded batches.
 
 A decode step launches hundreds of small kernels; replaying a captured graph turns them into one launch.
 Graphs need fixed shapes and fixed addresses, so every input lives in a persistent buffer sized for the
@@ -167,8 +167,8 @@ class DecodeGraphs:
                 self.graphs[size, bucket] = graph
             # The LM head runs after the replay, outside the graph (a variant without programmatic dependent
             # launch, with the head's own tile): compile it for this many rows now, not under the first step of
-            # this size while serving (bench 5, Llama-3.1-8B shape: one compile while serving without this in
-            # session 11's call EE, none with it in call EF).
+            # this size while serving (the serve benchmark on the Llama-3.1-8B shape logged one such compile
+            # without this, none with it).
             self.model.compute_logits(self.hidden[size, self.buckets[size][-1]])
         torch.cuda.synchronize(self.device)
         logger.info("captured %d %s CUDA graphs (batch sizes %d..%d) in %.1f s, %.2f GiB", len(self.graphs),
@@ -252,7 +252,7 @@ def default_mixed_sizes(max_num_batched_tokens: int, level: int) -> list[int]:
 
 class MixedGraphs:
     """Full CUDA graphs of mixed steps: prefills, prefill chunks, decodes and draft tokens together, in any
-    mix, one graph per padded token count (book ch. 10; vLLM's FULL CUDA-graph mode).
+    mix, one graph per padded token count (vLLM's FULL CUDA-graph mode).
 
     Decode graphs cover steps of one token per request; every other step launches each kernel from Python,
     and below a few hundred tokens that launching, not the GPU, sets the step time (a prompt arriving while

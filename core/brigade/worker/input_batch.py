@@ -1,4 +1,4 @@
-"""The model runner's per-request state and the flat inputs it builds for one step (book ch. 5).
+"""The model runner's per-request state and the flat inputs it builds for one step.
 
 Requests are laid out back to back in the token dimension, decodes (one new token) first, so the
 attention metadata can split decode and prefill work by a single count.
@@ -171,7 +171,7 @@ class HostToDevice:
     Each array starts at a multiple of ``ALIGN_BYTES`` in its buffer. Triton specializes a kernel on
     whether each pointer is 16-byte aligned, so offsets that followed the step's token and request counts
     compiled new kernel variants in the middle of serving (an inter-token stall of about a second for every
-    running request, seen in the H200 serve benchmark of session 6).
+    running request, seen in the serve benchmark on an H200).
     """
 
     ALIGN_BYTES = 64

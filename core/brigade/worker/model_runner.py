@@ -1,4 +1,4 @@
-"""ModelRunner: turns a SchedulerOutput into one forward pass and one sampling call (book ch. 5).
+"""ModelRunner: turns a SchedulerOutput into one forward pass and one sampling call.
 
 It keeps its own copy of every scheduled request (token ids, block table, sampler state) and updates it
 from the scheduler's diffs. It decides *how* to run the batch, never *who* runs.
@@ -86,7 +86,7 @@ class ModelRunner:
             self._init_lora(lora_config)
 
     def _init_lora(self, lora_config) -> None:
-        """Give the model's projections LoRA slots and load the --lora-modules adapters (book ch. 12)."""
+        """Give the model's projections LoRA slots and load the --lora-modules adapters."""
         from brigade.lora.manager import LoRAManager
         from brigade.lora.request import lora_module_requests
         from brigade.worker.cuda_graph import default_capture_sizes
@@ -282,7 +282,7 @@ class ModelRunner:
 
         With ``overlap`` it returns as soon as the work is queued on the device: a SampledTokens whose
         ``get()`` waits for the tokens (a ReadyOutput when the step samples nothing). The next step may then be prepared and launched first; its inputs
-        take those tokens straight from the device (book ch. 4, 5: asynchronous scheduling).
+        take those tokens straight from the device (vLLM v1's asynchronous scheduling).
 
         A scheduled request on a LoRA adapter whose evicted host weights cannot be read again is left out of
         the step and named in the output's ``failed_req_ids`` (the scheduler aborts it); the others run.
@@ -416,7 +416,7 @@ class ModelRunner:
     def _verify_drafts(self, scheduler_output: SchedulerOutput, order: list[str], sampling_req_ids: list[str],
                        logits: torch.Tensor) -> ModelRunnerOutput:
         """Speculative decoding: verify the drafts with the rejection sampler and emit each sampling request's
-        accepted drafts plus one token (book ch. 12). ``logits`` holds 1 + k rows per request with k drafts
+        accepted drafts plus one token. ``logits`` holds 1 + k rows per request with k drafts
         (``build_step_inputs``), one per other sampling request. The runner's copies get the emitted tokens
         and roll ``num_computed_tokens`` back over the rejected drafts, as the scheduler does.
 
@@ -512,7 +512,7 @@ class ModelRunner:
 
         The hidden state at position p scores prompt token p + 1; a chunk covering positions [c, c + n)
         yields rows for tokens c + 1 .. min(c + n, num_prompt_tokens - 1). Column 0 is the prompt token
-        (its rank from the raw logits, like sampled logprobs, book ch. 7), then the top ``prompt_logprobs``.
+        (its rank from the raw logits, like sampled logprobs), then the top ``prompt_logprobs``.
         Logits are made PROMPT_LOGPROBS_ROWS at a time so a long prompt never holds [T, vocab] at once.
         Called before num_computed_tokens moves past the chunk.
         """

@@ -1,4 +1,4 @@
-"""Split-KV paged decode attention (flash-decoding) in Triton (book ch. 6; Dao et al., "Flash-Decoding
+"""Split-KV paged decode attention (flash-decoding) in Triton (Dao et al., "Flash-Decoding
 for long-context inference", 2023).
 
 A decode request has one query token per head but a long context. One program per
@@ -38,7 +38,7 @@ LOG2E = 1.4426950408889634
 # Values that change from step to step outside the CUDA graphs (the split count, and with it the strides of the
 # split buffers; the block table's width) are not specialized: Triton would compile a variant for each of 1,
 # multiples of 16 and the rest the first time each appears, a stall of about a second for every running request.
-# (stride_mid_h is the split count: a 16-split step while serving compiled a variant for 0.29 s, session 8.)
+# (stride_mid_h is the split count: a 16-split step while serving compiled a variant for 0.29 s on an H200.)
 @triton.jit(do_not_specialize=["num_splits", "stride_bt_r", "stride_mid_r", "stride_mid_h"])
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,

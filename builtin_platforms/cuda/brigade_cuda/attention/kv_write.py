@@ -1,4 +1,4 @@
-"""The KV-cache write kernel: scatter this step's K/V rows into the paged cache by slot (book ch. 6).
+"""The KV-cache write kernel: scatter this step's K/V rows into the paged cache by slot.
 
 This is the Triton counterpart of vLLM's ``reshape_and_cache_flash``: one program per new token reads
 its flat slot from ``slot_mapping`` and copies the token's ``[num_kv_heads, head_size]`` K and V rows

@@ -1,4 +1,4 @@
-"""Varlen paged prefill attention in Triton, flash-attention style (book ch. 6; Dao et al.,
+"""Varlen paged prefill attention in Triton, flash-attention style (Dao et al.,
 "FlashAttention-2", 2023).
 
 One program per ``(prefill request, query head, BLOCK_M query rows)`` streams the request's keys and

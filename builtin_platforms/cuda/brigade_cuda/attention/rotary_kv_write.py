@@ -1,4 +1,4 @@
-"""Rotary embedding fused with the KV-cache write: one kernel where a layer used to launch two (book ch. 6, 10).
+"""Rotary embedding fused with the KV-cache write: one kernel where a layer used to launch two.
 
 A batch-1 decode step of an 8B model is ~350 tiny kernels per token, and every kernel boundary costs a
 launch and the predecessor's drain (``brigade_cuda/pdl.py`` hides part of it, fusion removes it). Each

@@ -1,5 +1,5 @@
 """Varlen paged attention for a whole mixed prefill/decode step in one launch whose grid depends only on the
-padded token and request counts (book ch. 6 for the algorithm, ch. 10 for CUDA graphs; Dao, "FlashAttention-2",
+padded token and request counts, so a CUDA graph can capture it (Dao, "FlashAttention-2",
 2023; the request lookup and GQA packing follow the idea of vLLM's Triton "unified attention" kernel).
 
 One program per ``(global query block, kv head)``. Request ``r`` owns the global query blocks from
@@ -306,9 +306,9 @@ def varlen_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     graph captured for one ``(T, num_reqs)`` replays correctly for any step of that padded shape after its
     device tensors are refilled. A request with a one-block query (a decode) and a long context is split into
     up to ``split.max_splits`` chunks merged in the same launch (the grid holds ``split.extra`` more programs).
-    FlashAttention-2 (Dao, 2023) tiles with an online softmax; the book's
-    chapter 6; GQA heads packed into the tile rows and the request found by binary search over
-    ``query_start_loc``, after vLLM's Triton unified-attention kernel. See the module docstring.
+    FlashAttention-2 (Dao, 2023) tiles with an online softmax; GQA heads packed into the tile rows and the request
+    found by binary search over ``query_start_loc``, after vLLM's Triton unified-attention kernel. See the module
+    docstring.
 
     Args:
         query: [T, num_heads, head_size] fp16/bf16/fp32, last dimension contiguous; T may include padded

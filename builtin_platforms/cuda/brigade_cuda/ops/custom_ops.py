@@ -1,4 +1,4 @@
-"""Binds the Triton ops to the model layers' ``CustomOp`` seam for the "cuda" device type (book ch. 11),
+"""Binds the Triton ops to the model layers' ``CustomOp`` seam for the "cuda" device type,
 and the skinny GEMM / one-row GEMV (with SiLU-and-mul folded into the down projection, the RMSNorm into the
 qkv and gate/up projections and the residual adds into the epilogues) to the dense-GEMM seam of unquantized
 linear layers (``BRIGADE_CUDA_SKINNY_GEMM=0`` keeps cuBLAS everywhere; ``BRIGADE_CUDA_GEMV=0`` keeps the

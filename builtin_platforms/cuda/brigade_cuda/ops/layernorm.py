@@ -1,5 +1,5 @@
-"""RMSNorm and fused residual-add RMSNorm in Triton (Zhang & Sennrich 2019; the fusion is book ch. 11's
-"one pass over memory" custom op).
+"""RMSNorm and fused residual-add RMSNorm in Triton (Zhang & Sennrich 2019; the fusion is vLLM's
+``fused_add_rms_norm`` custom op: one pass over memory).
 
 One program per token row. The row is read once, the residual sum is written back in place, and the
 normalized row is written over ``x``: a decoder layer's ``x + residual -> norm`` costs two reads and

@@ -77,7 +77,7 @@ def choose_split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: 
     qkv from 45 to 34 us, split 4 o_proj from 33 to 25 and down_proj from 100 to 65. For Llama-3.1-8B decode on an
     H200 (132 SMs) it gives down_proj (K 14336, N 4096: 128 tiles of 32 columns) 4, o_proj (4096 x 4096) 4 and qkv
     (6144 columns) 2; gate_up (28672 columns) stays at 1. brigade-gptq passes ``min_k`` 8192: its kernel gained
-    from split-K only on down_proj's tall K (session 12, call FE, one row: 74 -> 51 us at split 4), and lost at
+    from split-K only on down_proj's tall K (one row: 74 -> 51 us at split 4), and lost at
     K 4096 (qkv 32 -> 40 us at split 2, o_proj 26 -> 44-101 us at split 4; eager ``do_bench`` timings).
     """
     if m > 16 or k < min_k:

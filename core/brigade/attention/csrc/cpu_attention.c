@@ -1,5 +1,5 @@
 /*
- * Paged decode attention for the CPU (book ch. 5-6): one query token per request, K/V read in place
+ * Paged decode attention for the CPU: one query token per request, K/V read in place
  * through the block table (no gather copy), online softmax over the request's blocks (Milakov &
  * Gimelshein 2018, "Online normalizer calculation for softmax"), fp32 accumulation.
  *

@@ -34,7 +34,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--url", type=server_url, default="http://127.0.0.1:8000/v1",
                         help="the server's address or /v1 base URL; /v1 is added to an address without a path "
                              "(default %(default)s)")
-    parser.add_argument("--model", default=None, help="model name (default: the server's first model)")
+    parser.add_argument("--model", default=None,
+                        help="model name (default: the server's first model; ./scripts/serve.sh serves the set-up's "
+                             "SmolLM2-135M-Instruct)")
     parser.add_argument("--api-key", default=os.environ.get("BRIGADE_API_KEY", "EMPTY"),
                         help="Bearer key for /v1 (default: $BRIGADE_API_KEY)")
     parser.add_argument("--system-prompt", default=None, help="a system message opening the conversation")

@@ -1,9 +1,9 @@
 """Engine flags shared by ``brigade serve``, ``generate`` and ``bench``, and their turn into a BrigadeConfig.
 
-Flag names and defaults follow vLLM's (API.md). Plugin-backed flags (``--quantization``,
-``--attention-backend``, ``--kv-transfer-config``'s connector, ``--io-processor-plugin``) are checked
-against what the installed plugins registered, which is why plugins load before the CLI parses
-(DESIGN.md). A bad value becomes one ConfigError line naming the flag and what would be right.
+Flag names and defaults follow ``vllm serve``'s. Plugin-backed flags (``--quantization``, ``--attention-backend``,
+``--kv-transfer-config``'s connector, ``--io-processor-plugin``) are checked against what the installed plugins
+registered, which is why plugins load before the CLI parses. A bad value becomes one ConfigError line naming the
+flag and what would be right.
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from brigade.cache_paths import DEFAULT_MODEL_NAME, default_model, default_model_dir
 from brigade.config import (BrigadeConfig, CacheConfig, CompilationConfig, ConfigError, KVTransferConfig,
                             LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig)
 from brigade.tokenizer import TOKENIZER_FILES, check_model_has_tokenizer
@@ -44,7 +46,9 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
     parser.set_defaults(**{_CHOICES_DEST: choices})
     m = parser.add_argument_group("model")
     if positional_model:
-        m.add_argument("model_tag", nargs="?", metavar="MODEL", help="HF-format model directory")
+        m.add_argument("model_tag", nargs="?", metavar="MODEL",
+                       help=f"HF-format model directory (default: the {DEFAULT_MODEL_NAME} that scripts/setup.sh "
+                            "built)")
     m.add_argument("--model", help="HF-format model directory (same as the positional MODEL)")
     m.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
     m.add_argument("--trust-remote-code", action="store_true",
@@ -131,9 +135,13 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
 def model_path(args: argparse.Namespace) -> str:
     """The model directory of parsed engine flags (MODEL or --model).
 
+    With neither, the model that ``scripts/setup.sh`` built (``brigade.cache_paths.default_model``) when it
+    exists: one line on stderr says so, and ``args.model`` is set to it, so later calls (and the flags
+    ``bench serve --launch`` passes on) name it without saying so again.
+
     Raises:
-        ConfigError: none given, both given and different, or it does not exist; the message shows the
-            command's own usage (``brigade bench latency MODEL``).
+        ConfigError: none given and no set-up model, both given and different, or it does not exist; the
+            message shows the command's own usage (``brigade bench latency MODEL``).
     """
     positional, flag = getattr(args, "model_tag", None), args.model
     if positional and flag and positional != flag:
@@ -156,7 +164,12 @@ def model_path(args: argparse.Namespace) -> str:
         if command == "generate" and isinstance(prompt, str) and os.path.isdir(prompt):
             raise ConfigError(f"the prompt {prompt!r} is a directory and no MODEL follows it: the prompt comes "
                               f"first ({usage}, or --model MODEL)")
-        raise ConfigError(f"no model given; pass an HF-format model directory: {usage} (or --model MODEL)")
+        default = default_model()
+        if default is None:
+            raise ConfigError(f"no model given; pass an HF-format model directory: {usage} (or --model MODEL), "
+                              f"or run ./scripts/setup.sh to build {DEFAULT_MODEL_NAME} in {default_model_dir()}")
+        print(f"no model given: using the set-up's {DEFAULT_MODEL_NAME} at {default}", file=sys.stderr, flush=True)
+        args.model = model = str(default)
     if not os.path.exists(model):
         prompt = getattr(args, "prompt", None)
         if command == "generate" and isinstance(prompt, str) and os.path.isdir(prompt):

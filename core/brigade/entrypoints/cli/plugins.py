@@ -1,5 +1,5 @@
 """`brigade plugins`: every installed plugin with its distribution, group, scope, hooks and status, and
-the active platform with the reason it was chosen (DESIGN.md, "The plugin contract").
+the active platform with the reason it was chosen (docs/plugins.md).
 
 The CLI's ``main`` calls ``load_plugins("api")`` before building its parser, so plugin-backed flags can
 list their choices (``plugin_choices``); this command then only reads the records.

@@ -1,4 +1,4 @@
-"""``brigade serve MODEL``: start the OpenAI-compatible server (flags as in vLLM, API.md)."""
+"""``brigade serve MODEL``: start the OpenAI-compatible server (flags as in ``vllm serve``; docs/server.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""The OpenAI-compatible HTTP server: a FastAPI app over an AsyncLLM, served by uvicorn (book ch. 3).
+"""The OpenAI-compatible HTTP server: a FastAPI app over an AsyncLLM, served by uvicorn.
 
 The API server process only parses, renders chat templates, tokenizes and streams; the EngineCore runs
-in its own process behind AsyncLLM, so no route ever waits on model work (DESIGN.md). Routes follow
-API.md: /v1/completions, /v1/chat/completions, /v1/models and /v1/models/{id} (API key checked on /v1/*), and /health,
+in its own process behind AsyncLLM, so no route ever waits on model work. Routes (docs/server.md):
+/v1/completions, /v1/chat/completions, /v1/models and /v1/models/{id} (API key checked on /v1/*), and /health,
 /version, /tokenize, /detokenize, /metrics. With ``--enable-lora`` and BRIGADE_ALLOW_RUNTIME_LORA_UPDATING, also
 vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter. Endpoint plugins the operator allowed are mounted
 last. CORS preflights are answered with vLLM's defaults (any origin, method and header; no credentials).

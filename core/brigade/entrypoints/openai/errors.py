@@ -1,4 +1,4 @@
-"""Errors of the OpenAI-compatible server and the handlers that give every error OpenAI's shape (API.md).
+"""Errors of the OpenAI-compatible server and the handlers that give every error OpenAI's shape.
 
 Every error body is ``{"error": {"message", "type", "param", "code"}}``. Status codes: 400 for a bad
 parameter (``param`` names it; FastAPI's 422 is never used), 401 for a bad API key, 404 for an unknown

@@ -1,6 +1,6 @@
 """Request bodies of the OpenAI-compatible API, as pydantic models (OpenAI fields plus vLLM's extras).
 
-The field names follow OpenAI's reference and vLLM's extra sampling parameters (API.md), so that OpenAI
+The field names follow OpenAI's reference and vLLM's extra sampling parameters, so that OpenAI
 SDK clients and vLLM clients send the same bodies here. Unknown fields are kept in ``model_extra`` so the
 server can warn about them instead of rejecting the request (vLLM's behaviour).
 

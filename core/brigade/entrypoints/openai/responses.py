@@ -1,4 +1,4 @@
-"""Response bodies and stream chunks of the OpenAI-compatible API, as pydantic models (API.md)."""
+"""Response bodies and stream chunks of the OpenAI-compatible API, as pydantic models."""
 
 from __future__ import annotations
 

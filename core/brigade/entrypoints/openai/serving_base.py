@@ -1,5 +1,5 @@
 """What every OpenAI route shares: model and health checks, tokenizing off the event loop, the length
-check made before queuing, and the mapping from request fields to SamplingParams (book ch. 3, 7)."""
+check made before queuing, and the mapping from request fields to SamplingParams."""
 
 from __future__ import annotations
 

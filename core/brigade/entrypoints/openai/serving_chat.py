@@ -1,9 +1,9 @@
 """POST /v1/chat/completions: messages, rendered by the tokenizer's chat template, to chat completions.
 
 The template is applied as text (``add_generation_prompt=True`` by default), then tokenized without
-special tokens, since the template writes them itself (book ch. 3, the renderer step). Streams send a
+special tokens, since the template writes them itself (the renderer step). Streams send a
 first chunk per choice whose delta has ``role: "assistant"``, then content deltas; the last content
-chunk carries ``finish_reason`` (API.md). Tools and tool_choice are served by tool_calls.py.
+chunk carries ``finish_reason``. Tools and tool_choice are served by tool_calls.py.
 """
 
 from __future__ import annotations

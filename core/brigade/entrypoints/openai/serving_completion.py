@@ -1,7 +1,7 @@
 """POST /v1/completions: prompts (text, token ids, or a batch of either) to text_completion responses.
 
 Each prompt of a batch is one engine request; choice ``index`` is ``prompt_index * n + i`` as in OpenAI.
-Streams use DELTA outputs and end with an optional usage chunk, then ``[DONE]`` (API.md).
+Streams use DELTA outputs and end with an optional usage chunk, then ``[DONE]``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``POST /pooling``: requests translated by the model's IO-processor plugin (book ch. 13, section III).
+"""``POST /pooling``: requests translated by the model's IO-processor plugin.
 
 Mounted only when an IO processor is selected (``--io-processor-plugin`` or the model config). The
 plugin turns the body into prompts and sampling parameters, every prompt runs concurrently, and the

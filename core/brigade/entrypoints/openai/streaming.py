@@ -1,9 +1,9 @@
 """Server-sent events, iterator merging and client-disconnect handling for the OpenAI routes.
 
-Disconnects must reach the engine: a request whose client went away is aborted, so its KV blocks go back
-to the pool (DESIGN.md invariant). Starlette cancels a streaming body when the client disconnects; the
-cleanup code below runs under a shielded cancel scope, because anyio re-delivers a cancellation at every
-``await`` inside a cancelled scope and an unshielded ``await engine.abort(...)`` would never run.
+Disconnects must reach the engine: a request whose client went away is aborted, so its KV blocks go back to the pool
+(an invariant the robustness tests check). Starlette cancels a streaming body when the client disconnects; the
+cleanup code below runs under a shielded cancel scope, because anyio re-delivers a cancellation at every ``await``
+inside a cancelled scope and an unshielded ``await engine.abort(...)`` would never run.
 """
 
 from __future__ import annotations

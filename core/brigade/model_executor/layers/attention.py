@@ -1,4 +1,4 @@
-"""The Attention layer: the model's handle on the paged-attention backend (book ch. 5, 6).
+"""The Attention layer: the model's handle on the paged-attention backend.
 
 The layer knows its index in the model and nothing about batching. Per step it reshapes the flat
 projections to heads and calls its backend with its own KV cache, ``ctx.kv_caches[layer_idx]``,

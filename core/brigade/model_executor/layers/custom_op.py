@@ -1,4 +1,4 @@
-"""CustomOp: a model op with a portable PyTorch forward and per-device fast implementations (book ch. 11).
+"""CustomOp: a model op with a portable PyTorch forward and per-device fast implementations.
 
 The seam, for platform and kernel authors
 -----------------------------------------

@@ -1,4 +1,4 @@
-"""LinearMethod and QuantizationConfig: the seam through which quantization plugins change linear layers (book ch. 11).
+"""LinearMethod and QuantizationConfig: the seam through which quantization plugins change linear layers.
 
 A linear layer does not own its weight format. It asks its ``LinearMethod`` to create the parameters
 (``create_weights``), to finish them once the checkpoint is read (``process_weights_after_loading``:

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2) over the paged-attention interface (book ch. 5).
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2) over the paged-attention interface.
 
 One code path serves the three architectures; they differ only in config values:
 
