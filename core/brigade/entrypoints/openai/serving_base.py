@@ -371,14 +371,33 @@ class OpenAIServing:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.tokenizer_executor, lambda: fn(*args, **kwargs))
 
-    async def tokenize(self, text: str, *, add_special_tokens: bool) -> list[int]:
+    def require_tokenizer(self, what: str, param: str | None, instead: str) -> None:
+        """Refuse what needs text when the server runs without a tokenizer (``--skip-tokenizer-init``).
+
+        Raises:
+            OpenAIError: 400 naming ``param``: "``what`` needs the tokenizer ...; ``instead``".
+        """
+        if self.tokenizer is None:
+            raise OpenAIError.bad_param(f"{what} needs the tokenizer, and this server runs without one "
+                                        f"(--skip-tokenizer-init); {instead}", param)
+
+    async def tokenize(self, text: str, *, add_special_tokens: bool, param: str = "prompt") -> list[int]:
+        """``text``'s token ids, on the tokenizer thread.
+
+        Raises:
+            OpenAIError: 400 naming ``param`` when the server has no tokenizer (send token ids instead).
+        """
+        self.require_tokenizer("a text prompt", param, "send the prompt as token ids")
         return await self.run_tokenizer(
             lambda: self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def decode_token(self, token_id: int, logprob: Logprob | None = None) -> str:
-        """The text of one token, for logprobs (the detokenizer's text when it sent one)."""
+        """The text of one token, for logprobs (the detokenizer's text when it sent one); ``token_id:N`` on a
+        server without a tokenizer, as vLLM writes a token it returns as an id."""
         if logprob is not None and logprob.decoded_token is not None:
             return logprob.decoded_token
+        if self.tokenizer is None:
+            return f"token_id:{token_id}"
         return self.tokenizer.decode([token_id])
 
     def prompt_logprobs(self, result: PromptResult) -> list[dict[int, PromptLogprob] | None] | None:
@@ -400,8 +419,9 @@ class OpenAIServing:
             structured_outputs: a constraint that replaces the request's own (a forced tool call's),
                 already validated.
         Raises:
-            OpenAIError: 400 naming the field that is out of range or not supported yet; a schema, regex
-                or grammar that xgrammar rejects is refused here, before anything is queued.
+            OpenAIError: 400 naming the field that is out of range or not supported yet (stop strings and
+                bad_words on a server without a tokenizer); a schema, regex or grammar that xgrammar rejects
+                is refused here, before anything is queued.
         """
         if structured_outputs is None:
             structured_outputs = self.structured_outputs(request)
@@ -412,6 +432,10 @@ class OpenAIServing:
                  if getattr(request, k) is not None}
         fields = {**self.generation_defaults, **given}
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+        if stop:  # matched against the generated text, which a server without a tokenizer does not have
+            self.require_tokenizer("stop (strings)", "stop", "use stop_token_ids")
+        if request.bad_words:
+            self.require_tokenizer("bad_words", "bad_words", "ban single tokens with logit_bias -100 instead")
         try:
             params = SamplingParams(
                 n=request.n, seed=request.seed, max_tokens=max_tokens, min_tokens=request.min_tokens,
