@@ -1,7 +1,8 @@
 """``brigade bench {throughput,latency,serve}``: vLLM-style benchmarks with an HF transformers peer.
 
 Each subcommand takes the engine flags of ``brigade serve`` (``add_engine_args``), prints a table and
-writes one JSON record (brigade.benchmarks.results) to ``benchmarks/results/`` or ``--output-json``.
+writes one JSON record (brigade.benchmarks.results) to ``--output-json``, or else under the cache directory
+(``$BRIGADE_CACHE_DIR/bench/``, default ``~/.cache/brigade/bench/``).
 docs/benchmarks.md gives the commands and measured numbers.
 """
 
@@ -220,7 +221,8 @@ def _add_dataset_args(parser: argparse.ArgumentParser, *, input_len: int, output
 
 def _add_output_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-json", default=None,
-                        help="where to write the JSON record (default: benchmarks/results/<timestamp>-<kind>.json)")
+                        help="where to write the JSON record (default: $BRIGADE_CACHE_DIR/bench/<timestamp>-<kind>.json, "
+                             "$BRIGADE_CACHE_DIR defaulting to ~/.cache/brigade)")
 
 
 def _one_line_config_errors(run, parser: argparse.ArgumentParser):
