@@ -36,7 +36,8 @@ from brigade.entrypoints.openai.routes import (mount_endpoint_plugins, mount_gen
                                                mount_io_processor, mount_model_routes, mount_system_routes)
 from brigade.entrypoints.openai.runtime_lora import (RUNTIME_LORA_ENV, TRUE_VALUES, mount_runtime_lora,
                                                      runtime_lora_updating)
-from brigade.entrypoints.openai.serving_base import load_generation_defaults, max_token_chars
+from brigade.entrypoints.openai.generation_defaults import load_generation_defaults
+from brigade.entrypoints.openai.serving_base import max_token_chars
 from brigade.entrypoints.openai.serving_chat import OpenAIServingChat
 from brigade.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from brigade.entrypoints.openai.serving_tokenize import OpenAIServingTokenization

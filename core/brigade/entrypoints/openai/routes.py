@@ -17,7 +17,7 @@ from brigade.entrypoints.openai.openapi import json_body
 from brigade.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                                  TokenizeRequest)
 from brigade.entrypoints.openai.responses import ModelCard, ModelList
-from brigade.entrypoints.openai.serving_base import parse_request
+from brigade.entrypoints.openai.request_body import parse_request
 from brigade.entrypoints.openai.serving_chat import OpenAIServingChat
 from brigade.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from brigade.entrypoints.openai.serving_tokenize import OpenAIServingTokenization

@@ -15,7 +15,7 @@ from brigade.engine.async_llm import AsyncLLM
 from brigade.entrypoints.openai.errors import OpenAIError
 from brigade.entrypoints.openai.openapi import json_body
 from brigade.entrypoints.openai.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
-from brigade.entrypoints.openai.serving_base import parse_request
+from brigade.entrypoints.openai.request_body import parse_request
 from brigade.lora.adapter import LoRAError, LoRANameError, UnknownLoRAError
 
 logger = logging.getLogger("brigade.server")

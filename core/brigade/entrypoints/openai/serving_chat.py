@@ -23,7 +23,8 @@ from brigade.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessa
 from brigade.entrypoints.openai.responses import (ChatChoice, ChatCompletionResponse, ChatCompletionStreamResponse,
                                                   ChatLogprobs, ChatLogprobToken, ChatResponseMessage,
                                                   ChatStreamChoice, ChatTopLogprob, DeltaMessage, UsageInfo)
-from brigade.entrypoints.openai.serving_base import OpenAIServing, PromptResult
+from brigade.entrypoints.openai.prompt_result import PromptResult
+from brigade.entrypoints.openai.serving_base import OpenAIServing
 from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_response, run_unless_disconnected,
                                                   shielded, sse_error_event, sse_event)
 from brigade.entrypoints.openai.tool_calls import (ToolPlan, ToolStream, make_tool_plan, parse_tool_calls,

@@ -18,7 +18,8 @@ from brigade.entrypoints.openai.errors import OpenAIError
 from brigade.entrypoints.openai.protocol import CompletionRequest
 from brigade.entrypoints.openai.responses import (CompletionChoice, CompletionLogprobs, CompletionResponse,
                                                   CompletionStreamResponse, UsageInfo)
-from brigade.entrypoints.openai.serving_base import OpenAIServing, PromptResult
+from brigade.entrypoints.openai.prompt_result import PromptResult
+from brigade.entrypoints.openai.serving_base import OpenAIServing
 from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_response, merge_async_iterators,
                                                   run_unless_disconnected, shielded, sse_error_event, sse_event)
 from brigade.entrypoints.openai.text_offsets import TextOffsets, prompt_offsets
