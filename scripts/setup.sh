@@ -10,7 +10,9 @@
 #      $BRIGADE_CACHE_DIR (default ~/.cache/brigade)/models/SmolLM2-135M-Instruct.
 #
 # Idempotent and fast once done: step 3 is skipped while a stamp of the inputs (this script, every
-# pyproject.toml involved, the Python version) is unchanged; step 4 is skipped once converted.
+# pyproject.toml involved, the Python version) is unchanged and every one of those distributions is still
+# installed (scripts/missing_packages.py: a `pip uninstall brigade-fp8` since is put back); step 4 is
+# skipped once converted.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -78,14 +80,23 @@ fi
 # 3. brigade + extras + local plugin packages, skipped while the stamp is current
 EDITABLES=(-e ".[$PIP_EXTRAS]")
 STAMP_INPUTS=("$ROOT/scripts/setup.sh" "$ROOT/pyproject.toml")
+PACKAGE_DIRS=("$ROOT")
 for dir in "${LOCAL_PACKAGES[@]}"; do
     if [[ -f "$dir/pyproject.toml" ]]; then
         EDITABLES+=(-e "$dir")
         STAMP_INPUTS+=("$ROOT/$dir/pyproject.toml")
+        PACKAGE_DIRS+=("$ROOT/$dir")
     fi
 done
 WANT_STAMP="$({ "$PY" --version; sha256sum "${STAMP_INPUTS[@]}"; } | sha256sum | cut -d' ' -f1)"
-if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT_STAMP" ]]; then
+MISSING=""
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT_STAMP" ]]; then
+    MISSING="$("$PY" "$ROOT/scripts/missing_packages.py" "${PACKAGE_DIRS[@]}")"
+    if [[ -n "$MISSING" ]]; then
+        log "not installed in .venv any more: $(echo $MISSING); reinstalling"
+    fi
+fi
+if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT_STAMP" || -n "$MISSING" ]]; then
     log "installing brigade[$PIP_EXTRAS] (editable) and $(( ${#EDITABLES[@]} / 2 - 1 )) local package(s)"
     # Keep the torch already installed: a plugin asking for a newer one must fail, not swap it.
     CONSTRAINTS="$(mktemp)"

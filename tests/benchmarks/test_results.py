@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
-from brigade.benchmarks.results import (build_record, jsonable, percentile, ratio, summarize, write_record)
+from brigade.benchmarks.results import (build_record, default_results_dir, jsonable, percentile, ratio, summarize,
+                                        write_record)
 from brigade.benchmarks.serve import arrival_delays
 
 
@@ -38,6 +40,23 @@ def test_records_are_strict_json(tmp_path):
     assert loaded["kind"] == "throughput" and loaded["results"]["brigade"]["mean"] is None
     assert loaded["ratios"]["a/b"] is None and loaded["command"] and loaded["argv"]
     assert jsonable((1, {"k": float("nan")})) == [1, {"k": None}]
+
+
+def test_records_go_under_the_cache_directory_unless_a_path_is_given(tmp_path, monkeypatch):
+    """Without --output-json a record lands in $BRIGADE_CACHE_DIR/bench (~/.cache/brigade/bench when unset),
+    never in the working directory (a source checkout, often)."""
+    workdir, cache = tmp_path / "checkout", tmp_path / "cache"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    monkeypatch.setenv("BRIGADE_CACHE_DIR", str(cache))
+    record = build_record("serve", device={}, benchmark_config={}, engine_config={}, results={})
+    path = write_record(record, None)
+    assert os.path.dirname(path) == str(cache / "bench") and path.endswith("-serve.json")
+    assert json.loads(open(path, encoding="utf-8").read())["kind"] == "serve"
+    assert list(workdir.iterdir()) == []
+    monkeypatch.delenv("BRIGADE_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_results_dir() == str(tmp_path / "home" / ".cache" / "brigade" / "bench")
 
 
 def test_poisson_arrivals_have_the_requested_mean_rate():

@@ -90,6 +90,19 @@ def test_bad_values_name_the_flag(smollm2_path, flags, expected):
 
 
 @pytest.mark.parametrize("flags,expected", [
+    (["-q", "fp9"], "--quantization 'fp9' is not installed; installed: fp8 (did you mean 'fp8'?)"),
+    (["--quantization", "FP8"], "(did you mean 'fp8'?)"),
+    (["--attention-backend", "refrence"], "installed: reference, triton (did you mean 'reference'?)"),
+    (["-q", "awq"], "--quantization 'awq' is not installed; installed: fp8"),  # nothing close: no guess
+])
+def test_a_mistyped_plugin_name_gets_a_did_you_mean(smollm2_path, flags, expected):
+    with pytest.raises(ConfigError) as info:
+        config_from_args(parse(str(smollm2_path), *flags))
+    message = str(info.value)
+    assert message.endswith(expected) and message.count("did you mean") == ("did you mean" in expected)
+
+
+@pytest.mark.parametrize("flags,expected", [
     (["-tp", "2"], "tensor/pipeline parallelism of 2 is not implemented yet"),
     (["-dp", "2"], "data parallelism of 2 is not implemented yet; run with -dp 1"),
     (["--distributed-executor-backend", "ray"], "--distributed-executor-backend ray is not available in this build"),

@@ -36,10 +36,15 @@ def test_table_lists_columns_and_the_active_platform_line():
     out = io.StringIO()
     assert args.run(args, out) == 0
     text = out.getvalue()
-    header = text.splitlines()[0].split()
-    assert header == ["NAME", "DISTRIBUTION", "GROUP", "SCOPE", "HOOKS", "STATUS"]
-    builtin_row = next(line for line in text.splitlines() if line.startswith("builtin "))
-    assert "general_plugins" in builtin_row and "attention_backends" in builtin_row
+    lines = text.splitlines()
+    assert lines[0].split() == ["NAME", "DISTRIBUTION", "STATUS"]
+    assert all(len(line) <= 100 for line in lines), [line for line in lines if len(line) > 100]
+    # A plugin's row, then its indented group, scope and hooks, up to the next plugin's row.
+    start = next(i for i, line in enumerate(lines) if line.startswith("builtin "))
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith(" "))
+    assert lines[start].split()[:4] == ["builtin", "brigade", "0.1.0", "loaded"]
+    block = " ".join(lines[start:end])
+    assert "group: general_plugins" in block and "attention_backends" in block
     assert "\nactive platform: " in text and "hook specs: 1.0" in text
 
 

@@ -12,6 +12,7 @@ import itertools
 import logging
 import math
 import os
+from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import torch
@@ -19,6 +20,7 @@ import torch
 from brigade.benchmarks import results as rec
 from brigade.benchmarks.comparison import release_memory
 from brigade.benchmarks.datasets import make_requests, prompt_vocab_size, random_requests, token_counts
+from brigade.benchmarks.serve import run_serve_benchmark, serve_metrics
 from brigade.config import ConfigError
 
 _SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": "off", "ignore_eos": True}
@@ -141,7 +143,7 @@ def run_throughput(args: argparse.Namespace) -> int:
 
 def run_latency(args: argparse.Namespace) -> int:
     """``brigade bench latency``; returns the exit status."""
-    from brigade.benchmarks.latency import BrigadeLatencyRunner, hf_latency_batch, latency_summary, run_iterations
+    from brigade.benchmarks.latency import BrigadeLatencyRunner, latency_summary, run_iterations
     from brigade.entrypoints.cli.engine_args import runnable_config_from_args
     from brigade.entrypoints.llm import LLM
     from brigade.model_executor.loader import get_hf_config
@@ -151,47 +153,25 @@ def run_latency(args: argparse.Namespace) -> int:
     platform = _platform()
     seed = 0 if args.seed is None else args.seed
     hf_config = get_hf_config(config.model_config.model, config.model_config.trust_remote_code)
-
-    def batch_maker(vocab: int):
-        counter = itertools.count()  # iteration k gets seed + k: fresh prompts, no prefix-cache hits
-        return lambda: random_requests(args.batch_size, args.input_len, args.output_len,
-                                       vocab_size=vocab, seed=seed + next(counter))
-
-    def report(phase: str, i: int, timing) -> None:
-        print(f"{phase} iteration {i + 1}: {timing.latency_s * 1000:.1f} ms", flush=True)
-
     llm = LLM.from_config(config)
     engine_config = llm.config
     try:
         runner = BrigadeLatencyRunner(llm.engine, platform.synchronize)
         vocab = prompt_vocab_size(hf_config.vocab_size, llm.get_tokenizer())
-        make = batch_maker(vocab)
+        make = _latency_batches(args, vocab, seed)
         timed = run_iterations(lambda: runner.run_batch(make()), num_warmup=args.num_iters_warmup,
-                               num_iters=args.num_iters, on_iteration=report)
+                               num_iters=args.num_iters, on_iteration=_report_iteration)
     finally:
         llm.engine.core.shutdown()
     del llm, runner
     release_memory(platform)
     results = {"brigade": {**latency_summary(timed, args.output_len), "load_average_after": rec.load_average()}}
     if args.hf_peer == "generate":
-        from brigade.benchmarks.hf_peer import load_hf_model
-
-        model = load_hf_model(config.model_config.model, dtype=_model_dtype(platform, config, hf_config),
-                              device=platform.device_for_rank(0), load_format=config.model_config.load_format,
-                              seed=seed, trust_remote_code=config.model_config.trust_remote_code)
-        make = batch_maker(vocab)
-        timed = run_iterations(lambda: hf_latency_batch(model, make(), synchronize=platform.synchronize),
-                               num_warmup=args.num_iters_warmup, num_iters=args.num_iters, on_iteration=report)
-        results["hf_generate"] = {**latency_summary(timed, args.output_len), "load_average_after": rec.load_average()}
-        del model
-        release_memory(platform)
+        results["hf_generate"] = _hf_latency(args, config, platform, hf_config, _latency_batches(args, vocab, seed),
+                                             seed)
+    _print_latency_table(args, results)
     ratios = {f"{peer}/brigade/{m}": rec.ratio(v[m]["mean"], results["brigade"][m]["mean"])
               for peer, v in results.items() if peer != "brigade" for m in ("latency_ms", "ttft_ms", "tpot_ms")}
-    rows = [[name] + [f"{v[m][s]:.2f}" for m in ("latency_ms", "ttft_ms", "tpot_ms") for s in ("mean", "median", "p99")]
-            for name, v in results.items()]
-    header = [""] + [f"{m} {s}" for m in ("latency", "ttft", "tpot") for s in ("mean", "median", "p99")]
-    _print_table(f"latency (ms): batch {args.batch_size}, {args.input_len} in / {args.output_len} out, "
-                 f"{args.num_iters} iterations", header, rows)
     bench = {"batch_size": args.batch_size, "input_len": args.input_len, "output_len": args.output_len,
              "num_iters_warmup": args.num_iters_warmup, "num_iters": args.num_iters, "seed": seed,
              "sampling": _SAMPLING, "hf_peer": args.hf_peer,
@@ -200,6 +180,42 @@ def run_latency(args: argparse.Namespace) -> int:
     record = rec.build_record("latency", device=rec.device_info(platform.device_type, platform.name),
                               benchmark_config=bench, engine_config=engine_config, results=results, ratios=ratios)
     return _finish(record, args.output_json)
+
+
+def _latency_batches(args: argparse.Namespace, vocab: int, seed: int):
+    """A maker of the timed batches: iteration k draws its random prompts with ``seed + k`` (fresh prompts, no
+    prefix-cache hits), so two makers give Brigade and the peer the same batches."""
+    counter = itertools.count()
+    return lambda: random_requests(args.batch_size, args.input_len, args.output_len, vocab_size=vocab,
+                                   seed=seed + next(counter))
+
+
+def _report_iteration(phase: str, i: int, timing) -> None:
+    print(f"{phase} iteration {i + 1}: {timing.latency_s * 1000:.1f} ms", flush=True)
+
+
+def _hf_latency(args: argparse.Namespace, config, platform, hf_config, make_batch, seed: int) -> dict:
+    """HF generate timed on the same batches as Brigade (loaded after Brigade freed its memory)."""
+    from brigade.benchmarks.hf_peer import load_hf_model
+    from brigade.benchmarks.latency import hf_latency_batch, latency_summary, run_iterations
+
+    model = load_hf_model(config.model_config.model, dtype=_model_dtype(platform, config, hf_config),
+                          device=platform.device_for_rank(0), load_format=config.model_config.load_format,
+                          seed=seed, trust_remote_code=config.model_config.trust_remote_code)
+    timed = run_iterations(lambda: hf_latency_batch(model, make_batch(), synchronize=platform.synchronize),
+                           num_warmup=args.num_iters_warmup, num_iters=args.num_iters, on_iteration=_report_iteration)
+    summary = {**latency_summary(timed, args.output_len), "load_average_after": rec.load_average()}
+    del model
+    release_memory(platform)
+    return summary
+
+
+def _print_latency_table(args: argparse.Namespace, results: dict) -> None:
+    rows = [[name] + [f"{v[m][s]:.2f}" for m in ("latency_ms", "ttft_ms", "tpot_ms") for s in ("mean", "median", "p99")]
+            for name, v in results.items()]
+    header = [""] + [f"{m} {s}" for m in ("latency", "ttft", "tpot") for s in ("mean", "median", "p99")]
+    _print_table(f"latency (ms): batch {args.batch_size}, {args.input_len} in / {args.output_len} out, "
+                 f"{args.num_iters} iterations", header, rows)
 
 
 # ---- serve -------------------------------------------------------------------------------------------
@@ -237,16 +253,40 @@ def _server_facts(base_url: str, api_key: str | None,
 
 def run_serve(args: argparse.Namespace, serve_engine_argv: list[str]) -> int:
     """``brigade bench serve``; ``serve_engine_argv`` are the engine flags to launch the server with."""
-    from brigade.benchmarks.launcher import ServerProcess
-    from brigade.benchmarks.serve import run_serve_benchmark, serve_metrics
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
+    seed = 0 if args.seed is None else args.seed
+    requests = _serve_requests(args, seed)
+    api_key = args.api_key or os.environ.get("BRIGADE_API_KEY") or None
+    run = _serve_run(args, serve_engine_argv, requests, api_key, seed)
+    metrics = {**serve_metrics(run.results, run.duration_s), "load_average_after": rec.load_average()}
+    rows = [[name] + [f"{metrics[name][s]:.2f}" for s in ("mean", "median", "p99")]
+            for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")]
+    _print_table(f"serve: {metrics['completed']}/{metrics['num_requests']} requests in {run.duration_s:.2f} s, "
+                 f"{metrics['requests_per_s']:.2f} req/s, {metrics['output_tokens_per_s']:.1f} output tok/s, "
+                 f"{metrics['total_tokens_per_s']:.1f} total tok/s", ["", "mean", "median", "p99"], rows)
+    num_prompt, num_output = token_counts(requests)
+    bench = {"dataset": args.dataset, **_used_lengths(args),
+             "num_prompts": args.num_prompts, "seed": seed,
+             "request_rate": "inf" if math.isinf(args.request_rate) else args.request_rate,
+             "max_concurrency": args.max_concurrency, "num_prompt_tokens": num_prompt, "num_output_tokens": num_output,
+             "sampling": _SAMPLING, "base_url": args.base_url, "launched": args.launch, "model_name": run.model_name,
+             "server_version": run.server_version}
+    platform = _platform()
+    record = rec.build_record("serve", device=rec.device_info(platform.device_type, platform.name),
+                              benchmark_config=bench, engine_config=run.engine_config, results={"brigade": metrics})
+    status = _finish(record, args.output_json)
+    return status if metrics["failed"] == 0 else 1
+
+
+def _serve_requests(args: argparse.Namespace, seed: int) -> list:
+    """The request set of ``bench serve``: token-id prompts over the model's vocabulary (its config.json, and its
+    tokenizer unless ``--skip-tokenizer-init``), cut to the model's length for sharegpt-like."""
     from brigade.entrypoints.cli.engine_args import check_tokenizer_dir, model_path
     from brigade.model_executor.loader import get_hf_config
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     model_dir = model_path(args)  # its config.json gives the vocabulary of the token-id prompts
     if args.tokenizer is not None and not args.skip_tokenizer_init:
         check_tokenizer_dir(args.tokenizer)
-    seed = 0 if args.seed is None else args.seed
     hf_config = get_hf_config(model_dir, args.trust_remote_code)
     max_len = args.max_model_len or getattr(hf_config, "max_position_embeddings", None)
     tokenizer = None
@@ -256,47 +296,46 @@ def run_serve(args: argparse.Namespace, serve_engine_argv: list[str]) -> int:
 
         tokenizer = get_tokenizer(ModelConfig(model=model_dir, tokenizer=args.tokenizer,
                                               trust_remote_code=args.trust_remote_code))
-    requests = make_requests(args.dataset, args.num_prompts, input_len=args.input_len, output_len=args.output_len,
-                             vocab_size=prompt_vocab_size(hf_config.vocab_size, tokenizer), seed=seed,
-                             max_model_len=max_len)
-    api_key = args.api_key or os.environ.get("BRIGADE_API_KEY") or None
-    engine_config: object = {"launched": False, "base_url": args.base_url}
-    if args.launch:
-        from brigade.entrypoints.cli.engine_args import runnable_config_from_args
+    return make_requests(args.dataset, args.num_prompts, input_len=args.input_len, output_len=args.output_len,
+                         vocab_size=prompt_vocab_size(hf_config.vocab_size, tokenizer), seed=seed, max_model_len=max_len)
 
-        engine_config = runnable_config_from_args(args)  # validates the flags before a server is started
-        url = urlparse(args.base_url)
-        argv = [*serve_engine_argv, "--host", url.hostname, "--port", str(url.port or 80),
-                "--disable-log-requests", "--uvicorn-log-level", "warning"]
-        if api_key:
-            argv += ["--api-key", api_key]
-        print(f"launching: brigade serve {' '.join(argv)}", flush=True)
-        with ServerProcess(argv, args.base_url, startup_timeout_s=args.launch_timeout) as server:
-            model_name, version = _server_facts(args.base_url, api_key, args.served_model_name)
-            results, duration = asyncio.run(run_serve_benchmark(
-                args.base_url, model_name, requests, request_rate=args.request_rate, seed=seed,
-                api_key=api_key, max_concurrency=args.max_concurrency))
-            print(f"server log: {server.log_path}")
-    else:
+
+@dataclass
+class ServeRun:
+    """What one ``bench serve`` run against a server measured, and which server it was."""
+
+    results: list  # RequestResult per request, in order
+    duration_s: float
+    model_name: str
+    server_version: str | None
+    engine_config: object  # the launched server's BrigadeConfig, or {"launched": False, "base_url": ...}
+
+
+def _serve_run(args: argparse.Namespace, serve_engine_argv: list[str], requests: list, api_key: str | None,
+               seed: int) -> ServeRun:
+    """Send ``requests`` to the server at ``--base-url``, first starting one with the engine flags (``--launch``)
+    and stopping it after."""
+    from brigade.benchmarks.launcher import ServerProcess
+
+    def measure(engine_config: object) -> ServeRun:
         model_name, version = _server_facts(args.base_url, api_key, args.served_model_name)
         results, duration = asyncio.run(run_serve_benchmark(
             args.base_url, model_name, requests, request_rate=args.request_rate, seed=seed, api_key=api_key,
             max_concurrency=args.max_concurrency))
-    metrics = {**serve_metrics(results, duration), "load_average_after": rec.load_average()}
-    rows = [[name] + [f"{metrics[name][s]:.2f}" for s in ("mean", "median", "p99")]
-            for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")]
-    _print_table(f"serve: {metrics['completed']}/{metrics['num_requests']} requests in {duration:.2f} s, "
-                 f"{metrics['requests_per_s']:.2f} req/s, {metrics['output_tokens_per_s']:.1f} output tok/s, "
-                 f"{metrics['total_tokens_per_s']:.1f} total tok/s", ["", "mean", "median", "p99"], rows)
-    num_prompt, num_output = token_counts(requests)
-    bench = {"dataset": args.dataset, **_used_lengths(args),
-             "num_prompts": args.num_prompts, "seed": seed,
-             "request_rate": "inf" if math.isinf(args.request_rate) else args.request_rate,
-             "max_concurrency": args.max_concurrency, "num_prompt_tokens": num_prompt, "num_output_tokens": num_output,
-             "sampling": _SAMPLING, "base_url": args.base_url, "launched": args.launch, "model_name": model_name,
-             "server_version": version}
-    platform = _platform()
-    record = rec.build_record("serve", device=rec.device_info(platform.device_type, platform.name),
-                              benchmark_config=bench, engine_config=engine_config, results={"brigade": metrics})
-    status = _finish(record, args.output_json)
-    return status if metrics["failed"] == 0 else 1
+        return ServeRun(results, duration, model_name, version, engine_config)
+
+    if not args.launch:
+        return measure({"launched": False, "base_url": args.base_url})
+    from brigade.entrypoints.cli.engine_args import runnable_config_from_args
+
+    engine_config = runnable_config_from_args(args)  # validates the flags before a server is started
+    url = urlparse(args.base_url)
+    argv = [*serve_engine_argv, "--host", url.hostname, "--port", str(url.port or 80),
+            "--disable-log-requests", "--uvicorn-log-level", "warning"]
+    if api_key:
+        argv += ["--api-key", api_key]
+    print(f"launching: brigade serve {' '.join(argv)}", flush=True)
+    with ServerProcess(argv, args.base_url, startup_timeout_s=args.launch_timeout) as server:
+        run = measure(engine_config)
+        print(f"server log: {server.log_path}")
+    return run

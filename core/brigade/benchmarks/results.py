@@ -1,8 +1,9 @@
 """Benchmark records: summary statistics, the machine's description, and the JSON file each run writes.
 
-Every run writes one JSON object (schema below) to ``benchmarks/results/<UTC timestamp>-<kind>.json``
-or to ``--output-json``, so a number in docs/benchmarks.md can always be traced to its command,
-machine and configuration::
+Every run writes one JSON object (schema below) to ``--output-json``, or else to
+``$BRIGADE_CACHE_DIR/bench/<UTC timestamp>-<kind>.json`` (default ``~/.cache/brigade/bench/``; never into the
+working directory unasked), so a number in docs/benchmarks.md can always be traced to its command, machine and
+configuration::
 
     {"kind": "throughput" | "latency" | "serve", "timestamp": ISO-8601 UTC, "command": str, "argv": [str],
      "device": {...device_info()}, "config": {"benchmark": {...}, "engine": {...}},
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 
-DEFAULT_RESULTS_DIR = os.path.join("benchmarks", "results")
+CACHE_DIR_ENV = "BRIGADE_CACHE_DIR"  # Brigade's cache root (compiled kernels, models, benchmark records)
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -127,8 +128,16 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def default_output_path(kind: str, results_dir: str = DEFAULT_RESULTS_DIR) -> str:
-    """``<results_dir>/<UTC timestamp>-<kind>.json``."""
+def default_results_dir() -> str:
+    """Where a run writes its record without ``--output-json``: ``$BRIGADE_CACHE_DIR/bench``, by default
+    ``~/.cache/brigade/bench`` (read when called)."""
+    root = os.environ.get(CACHE_DIR_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "brigade")
+    return os.path.join(root, "bench")
+
+
+def default_output_path(kind: str, results_dir: str | None = None) -> str:
+    """``<results_dir>/<UTC timestamp>-<kind>.json`` (default: ``default_results_dir()``)."""
+    results_dir = default_results_dir() if results_dir is None else results_dir
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return os.path.join(results_dir, f"{stamp}-{kind}.json")
 
@@ -145,7 +154,7 @@ def build_record(kind: str, *, device: dict[str, Any], benchmark_config: dict[st
 
 
 def write_record(record: dict[str, Any], path: str | None) -> str:
-    """Write ``record`` as indented JSON to ``path`` (default: a new file under benchmarks/results/).
+    """Write ``record`` as indented JSON to ``path`` (default: a new file under ``default_results_dir()``).
 
     Returns the path written. Raises OSError when the file cannot be written.
     """

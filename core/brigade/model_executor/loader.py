@@ -18,6 +18,7 @@ from torch import nn
 from brigade.attention.backend import AttentionBackend
 from brigade.config import ConfigError, ModelConfig
 from brigade.model_executor.layers.linear_method import fold_norms_wanted
+from brigade.model_executor.quant_summary import quantization_summary
 from brigade.model_executor.weight_utils import initialize_dummy_weights, safetensors_weights_iterator
 
 logger = logging.getLogger(__name__)
@@ -146,7 +147,8 @@ def check_quantized_layers(model_config: ModelConfig, hf_config: Any) -> None:
 
 def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype, device: torch.device,
                attn_backend: type[AttentionBackend], fold_norms: bool = True) -> nn.Module:
-    """Build the model on ``device`` in ``dtype`` and load its weights; returns it in eval mode.
+    """Build the model on ``device`` in ``dtype`` and load its weights; returns it in eval mode. Logs at INFO
+    which quantization method holds each layer family (quant_summary).
 
     ``load_format``: "auto"/"safetensors" stream ``*.safetensors`` from ``model_config.model``;
     "dummy" draws random weights seeded by ``model_config.seed``. Quantization methods get their
@@ -178,6 +180,7 @@ def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype,
         raise ConfigError(f"--load-format {fmt} is not supported by the model loader yet; convert the "
                           "checkpoint to an HF safetensors directory (scripts/fetch_model.py does for GGUF)")
     process_weights_after_loading(model)
+    logger.info("%s", quantization_summary(model, quant_config))
     if fold_norms and fold_norms_wanted(device.type) and hasattr(model, "fold_norm_weights"):
         with torch.no_grad():
             folded = model.fold_norm_weights()

@@ -13,6 +13,7 @@ child starts empty and calls ``load_plugins`` again (it is idempotent, so every 
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -96,8 +97,17 @@ def unavailable_message(what: str, value: str, installed: Iterable[str]) -> str:
     installed = list(installed)
     note = allowlist_note(value)
     if note is None:
-        return f"{what} {value!r} is not installed; installed: {', '.join(installed) or 'none installed'}"
+        return (f"{what} {value!r} is not installed; installed: {', '.join(installed) or 'none installed'}"
+                f"{_did_you_mean(value, installed)}")
     return f"{what} {value!r} is not available: {note}; available: {', '.join(installed) or 'none'}"
+
+
+def _did_you_mean(value: str, names: list[str]) -> str:
+    """`` (did you mean 'fp8'?)`` for the installed name closest to a mistyped one (case aside), as the CLI
+    answers an unknown flag; "" when none is close."""
+    lowered = {name.lower(): name for name in names}
+    close = difflib.get_close_matches(value.lower(), list(lowered), n=1, cutoff=0.6)
+    return f" (did you mean {lowered[close[0]]!r}?)" if close else ""
 
 
 def plugin_choices() -> dict[str, list[str]]:

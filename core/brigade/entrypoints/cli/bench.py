@@ -1,7 +1,8 @@
 """``brigade bench {throughput,latency,serve}``: vLLM-style benchmarks with an HF transformers peer.
 
 Each subcommand takes the engine flags of ``brigade serve`` (``add_engine_args``), prints a table and
-writes one JSON record (brigade.benchmarks.results) to ``benchmarks/results/`` or ``--output-json``.
+writes one JSON record (brigade.benchmarks.results) to ``--output-json``, or else under the cache directory
+(``$BRIGADE_CACHE_DIR/bench/``, default ``~/.cache/brigade/bench/``).
 docs/benchmarks.md gives the commands and measured numbers.
 """
 
@@ -145,6 +146,14 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
     parser.set_defaults(run=lambda args: (parser.print_help(), 2)[1])
     commands = parser.add_subparsers(dest="bench_command", metavar="{throughput,latency,serve}")
 
+    _add_throughput_parser(commands, plugin_choices)
+    _add_latency_parser(commands, plugin_choices)
+    _add_serve_parser(commands, plugin_choices)
+    return parser
+
+
+def _add_throughput_parser(commands, plugin_choices: Mapping[str, Sequence[str]] | None) -> None:
+    """``bench throughput``: offline throughput of the LLM class, optionally HF transformers beside it."""
     t = commands.add_parser("throughput", help="offline throughput of a request set submitted at once",
                             allow_abbrev=False,
                             description="Offline throughput (requests/s, output and total tokens/s) of the LLM "
@@ -162,6 +171,10 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
     _add_engine_args(t, plugin_choices)
     t.set_defaults(run=_one_line_config_errors(_run_throughput, t))
 
+
+
+def _add_latency_parser(commands, plugin_choices: Mapping[str, Sequence[str]] | None) -> None:
+    """``bench latency``: latency, TTFT and TPOT of one batch, optionally HF generate on the same batches."""
     lat = commands.add_parser("latency", help="latency, TTFT and TPOT of one batch", allow_abbrev=False,
                               description="End-to-end latency, TTFT and TPOT of one batch of random prompts.")
     lat.add_argument("--batch-size", type=_positive_int, default=8, help="prompts per batch (default %(default)s)")
@@ -179,6 +192,10 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
     _add_engine_args(lat, plugin_choices)
     lat.set_defaults(run=_one_line_config_errors(_run_latency, lat))
 
+
+
+def _add_serve_parser(commands, plugin_choices: Mapping[str, Sequence[str]] | None) -> None:
+    """``bench serve``: Poisson arrivals of streaming completions against a server (or one it launches)."""
     s = commands.add_parser("serve", help="online serving: Poisson arrivals of streaming completions",
                             allow_abbrev=False,
                             description="Streaming /v1/completions with token-id prompts and ignore_eos against "
@@ -202,7 +219,6 @@ def add_parser(subparsers, plugin_choices: Mapping[str, Sequence[str]] | None = 
     _add_output_args(s)
     _add_engine_args(s, plugin_choices)
     s.set_defaults(run=_one_line_config_errors(_run_serve, s))
-    return parser
 
 
 def _add_dataset_args(parser: argparse.ArgumentParser, *, input_len: int, output_len: int, num_prompts: int) -> None:
@@ -220,7 +236,8 @@ def _add_dataset_args(parser: argparse.ArgumentParser, *, input_len: int, output
 
 def _add_output_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-json", default=None,
-                        help="where to write the JSON record (default: benchmarks/results/<timestamp>-<kind>.json)")
+                        help="where to write the JSON record (default: $BRIGADE_CACHE_DIR/bench/<timestamp>-<kind>.json, "
+                             "$BRIGADE_CACHE_DIR defaulting to ~/.cache/brigade)")
 
 
 def _one_line_config_errors(run, parser: argparse.ArgumentParser):

@@ -44,6 +44,16 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
     """
     choices = {kind: list((plugin_choices or {}).get(kind, ())) for kind in PLUGIN_KINDS}
     parser.set_defaults(**{_CHOICES_DEST: choices})
+    _add_model_args(parser, choices, positional_model=positional_model)
+    _add_kv_cache_args(parser, choices)
+    _add_scheduler_args(parser)
+    _add_lora_args(parser)
+    _add_parallel_args(parser)
+
+
+def _add_model_args(parser: argparse.ArgumentParser, choices: Mapping[str, Sequence[str]], *,
+                    positional_model: bool) -> None:
+    """The "model" group: which model, its tokenizer, dtype, length, weights, quantization and execution mode."""
     m = parser.add_argument_group("model")
     if positional_model:
         m.add_argument("model_tag", nargs="?", metavar="MODEL",
@@ -81,6 +91,10 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
                    help=f"IO processor plugin; installed: {_installed(choices['io_processor'])}")
     m.add_argument("--attention-backend",
                    help=f"attention backend; installed: {_installed(choices['attention_backend'])}")
+
+
+def _add_kv_cache_args(parser: argparse.ArgumentParser, choices: Mapping[str, Sequence[str]]) -> None:
+    """The "KV cache" group: block size, memory, prefix caching, cache dtype and KV transfer."""
     c = parser.add_argument_group("KV cache")
     c.add_argument("--block-size", type=int, help="tokens per KV block (power of two; default: the platform's)")
     c.add_argument("--gpu-memory-utilization", type=float, default=0.9,
@@ -98,6 +112,10 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
     c.add_argument("--kv-transfer-config", metavar="JSON",
                    help='{"kv_connector": NAME, "kv_role": "kv_producer"|"kv_consumer"|"kv_both", '
                         f'"kv_connector_extra_config": {{...}}}}; connectors: {_installed(choices["kv_connector"])}')
+
+
+def _add_scheduler_args(parser: argparse.ArgumentParser) -> None:
+    """The "scheduler" and "speculative decoding" groups."""
     s = parser.add_argument_group("scheduler")
     s.add_argument("--max-num-seqs", type=int, help="most requests running at once (default 256)")
     s.add_argument("--max-num-batched-tokens", type=int, help="token budget per step")
@@ -112,6 +130,10 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
     sp.add_argument("--speculative-config", metavar="JSON",
                     help='{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N, '
                          '"prompt_lookup_min": M}: n-gram (prompt-lookup) drafts verified by the model')
+
+
+def _add_lora_args(parser: argparse.ArgumentParser) -> None:
+    """The "LoRA adapters" group."""
     lo = parser.add_argument_group("LoRA adapters")
     lo.add_argument("--enable-lora", action="store_true", default=None,
                     help="serve LoRA adapters on top of the model (requests pick one by its name as \"model\")")
@@ -123,6 +145,10 @@ def add_engine_args(parser: argparse.ArgumentParser, plugin_choices: Mapping[str
                     help="most adapters whose weights stay in host memory, least recently used evicted first "
                          "and read again from its folder when needed (default: --max-loras; at least --max-loras)")
     lo.add_argument("--max-lora-rank", type=int, help="largest adapter rank served (default 16)")
+
+
+def _add_parallel_args(parser: argparse.ArgumentParser) -> None:
+    """The "parallelism" group (only one device runs yet)."""
     p = parser.add_argument_group("parallelism")
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, help="GPUs per layer (only 1 runs yet)")
     p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1,

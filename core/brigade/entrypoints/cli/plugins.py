@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 from brigade.plugins import (HOOKSPEC_VERSION, PluginLoadError, load_plugins, platform_choice, plugin_choices,
                              plugin_records, registries)
+from brigade.entrypoints.cli.text_table import GAP, WIDTH, TableLayout, wrap_text
 from brigade.plugins.settings import PluginSettings
 
 __all__ = ["add_parser", "collect", "main", "plugin_choices", "render_table", "run"]
@@ -61,26 +62,31 @@ def _listed(names: frozenset[str] | None) -> list[str] | None:
     return None if names is None else sorted(names)
 
 
-def render_table(data: dict[str, Any], out: TextIO) -> None:
-    """Print the listing as an aligned table followed by the platform line."""
-    header = ("NAME", "DISTRIBUTION", "GROUP", "SCOPE", "HOOKS", "STATUS")
-    rows = [header]
+def render_table(data: dict[str, Any], out: TextIO, width: int = WIDTH) -> None:
+    """Print the listing within ``width`` columns: one row per plugin (name, distribution, status, the status
+    wrapped under itself), its entry-point group, scope and hooks on the lines below, then the platform line."""
+    rows = [("NAME", "DISTRIBUTION", "STATUS")]
+    details = []
     for p in data["plugins"]:
-        hooks = ",".join(h.removeprefix("register_") for h in p["hooks"]) or "-"
         status = p["status"] + (f": {p['reason']}" if p["reason"] and p["status"] != "loaded" else "")
         if p["platforms"]:
             status += " [" + ", ".join(f"{k}: {v}" for k, v in p["platforms"].items()) + "]"
-        rows.append((p["name"], f"{p['distribution']} {p['version']}".strip(),
-                     p["group"].removeprefix("brigade."), p["scope"], hooks, status))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
-    for row in rows:
-        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1] + "\n")
-    out.write(f"\nhook specs: {data['hookspec_version']}\n")
+        rows.append((p["name"], f"{p['distribution']} {p['version']}".strip(), status))
+        hooks = ", ".join(h.removeprefix("register_") for h in p["hooks"]) or "-"
+        details.append(f"group: {p['group'].removeprefix('brigade.')}; scope: {p['scope']}; hooks: {hooks}")
+    layout = TableLayout.fit(rows, width)
+    indent = layout.widths[0] + len(GAP)  # details start under the distribution
+    lines = layout.format(rows[0])
+    for row, detail in zip(rows[1:], details):
+        lines += layout.format(row) + wrap_text(detail, width=width, indent=indent)
+    lines += ["", f"hook specs: {data['hookspec_version']}"]
     if data["platform"] is not None:
         p = data["platform"]
-        out.write(f"active platform: {p['name']} ({p['distribution']} {p['version']}): {p['reason']}\n")
+        platform = f"active platform: {p['name']} ({p['distribution']} {p['version']}): {p['reason']}"
     else:
-        out.write(f"active platform: none: {data['platform_error']}\n")
+        platform = f"active platform: none: {data['platform_error']}"
+    lines += wrap_text(platform, width=width)
+    out.write("\n".join(lines) + "\n")
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:

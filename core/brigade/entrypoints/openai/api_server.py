@@ -1,11 +1,11 @@
 """The OpenAI-compatible HTTP server: a FastAPI app over an AsyncLLM, served by uvicorn.
 
 The API server process only parses, renders chat templates, tokenizes and streams; the EngineCore runs
-in its own process behind AsyncLLM, so no route ever waits on model work. Routes (docs/server.md):
+ in its own process behind AsyncLLM, so no route ever waits on model work. Routes (``routes``; docs/server.md):
 /v1/completions, /v1/chat/completions, /v1/models and /v1/models/{id} (API key checked on /v1/*), and /health,
 /version, /tokenize, /detokenize, /metrics. With ``--enable-lora`` and BRIGADE_ALLOW_RUNTIME_LORA_UPDATING, also
-vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter. Endpoint plugins the operator allowed are mounted
-last. CORS preflights are answered with vLLM's defaults (any origin, method and header; no credentials).
+vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (``runtime_lora``). Endpoint plugins the operator allowed
+are mounted last. CORS preflights are answered with vLLM's defaults (any origin, method and header; no credentials).
 """
 
 from __future__ import annotations
@@ -21,26 +21,28 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import uvicorn
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse
 
 from brigade.config import BrigadeConfig
 from brigade.engine.async_llm import AsyncLLM, EngineDeadError
 from brigade.entrypoints.openai.errors import OpenAIError, install_error_handlers
-from brigade.entrypoints.openai.openapi import install_request_schemas, json_body
+from brigade.entrypoints.openai.openapi import install_request_schemas
 from brigade.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                                  LoadLoRAAdapterRequest, TokenizeRequest,
                                                  UnloadLoRAAdapterRequest)
-from brigade.entrypoints.openai.responses import ModelCard, ModelList
-from brigade.entrypoints.openai.serving_base import load_generation_defaults, max_token_chars, parse_request
+from brigade.entrypoints.openai.routes import (mount_endpoint_plugins, mount_generation_routes,
+                                               mount_io_processor, mount_model_routes, mount_system_routes)
+from brigade.entrypoints.openai.runtime_lora import (RUNTIME_LORA_ENV, TRUE_VALUES, mount_runtime_lora,
+                                                     runtime_lora_updating)
+from brigade.entrypoints.openai.generation_defaults import load_generation_defaults
+from brigade.entrypoints.openai.serving_base import max_token_chars
 from brigade.entrypoints.openai.serving_chat import OpenAIServingChat
 from brigade.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from brigade.entrypoints.openai.serving_tokenize import OpenAIServingTokenization
 from brigade.entrypoints.openai.shutdown import (FLUSH_GRACE_S, Drain, DrainingServer,
                                                  quiet_signals_after_serve)
-from brigade.entrypoints.openai.streaming import json_response
-from brigade.lora.adapter import LoRAError, LoRANameError, UnknownLoRAError
 from brigade.lora.request import LoRARequest
 from brigade.metrics.log_stats import LoggingStatLogger
 from brigade.metrics.prometheus import PrometheusStatLogger
@@ -50,14 +52,12 @@ from brigade.version import __version__
 
 logger = logging.getLogger("brigade.server")
 
-SUPPORTED_TASKS = ("generate",)
+__all__ = ["RUNTIME_LORA_ENV", "APIKeyMiddleware", "ServerSettings", "bind_socket", "build_app",
+           "runtime_lora_updating", "serve_http"]
+
 STAT_LOG_INTERVAL_S = 10.0  # brigade serve: $BRIGADE_LOG_STATS_INTERVAL (vLLM's VLLM_LOG_STATS_INTERVAL)
-KV_STATS_TIMEOUT_S = 5.0
-RUNTIME_LORA_ENV = "BRIGADE_ALLOW_RUNTIME_LORA_UPDATING"
 KEEP_ALIVE_ENV = "BRIGADE_KEEP_ALIVE_ON_ENGINE_DEATH"  # vLLM's VLLM_KEEP_ALIVE_ON_ENGINE_DEATH
 ENGINE_WATCH_INTERVAL_S = 1.0
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
 
 
 @dataclass
@@ -119,48 +119,6 @@ def _plugin_stat_loggers(config: BrigadeConfig) -> list[StatLoggerBase]:
     return [registries.stat_loggers.create(name, config) for name in registries.stat_loggers.names()]
 
 
-def _mount_endpoint_plugins(app: FastAPI) -> list[str]:
-    """Include the routers of the endpoint plugins the operator allowed (BRIGADE_ENDPOINT_PLUGINS).
-
-    Each factory gets ``app.state`` (``engine_client``, ``api_key``, ...). A factory that fails is fatal:
-    the operator named the plugin, so serving without it would be silent degradation. So is a route (method and
-    path) that the server or an earlier plugin already serves: Starlette would route it to the first one, and the
-    plugin's route would be silently shadowed.
-    """
-    from brigade.plugins import PluginLoadError, registries, select_endpoints
-
-    owners = {key: "the server" for route in app.routes for key in _route_keys(route)}
-    mounted = []
-    for registration in select_endpoints(SUPPORTED_TASKS):
-        router = registries.endpoints.create(registration.name, app.state)
-        described = f"endpoint {registration.name!r} from {registration.source.describe()}"
-        if not isinstance(router, APIRouter):
-            raise PluginLoadError(f"{described} returned {type(router).__name__}, not a fastapi.APIRouter")
-        for route in router.routes:
-            for method, path in _route_keys(route):
-                owner = owners.get((method, path))
-                if owner is not None:
-                    raise PluginLoadError(f"{described} routes {method} {path}, which {owner} already serves; "
-                                          "an endpoint plugin may only add new routes")
-        for route in router.routes:
-            owners.update(dict.fromkeys(_route_keys(route), described))
-        app.include_router(router)
-        mounted.append(registration.name)
-        logger.info("mounted endpoint plugin %r (%s)", registration.name, registration.source.describe())
-    return mounted
-
-
-def _route_keys(route) -> list[tuple[str, str]]:
-    """(method, path) pairs a route answers (websocket routes: ("WEBSOCKET", path); mounts: none)."""
-    path = getattr(route, "path", None)
-    if path is None:
-        return []
-    methods = getattr(route, "methods", None)
-    if methods is None:
-        return [("WEBSOCKET", path)] if type(route).__name__.endswith("WebSocketRoute") else []
-    return [(method, path) for method in sorted(methods)]
-
-
 def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings) -> FastAPI:
     """The FastAPI app serving ``engine``. Registers the Prometheus and plugin stat loggers on it.
 
@@ -169,10 +127,45 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     from brigade.plugins import load_plugins
 
     load_plugins("api")
-    served_name = config.model_config.name  # the first --served-model-name: what responses and metrics carry
-    served_names = config.model_config.served_model_names
+    stat_logger, stat_loggers = _register_stat_loggers(engine, config, settings)
+    tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brigade-tokenizer")
+    drain = Drain()
+    # The served adapters by name, the engine's own dict: runtime loads and unloads show in every route.
+    adapters: Mapping[str, LoRARequest] = engine.lora_requests if config.lora_config is not None else {}
+    common = dict(served_model_name=config.model_config.served_model_names, tokenizer_executor=tokenizer_executor,
+                  generation_defaults=load_generation_defaults(config.model_config),
+                  log_requests=settings.log_requests, drain=drain,
+                  scheduling_policy=config.scheduler_config.policy, max_token_chars=max_token_chars(engine.tokenizer),
+                  lora_requests=adapters)
+    completion = OpenAIServingCompletion(engine, **common)
+    chat = OpenAIServingChat(engine, **common)
+    app = _make_app(settings, _lifespan(stat_loggers, settings, tokenizer_executor))
+    app.state.engine_client = engine
+    app.state.api_key = settings.api_key
+    app.state.config = config
+    app.state.served_model_name = config.model_config.name  # the first --served-model-name: responses carry it
+    app.state.served_model_names = config.model_config.served_model_names
+    app.state.stat_logger = stat_logger
+    app.state.drain = drain
+    mount_system_routes(app, engine, stat_logger)
+    mount_model_routes(app, engine, config, adapters)
+    mount_generation_routes(app, completion, chat, OpenAIServingTokenization(chat))
+    schemas = [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest]
+    if runtime_lora_updating(config):
+        mount_runtime_lora(app, engine)
+        schemas += [LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest]
+    mount_io_processor(app, engine, config)
+    mount_endpoint_plugins(app)
+    install_request_schemas(app, schemas)
+    return app
+
+
+def _register_stat_loggers(engine: AsyncLLM, config: BrigadeConfig,
+                           settings: ServerSettings) -> tuple[PrometheusStatLogger, list[StatLoggerBase]]:
+    """Add the Prometheus logger (served at /metrics), the plugins' loggers and, unless ``--disable-log-stats``,
+    the periodic stats line to ``engine``; returns (the Prometheus logger, all of them)."""
     stat_logger = PrometheusStatLogger(
-        served_name, max_loras=config.lora_config.max_loras if config.lora_config is not None else None,
+        config.model_config.name, max_loras=config.lora_config.max_loras if config.lora_config is not None else None,
         num_speculative_tokens=(config.speculative_config.num_speculative_tokens
                                 if config.speculative_config is not None else None))
     stat_loggers: list[StatLoggerBase] = [stat_logger, *_plugin_stat_loggers(config)]
@@ -180,18 +173,11 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
         stat_loggers.append(LoggingStatLogger())
     for sl in stat_loggers:
         engine.add_stat_logger(sl)
-    tokenizer_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brigade-tokenizer")
-    drain = Drain()
-    # The served adapters by name, the engine's own dict: runtime loads and unloads show in every route.
-    adapters: Mapping[str, LoRARequest] = engine.lora_requests if config.lora_config is not None else {}
-    common = dict(served_model_name=served_names, tokenizer_executor=tokenizer_executor,
-                  generation_defaults=load_generation_defaults(config.model_config),
-                  log_requests=settings.log_requests, drain=drain,
-                  scheduling_policy=config.scheduler_config.policy, max_token_chars=max_token_chars(engine.tokenizer),
-                  lora_requests=adapters)
-    completion = OpenAIServingCompletion(engine, **common)
-    chat = OpenAIServingChat(engine, **common)
-    tokenization = OpenAIServingTokenization(chat)
+    return stat_logger, stat_loggers
+
+
+def _lifespan(stat_loggers: list[StatLoggerBase], settings: ServerSettings, tokenizer_executor: ThreadPoolExecutor):
+    """The app's lifespan: freeze the start-up heap, log stats periodically, stop the tokenizer thread at exit."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -205,17 +191,15 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
                 task.cancel()
             tokenizer_executor.shutdown(wait=False)
 
+    return lifespan
+
+
+def _make_app(settings: ServerSettings, lifespan) -> FastAPI:
+    """The bare app: docs as configured, OpenAI-shaped error handlers, the API key check, then CORS outermost."""
     # /docs and /redoc are FastAPI's pages, whose JavaScript and CSS come from a CDN (cdn.jsdelivr.net): blank on
     # a machine without internet access; /openapi.json is served from here. --disable-fastapi-docs drops all three.
     docs = {} if settings.fastapi_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="Brigade", version=__version__, lifespan=lifespan, **docs)
-    app.state.engine_client = engine
-    app.state.api_key = settings.api_key
-    app.state.config = config
-    app.state.served_model_name = served_name
-    app.state.served_model_names = served_names
-    app.state.stat_logger = stat_logger
-    app.state.drain = drain
     install_error_handlers(app, EngineDeadError)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
@@ -223,172 +207,7 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins,
                        allow_methods=settings.allowed_methods, allow_headers=settings.allowed_headers,
                        allow_credentials=settings.allow_credentials)
-
-    # HEAD for load balancers' probes; its own operation id (one route for both gave the two operations the same
-    # id, and FastAPI warned "Duplicate Operation ID" each time it built /openapi.json).
-    @app.get("/health")
-    @app.head("/health", operation_id="health_health_head")
-    async def health() -> Response:
-        try:
-            await engine.check_health()
-        except EngineDeadError as exc:
-            return JSONResponse(OpenAIError.engine_dead(str(exc)).to_response().model_dump(), status_code=503)
-        return Response(status_code=200)
-
-    @app.get("/version")
-    async def version() -> dict:
-        return {"version": __version__}
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        # The gauges come from the last step; when the engine is idle no step runs, so ask it directly.
-        if not engine.errored:
-            try:
-                stats = await asyncio.wait_for(engine.get_kv_cache_stats(), KV_STATS_TIMEOUT_S)
-            except (TimeoutError, EngineDeadError) as exc:  # serve the last values rather than fail the scrape
-                logger.warning("KV cache gauges not refreshed: %s", str(exc) or type(exc).__name__)
-            else:
-                stat_logger.set_kv_cache_blocks(stats["num_free_blocks"], stats["num_total_blocks"])
-        body, content_type = stat_logger.render()
-        return Response(content=body, media_type=content_type)
-
-    def model_cards() -> dict[str, ModelCard]:
-        """The served model under each of its names, then each LoRA adapter as vLLM lists it: ``root`` its path,
-        ``parent`` the model's first name (``--lora-modules`` first, then those loaded at runtime, in load
-        order)."""
-        cards = {name: ModelCard(id=name, root=config.model_config.model, max_model_len=engine.max_model_len)
-                 for name in served_names}
-        for name, lora in list(adapters.items()):
-            cards[name] = ModelCard(id=name, root=lora.lora_path, parent=served_name,
-                                    max_model_len=engine.max_model_len)
-        return cards
-
-    @app.get("/v1/models")
-    async def models() -> ModelList:
-        """The served models; 503 once the engine died, as every /v1 route (nothing it lists can be served)."""
-        await engine.check_health()  # EngineDeadError: the 503 handler
-        return ModelList(data=list(model_cards().values()))
-
-    @app.get("/v1/models/{model_id:path}")
-    async def retrieve_model(model_id: str) -> ModelCard:
-        """One model or adapter by id (the openai client's ``models.retrieve``); 404 ``model_not_found`` otherwise;
-        503 once the engine died."""
-        await engine.check_health()
-        card = model_cards().get(model_id)
-        if card is None:
-            raise OpenAIError.model_not_found(model_id, served_names, list(adapters))
-        return card
-
-    @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
-    async def completions(raw_request: Request) -> Response:
-        return await completion.create_completion(await parse_request(raw_request, CompletionRequest), raw_request)
-
-    @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
-    async def chat_completions(raw_request: Request) -> Response:
-        return await chat.create_chat_completion(await parse_request(raw_request, ChatCompletionRequest),
-                                                 raw_request)
-
-    @app.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
-    async def tokenize(raw_request: Request) -> Response:
-        result = await tokenization.tokenize(await parse_request(raw_request, TokenizeRequest))
-        return json_response(result)
-
-    @app.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
-    async def detokenize(raw_request: Request) -> Response:
-        result = await tokenization.detokenize(await parse_request(raw_request, DetokenizeRequest))
-        return json_response(result)
-
-    schemas = [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest]
-    if runtime_lora_updating(config):
-        _mount_runtime_lora(app, engine)
-        schemas += [LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest]
-    _mount_io_processor(app, engine, config)
-    _mount_endpoint_plugins(app)
-    install_request_schemas(app, schemas)
     return app
-
-
-def runtime_lora_updating(config: BrigadeConfig, env: Mapping[str, str] | None = None) -> bool:
-    """Whether the server mounts POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's
-    VLLM_ALLOW_RUNTIME_LORA_UPDATING).
-
-    True when BRIGADE_ALLOW_RUNTIME_LORA_UPDATING (in ``env``, default os.environ) is 1, true, yes or on (any
-    case) and the server runs with ``--enable-lora``, which it then logs as a WARNING: anyone who may call the API
-    can make the server read adapter folders from its file system. Set without ``--enable-lora``: one WARNING
-    saying so, and False (the server starts as it would without the variable; vLLM does not refuse to start
-    either). Unset, or "", 0, false, no, off: False, silently. Any other value: one WARNING, and False.
-    """
-    env = os.environ if env is None else env
-    raw = env.get(RUNTIME_LORA_ENV)
-    value = (raw or "").strip().lower()
-    if value in _FALSE:
-        return False
-    if value not in _TRUE:
-        logger.warning("%s=%r is not a boolean; runtime LoRA loading stays off (use 1 or true to turn it on)",
-                       RUNTIME_LORA_ENV, raw)
-        return False
-    if config.lora_config is None:
-        logger.warning("%s is set but the server runs without --enable-lora, so /v1/load_lora_adapter and "
-                       "/v1/unload_lora_adapter are not served; start with --enable-lora (and --max-loras, "
-                       "--max-lora-rank) to load adapters at runtime", RUNTIME_LORA_ENV)
-        return False
-    logger.warning("%s: POST /v1/load_lora_adapter and /v1/unload_lora_adapter are served; whoever may call this "
-                   "API can make the server read adapter folders from its file system", RUNTIME_LORA_ENV)
-    return True
-
-
-def _mount_runtime_lora(app: FastAPI, engine: AsyncLLM) -> None:
-    """vLLM's runtime LoRA routes (under /v1, so the API key applies), over ``AsyncLLM.add_lora`` and
-    ``remove_lora``.
-
-    POST /v1/load_lora_adapter ``{"lora_name": str, "lora_path": str}``: 200 with the text ``Success: LoRA adapter
-    'NAME' added successfully.``; 400 (OpenAI's error shape) for an empty or missing field, a name already served
-    (or being loaded, or the served model's; param ``lora_name``), and an adapter that cannot be served (bad
-    path, bad config, rank above --max-lora-rank, NaN or infinite values, wrong shapes; param ``lora_path``, the
-    message naming the problem). POST /v1/unload_lora_adapter ``{"lora_name": str, "lora_int_id": int
-    (optional)}``: 200 with ``Success: LoRA adapter 'NAME' removed successfully.``, 404 for an adapter not served.
-    503 while the engine is dead.
-    """
-
-    @app.post("/v1/load_lora_adapter", openapi_extra=json_body(LoadLoRAAdapterRequest))
-    async def load_lora_adapter(raw_request: Request) -> Response:
-        body = await parse_request(raw_request, LoadLoRAAdapterRequest)
-        if body.model_extra:
-            if body.model_extra.get("load_inplace"):
-                raise OpenAIError("load_inplace is not supported by this server: unload the adapter, then load it "
-                                  "again", param="load_inplace", code="not_supported")
-            logger.warning("ignoring unknown request fields: %s", sorted(body.model_extra))
-        try:
-            await engine.add_lora(body.lora_name, body.lora_path)
-        except LoRANameError as exc:
-            raise OpenAIError.bad_param(str(exc), "lora_name") from None
-        except LoRAError as exc:
-            raise OpenAIError.bad_param(str(exc), "lora_path") from None
-        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
-
-    @app.post("/v1/unload_lora_adapter", openapi_extra=json_body(UnloadLoRAAdapterRequest))
-    async def unload_lora_adapter(raw_request: Request) -> Response:
-        body = await parse_request(raw_request, UnloadLoRAAdapterRequest)
-        if body.model_extra:
-            logger.warning("ignoring unknown request fields: %s", sorted(body.model_extra))
-        try:
-            await engine.remove_lora(body.lora_name, body.lora_int_id)
-        except UnknownLoRAError as exc:
-            raise OpenAIError(str(exc), status_code=404, type="not_found_error", param="lora_name",
-                              code="lora_not_found") from None
-        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
-
-
-def _mount_io_processor(app: FastAPI, engine: AsyncLLM, config: BrigadeConfig) -> None:
-    """Serve POST /pooling through the selected IO-processor plugin, if the model has one."""
-    from brigade.entrypoints.openai.serving_io_processor import io_processor_router
-    from brigade.plugins import registries
-    from brigade.plugins.io_processor import get_io_processor
-
-    processor = get_io_processor(config.model_config, registries, engine.hf_config)
-    if processor is not None:
-        logger.info("IO processor %s serves POST /pooling", type(processor).__name__)
-        app.include_router(io_processor_router(engine, processor))
 
 
 async def _log_periodically(stat_loggers: list[StatLoggerBase], interval_s: float) -> None:
@@ -447,7 +266,7 @@ async def serve_http(config: BrigadeConfig, settings: ServerSettings, sock: sock
         server = DrainingServer(uv_config, app.state.drain, settings.shutdown_timeout_s)
         quiet_signals_after_serve()
         logger.info("serving %s on http://%s:%d", config.model_config.name, settings.host, settings.port)
-        keep_alive = os.environ.get(KEEP_ALIVE_ENV, "").strip().lower() in _TRUE
+        keep_alive = os.environ.get(KEEP_ALIVE_ENV, "").strip().lower() in TRUE_VALUES
         watch = None if keep_alive else asyncio.create_task(_stop_when_engine_dies(engine, server))
         await server.serve(sockets=[sock])
         if watch is not None:

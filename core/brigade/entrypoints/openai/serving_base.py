@@ -4,30 +4,26 @@ check made before queuing, and the mapping from request fields to SamplingParams
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
-import os
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from fastapi import Request
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from brigade.config import ModelConfig
 from brigade.engine.async_llm import EngineDeadError
 from brigade.engine.core_client import EngineRequestError
 from brigade.engine.input_processor import bad_words_token_ids, validate_plugin_logits_processors
-from brigade.entrypoints.openai.errors import OpenAIError, from_invalid_param, from_validation_error
-from brigade.entrypoints.openai.protocol import SamplingFields, parse_json_body
+from brigade.entrypoints.openai.errors import OpenAIError, from_invalid_param
+from brigade.entrypoints.openai.prompt_result import PromptResult
+from brigade.entrypoints.openai.protocol import SamplingFields
 from brigade.entrypoints.openai.responses import PromptLogprob
 from brigade.entrypoints.openai.shutdown import Drain
 from brigade.lora.request import LoRARequest
-from brigade.outputs import CompletionOutput, Logprob, RequestOutput
+from brigade.outputs import Logprob, RequestOutput
 from brigade.plugins.errors import PluginRuntimeError
 from brigade.sampling_params import InvalidParamError, RequestOutputKind, SamplingParams, StructuredOutputsParams
 from brigade.structured_output import validate_structured_outputs
@@ -44,27 +40,6 @@ GUIDED_FIELDS = {
 }
 """vLLM's removed guided-decoding fields and what replaces each: given (not null), they are a 400, never ignored
 (ignoring one would return unconstrained output to a client that asked for a constraint)."""
-_GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-
-
-def load_generation_defaults(model_config: ModelConfig) -> dict[str, Any]:
-    """Sampling defaults from the model's generation_config.json, as vLLM applies them.
-
-    ``generation_config`` is "auto" (the model directory), "none", or another directory. Only the keys
-    that map onto SamplingParams are kept; a field the client sets always wins over them.
-    """
-    if model_config.generation_config == "none":
-        return {}
-    folder = model_config.model if model_config.generation_config == "auto" else model_config.generation_config
-    path = os.path.join(folder, "generation_config.json")
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        raw = json.load(f)
-    defaults = {k: raw[k] for k in _GENERATION_CONFIG_KEYS if raw.get(k) is not None}
-    if defaults:
-        logger.info("default sampling parameters from %s: %s", path, defaults)
-    return defaults
 
 
 MAX_LOGGED_PARAMS_CHARS = 2000  # a request's params in the request log (vLLM's --max-log-len does the same)
@@ -99,95 +74,6 @@ def max_token_chars(tokenizer: Any) -> int | None:
                        "length check", type(tokenizer).__name__, exc_info=True)
         return None
     return longest if longest > 0 else None
-
-
-async def parse_request(raw_request: Request, model_cls: type[BaseModel]) -> Any:
-    """Read and validate a JSON body ourselves, so that malformed JSON and bad types are 400s with param.
-
-    Raises:
-        OpenAIError: 400 for an empty, non-JSON or ill-typed body.
-    """
-    try:
-        data = parse_json_body(await raw_request.body())
-        if not isinstance(data, dict):
-            raise InvalidParamError("the request body must be a JSON object", param=None)
-        _check_unicode(data)
-        return model_cls.model_validate(data)
-    except RecursionError:
-        raise from_invalid_param(InvalidParamError("the request body is nested too deeply", param=None)) from None
-    except InvalidParamError as exc:
-        raise from_invalid_param(exc) from None
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None
-
-
-def _check_unicode(data: Any) -> None:
-    """Refuse strings that are not valid Unicode (lone surrogates from JSON escapes), which no tokenizer
-    or encoder downstream can take. Walks with an explicit stack, so depth cannot overflow it.
-
-    Raises:
-        InvalidParamError: naming the top-level field that holds the bad string.
-    """
-    stack = [(key, value) for key, value in data.items()] if isinstance(data, dict) else [(None, data)]
-    while stack:
-        top, value = stack.pop()
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidParamError("strings must be valid Unicode (a lone surrogate such as \\ud800 is "
-                                        "not)", param=top) from None
-        elif isinstance(value, dict):
-            stack.extend((top, v) for v in value.values())
-            stack.extend((top, k) for k in value)
-        elif isinstance(value, list):
-            stack.extend((top, v) for v in value)
-
-
-@dataclass
-class ChoiceState:
-    """One choice (one of the n sequences of one prompt) accumulated from DELTA outputs."""
-
-    text_parts: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-    def add(self, delta: CompletionOutput) -> None:
-        self.text_parts.append(delta.text)
-        self.token_ids.extend(delta.token_ids)
-        if delta.logprobs:
-            self.logprobs.extend(delta.logprobs)
-        if delta.finish_reason is not None:
-            self.finish_reason = delta.finish_reason
-            self.stop_reason = delta.stop_reason
-
-    @property
-    def text(self) -> str:
-        return "".join(self.text_parts)
-
-
-@dataclass
-class PromptResult:
-    """Everything one prompt produced: its token ids, cached-token count and its n choices."""
-
-    prompt_token_ids: list[int]
-    num_cached_tokens: int = 0
-    choices: dict[int, ChoiceState] = field(default_factory=dict)
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # with prompt_logprobs: None, then per token
-
-    def add(self, output: RequestOutput) -> list[CompletionOutput]:
-        """Fold one DELTA RequestOutput in; returns its per-choice deltas."""
-        self.num_cached_tokens = output.num_cached_tokens
-        if output.prompt_logprobs is not None:
-            self.prompt_logprobs = output.prompt_logprobs
-        for delta in output.outputs:
-            self.choices.setdefault(delta.index, ChoiceState()).add(delta)
-        return list(output.outputs)
-
-    def num_generated_tokens(self) -> int:
-        return sum(len(c.token_ids) for c in self.choices.values())
 
 
 class OpenAIServing:
@@ -371,14 +257,33 @@ class OpenAIServing:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.tokenizer_executor, lambda: fn(*args, **kwargs))
 
-    async def tokenize(self, text: str, *, add_special_tokens: bool) -> list[int]:
+    def require_tokenizer(self, what: str, param: str | None, instead: str) -> None:
+        """Refuse what needs text when the server runs without a tokenizer (``--skip-tokenizer-init``).
+
+        Raises:
+            OpenAIError: 400 naming ``param``: "``what`` needs the tokenizer ...; ``instead``".
+        """
+        if self.tokenizer is None:
+            raise OpenAIError.bad_param(f"{what} needs the tokenizer, and this server runs without one "
+                                        f"(--skip-tokenizer-init); {instead}", param)
+
+    async def tokenize(self, text: str, *, add_special_tokens: bool, param: str = "prompt") -> list[int]:
+        """``text``'s token ids, on the tokenizer thread.
+
+        Raises:
+            OpenAIError: 400 naming ``param`` when the server has no tokenizer (send token ids instead).
+        """
+        self.require_tokenizer("a text prompt", param, "send the prompt as token ids")
         return await self.run_tokenizer(
             lambda: self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def decode_token(self, token_id: int, logprob: Logprob | None = None) -> str:
-        """The text of one token, for logprobs (the detokenizer's text when it sent one)."""
+        """The text of one token, for logprobs (the detokenizer's text when it sent one); ``token_id:N`` on a
+        server without a tokenizer, as vLLM writes a token it returns as an id."""
         if logprob is not None and logprob.decoded_token is not None:
             return logprob.decoded_token
+        if self.tokenizer is None:
+            return f"token_id:{token_id}"
         return self.tokenizer.decode([token_id])
 
     def prompt_logprobs(self, result: PromptResult) -> list[dict[int, PromptLogprob] | None] | None:
@@ -400,8 +305,9 @@ class OpenAIServing:
             structured_outputs: a constraint that replaces the request's own (a forced tool call's),
                 already validated.
         Raises:
-            OpenAIError: 400 naming the field that is out of range or not supported yet; a schema, regex
-                or grammar that xgrammar rejects is refused here, before anything is queued.
+            OpenAIError: 400 naming the field that is out of range or not supported yet (stop strings and
+                bad_words on a server without a tokenizer); a schema, regex or grammar that xgrammar rejects
+                is refused here, before anything is queued.
         """
         if structured_outputs is None:
             structured_outputs = self.structured_outputs(request)
@@ -412,6 +318,10 @@ class OpenAIServing:
                  if getattr(request, k) is not None}
         fields = {**self.generation_defaults, **given}
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+        if stop:  # matched against the generated text, which a server without a tokenizer does not have
+            self.require_tokenizer("stop (strings)", "stop", "use stop_token_ids")
+        if request.bad_words:
+            self.require_tokenizer("bad_words", "bad_words", "ban single tokens with logit_bias -100 instead")
         try:
             params = SamplingParams(
                 n=request.n, seed=request.seed, max_tokens=max_tokens, min_tokens=request.min_tokens,

@@ -23,7 +23,8 @@ from brigade.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessa
 from brigade.entrypoints.openai.responses import (ChatChoice, ChatCompletionResponse, ChatCompletionStreamResponse,
                                                   ChatLogprobs, ChatLogprobToken, ChatResponseMessage,
                                                   ChatStreamChoice, ChatTopLogprob, DeltaMessage, UsageInfo)
-from brigade.entrypoints.openai.serving_base import OpenAIServing, PromptResult
+from brigade.entrypoints.openai.prompt_result import PromptResult
+from brigade.entrypoints.openai.serving_base import OpenAIServing
 from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_response, run_unless_disconnected,
                                                   shielded, sse_error_event, sse_event)
 from brigade.entrypoints.openai.tool_calls import (ToolPlan, ToolStream, make_tool_plan, parse_tool_calls,
@@ -77,7 +78,7 @@ class OpenAIServingChat(OpenAIServing):
         certainly too long for the model is refused before it is tokenized (check_text_length).
 
         Raises:
-            OpenAIError: 400 for no messages, non-text content, no template, a chat_template_kwargs key the
+            OpenAIError: 400 for no messages, non-text content, no tokenizer, no template, a chat_template_kwargs key the
                 template call owns, a template error (whatever the template raised, a TypeError included), or
                 (with ``length_param``, naming it) a prompt certainly too long.
         """
@@ -86,6 +87,8 @@ class OpenAIServingChat(OpenAIServing):
         options = template_options(template_kwargs, add_generation_prompt=add_generation_prompt,
                                    continue_final_message=continue_final_message, control=self.control_arguments)
         conversation = [m.to_template_dict(i) for i, m in enumerate(messages)]
+        self.require_tokenizer("rendering chat messages", "messages",
+                               "send token-id prompts to /v1/completions")
         if self.chat_template is None and not getattr(self.tokenizer, "chat_template", None):
             raise OpenAIError.bad_param("this model's tokenizer has no chat template; start the server with "
                                         "--chat-template, or use /v1/completions", "messages")

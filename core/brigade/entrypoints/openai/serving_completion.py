@@ -7,8 +7,8 @@ Streams use DELTA outputs and end with an optional usage chunk, then ``[DONE]``.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
 
 import msgspec
 from fastapi import Request
@@ -18,11 +18,12 @@ from brigade.entrypoints.openai.errors import OpenAIError
 from brigade.entrypoints.openai.protocol import CompletionRequest
 from brigade.entrypoints.openai.responses import (CompletionChoice, CompletionLogprobs, CompletionResponse,
                                                   CompletionStreamResponse, UsageInfo)
-from brigade.entrypoints.openai.serving_base import OpenAIServing, PromptResult
+from brigade.entrypoints.openai.prompt_result import PromptResult
+from brigade.entrypoints.openai.serving_base import OpenAIServing
 from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_response, merge_async_iterators,
                                                   run_unless_disconnected, shielded, sse_error_event, sse_event)
 from brigade.entrypoints.openai.text_offsets import TextOffsets, prompt_offsets
-from brigade.outputs import Logprob
+from brigade.outputs import CompletionOutput, Logprob
 from brigade.sampling_params import SamplingParams
 
 
@@ -32,6 +33,36 @@ class PromptInput:
 
     text: str | None
     token_ids: list[int]
+
+
+@dataclass
+class StreamedChoice:
+    """What one streamed choice has sent: its characters so far, and the logprob entries held back.
+
+    A token's logprob entry goes out with the chunk that sends the start of its text (its offset below what has
+    been sent); at the end every held entry goes, cut to the text's end as the full response cuts it. So
+    streamed and full offsets agree even where a stop string held text back and then cut it, and they never
+    decrease.
+    """
+
+    text_offsets: TextOffsets  # the choice's tokens' offsets
+    num_chars: int = 0  # characters of text sent so far (an echoed prompt's included)
+    pending: list[tuple[int, dict[int, Logprob] | None, int]] = field(default_factory=list)
+    """(token id, its candidates, its text offset) of the entries held back."""
+
+    def take_ready(self, entries: Iterable[tuple[int, dict[int, Logprob] | None, int]], *,
+                   final: bool) -> list[tuple[int, dict[int, Logprob] | None, int]]:
+        """Add ``entries`` to the held ones and take those that may go now (all of them when ``final``)."""
+        self.pending.extend(entries)
+        if final:
+            ready = [(t, c, min(o, self.num_chars)) for t, c, o in self.pending]
+            self.pending = []
+            return ready
+        n = 0
+        while n < len(self.pending) and self.pending[n][2] < self.num_chars:
+            n += 1
+        ready, self.pending = self.pending[:n], self.pending[n:]
+        return ready
 
 
 def echo_only(request: CompletionRequest) -> bool:
@@ -137,7 +168,11 @@ class OpenAIServingCompletion(OpenAIServing):
         return 0 if echo_only(request) else sum(r.num_generated_tokens() for r in results)
 
     def _prompt_text(self, prompt: PromptInput) -> str:
-        return prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids)
+        """The prompt as ``echo`` returns it: its text, or its ids decoded ("" without a tokenizer, which returns
+        no text at all; the ids and their logprobs are still echoed)."""
+        if prompt.text is not None:
+            return prompt.text
+        return "" if self.tokenizer is None else self.tokenizer.decode(prompt.token_ids)
 
     def _logprobs(self, token_ids: list[int], logprobs: list[dict[int, Logprob] | None], num_top: int,
                   text_offsets: list[int]) -> CompletionLogprobs:
@@ -228,10 +263,7 @@ class OpenAIServingCompletion(OpenAIServing):
         created = int(time.time())
         exclude = None if request.include_usage() else {"usage"}
         results = [PromptResult(p.token_ids) for p in prompts]
-        echoed: set[int] = set()  # choice indexes whose prompt echo was sent
-        offsets: dict[int, int] = {}  # choice index -> characters sent so far
-        text_offsets: dict[int, TextOffsets] = {}  # choice index -> its tokens' offsets (with logprobs)
-        pending: dict[int, list[tuple]] = {}  # choice index -> (token, candidates, offset) whose text is held back
+        streamed: dict[int, StreamedChoice] = {}  # choice index -> what it has sent
         finished: set[int] = set()
         iterators = [self.generate(p.token_ids, sp, rid, request)
                      for p, sp, rid in zip(prompts, params, request_ids)]
@@ -240,38 +272,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 for delta in results[i].add(output):
                     if not (delta.text or delta.token_ids or delta.finish_reason):
                         continue  # e.g. a prefill chunk that only brought prompt logprobs
-                    index = i * request.n + delta.index
-                    text, logprobs, prefix, prompt_logprobs = delta.text, None, "", None
-                    token_ids, token_logprobs = delta.token_ids, delta.logprobs or []
-                    if echo_only(request):
-                        text, token_ids, token_logprobs = "", [], []
-                    if index not in echoed:  # the choice's first chunk: the prompt is fully scored by now
-                        echoed.add(index)
-                        prefix = self._prompt_text(prompts[i]) if request.echo else ""
-                        prompt_logprobs = self._prompt_logprobs(request, results[i])
-                        text_offsets[index] = self._text_offsets(request, prompts[i], len(prefix))
-                    offsets[index] = offsets.get(index, 0) + len(prefix) + len(text)
-                    if request.logprobs is not None:
-                        # A token's entry goes out with the chunk that sends the start of its text (its offset
-                        # below what has been sent); at the end every held entry goes, cut to the text's end as the
-                        # full response cuts it. So streamed and full offsets agree even where a stop string held
-                        # text back and then cut it, and they never decrease.
-                        queue = pending.setdefault(index, [])
-                        queue.extend(zip(token_ids, token_logprobs, text_offsets[index].offsets(token_ids)))
-                        if delta.finish_reason is not None:
-                            ready, pending[index] = [(t, c, min(o, offsets[index])) for t, c, o in queue], []
-                        else:
-                            n = 0
-                            while n < len(queue) and queue[n][2] < offsets[index]:
-                                n += 1
-                            ready, pending[index] = queue[:n], queue[n:]
-                        logprobs = self._logprobs([t for t, _, _ in ready], [c for _, c, _ in ready],
-                                                  request.logprobs, [o for _, _, o in ready])
-                        if prefix:
-                            logprobs = self._echo_logprobs(prompts[i], results[i], request.logprobs, logprobs)
-                    choice = CompletionChoice(index=index, text=prefix + text, logprobs=logprobs,
-                                              prompt_logprobs=prompt_logprobs,
-                                              finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
+                    choice = self._stream_choice(request, prompts[i], results[i], i * request.n + delta.index,
+                                                 delta, streamed)
                     so_far = (UsageInfo.from_counts(len(prompts[i].token_ids),
                                                     self._num_completion_tokens(request, [results[i]]),
                                                     results[i].num_cached_tokens)
@@ -295,4 +297,31 @@ class OpenAIServingCompletion(OpenAIServing):
             if unfinished:
                 await shielded(lambda: self.abort(unfinished))
         yield DONE_EVENT
+
+    def _stream_choice(self, request: CompletionRequest, prompt: PromptInput, result: PromptResult, index: int,
+                       delta: CompletionOutput, streamed: dict[int, StreamedChoice]) -> CompletionChoice:
+        """The choice one streamed chunk carries for ``delta``; the choice's first chunk echoes the prompt (fully
+        scored by then) and carries its ``prompt_logprobs``."""
+        text, token_ids, token_logprobs = delta.text, delta.token_ids, delta.logprobs or []
+        if echo_only(request):
+            text, token_ids, token_logprobs = "", [], []
+        first = index not in streamed
+        prefix, prompt_logprobs = "", None
+        if first:
+            prefix = self._prompt_text(prompt) if request.echo else ""
+            prompt_logprobs = self._prompt_logprobs(request, result)
+            streamed[index] = StreamedChoice(self._text_offsets(request, prompt, len(prefix)))
+        state = streamed[index]
+        state.num_chars += len(prefix) + len(text)
+        logprobs = None
+        if request.logprobs is not None:
+            entries = zip(token_ids, token_logprobs, state.text_offsets.offsets(token_ids))
+            # Without a tokenizer no text ever comes to carry an entry: each goes out with its token.
+            ready = state.take_ready(entries, final=delta.finish_reason is not None or self.tokenizer is None)
+            logprobs = self._logprobs([t for t, _, _ in ready], [c for _, c, _ in ready], request.logprobs,
+                                      [o for _, _, o in ready])
+            if first and request.echo:
+                logprobs = self._echo_logprobs(prompt, result, request.logprobs, logprobs)
+        return CompletionChoice(index=index, text=prefix + text, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                                finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
 

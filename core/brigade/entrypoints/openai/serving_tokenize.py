@@ -18,7 +18,8 @@ class OpenAIServingTokenization:
 
     async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         """Raises OpenAIError: 400 unless exactly one of prompt and messages is given, for a request chat_template
-        and for chat_template_kwargs a chat request could not send either; 404 for the model."""
+        and for chat_template_kwargs a chat request could not send either, or on a server without a tokenizer; 404
+        for the model."""
         await self.chat.check_request(request)
         refuse_request_chat_template(request.chat_template)
         if (request.prompt is None) == (request.messages is None):
@@ -38,8 +39,10 @@ class OpenAIServingTokenization:
                                 token_strs=strs)
 
     async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
-        """Raises OpenAIError: 400 for ids outside the vocabulary; 404 for the model."""
+        """Raises OpenAIError: 400 for ids outside the vocabulary or a server without a tokenizer; 404 for the
+        model."""
         await self.chat.check_request(request)
         self.chat.check_token_ids(request.tokens, "tokens")
+        self.chat.require_tokenizer("/detokenize", "tokens", "it cannot turn ids into text")
         text = await self.chat.run_tokenizer(self.chat.tokenizer.decode, request.tokens)
         return DetokenizeResponse(prompt=text)

@@ -6,6 +6,9 @@ starts, so the offsets never decrease and a stream gets the same ones as a whole
 chunks carry. They come from decoding the tokens as the engine's detokenizer does (the tokenizers decoder, with
 the prompt's last tokens as left context), one token at a time from the last whole character; the length of a
 decoded token (with its U+FFFD) is never used.
+
+A server without a tokenizer (``--skip-tokenizer-init``) returns no text, so every token's offset is where the
+(empty) text starts, as vLLM's are then.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ class TextOffsets:
     """The text offsets of one sequence's tokens, fed in order (a whole output, or a stream's chunks one by one).
 
     Args:
-        tokenizer: the server's HF tokenizer (its ``backend_tokenizer`` decodes, as the engine's detokenizer).
+        tokenizer: the server's HF tokenizer (its ``backend_tokenizer`` decodes, as the engine's detokenizer), or
+            None for a server without one: every token then decodes to "" and its offset is ``start``.
         start: the offset of the first token's text (the echoed prompt's length before a completion).
         context: the tokens before the first (the prompt), which decide how the first token decodes.
         skip_special_tokens: as the request's, so that special tokens count as they show in the text.
@@ -44,8 +48,10 @@ class TextOffsets:
         self._last = start
 
     def decode(self, token_ids: list[int]) -> str:
-        """The tokens' text, as this tracker decodes them (no left context)."""
-        return self._decoder.decode(token_ids, skip_special_tokens=self._skip) if token_ids else ""
+        """The tokens' text, as this tracker decodes them (no left context); "" without a tokenizer."""
+        if not token_ids or self._decoder is None:
+            return ""
+        return self._decoder.decode(token_ids, skip_special_tokens=self._skip)
 
     def _pending_text(self) -> str:
         """The pending tokens' text, decoded after the context (a leading space survives, as in the engine)."""
@@ -77,7 +83,8 @@ def prompt_offsets(tokenizer: Any, token_ids: Sequence[int], text: str) -> list[
     """The text offsets of a prompt's tokens in ``text``, the prompt as it is echoed.
 
     Special tokens count as their text (a prompt's own "<|im_start|>" is in it), except a prefix the tokenizer
-    added that the text does not hold (a BOS): its tokens start at 0. Every offset is within the text.
+    added that the text does not hold (a BOS): its tokens start at 0. Every offset is within the text (0 for
+    every token when ``tokenizer`` is None: the prompt is then echoed as no text).
     """
     tracker = TextOffsets(tokenizer, skip_special_tokens=False)
     offsets = tracker.offsets(token_ids)
