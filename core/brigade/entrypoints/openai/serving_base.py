@@ -26,6 +26,7 @@ from brigade.entrypoints.openai.errors import OpenAIError, from_invalid_param, f
 from brigade.entrypoints.openai.protocol import SamplingFields, parse_json_body
 from brigade.entrypoints.openai.responses import PromptLogprob
 from brigade.entrypoints.openai.shutdown import Drain
+from brigade.entrypoints.openai.streaming import LOOP_SLICE
 from brigade.lora.request import LoRARequest
 from brigade.outputs import CompletionOutput, Logprob, RequestOutput
 from brigade.plugins.errors import PluginRuntimeError
@@ -512,7 +513,9 @@ class OpenAIServing:
     async def abort(self, request_ids: Sequence[str]) -> None:
         """Stop unfinished engine requests (the client left, or an error was sent to it) and free their KV
         blocks; logged at INFO with the requests' other lines."""
-        for request_id in request_ids:
+        for count, request_id in enumerate(request_ids, 1):
+            if count % LOOP_SLICE == 0:
+                await asyncio.sleep(0)  # thousands of aborts: let the loop serve other clients between slices
             if self.log_requests:
                 logger.info("request %s aborted before it finished (client gone or error sent); KV blocks freed",
                             request_id)
