@@ -27,7 +27,7 @@ T = TypeVar("T")
 DONE_EVENT = "data: [DONE]\n\n"
 # A request of thousands of prompts starts (and aborts) its engine requests this many per event-loop turn, so the
 # server keeps answering everyone else (/health included) while it admits or drops them.
-LOOP_SLICE = 64
+LOOP_SLICE = 16
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
