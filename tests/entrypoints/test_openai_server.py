@@ -355,6 +355,33 @@ def test_api_key_required_on_v1_only(server):
     assert httpx.get(server.url("/health")).status_code == 200  # outside /v1: no key needed
 
 
+def test_bearer_scheme_is_case_insensitive_and_the_key_exact(server):
+    def status(header: str) -> int:
+        return httpx.get(server.url("/v1/models"), headers={"Authorization": header}).status_code
+
+    assert [status(f"{scheme} {API_KEY}") for scheme in ("Bearer", "bearer", "BEARER")] == [200, 200, 200]
+    assert status(f"Basic {API_KEY}") == 401
+    assert status(f"Bearer {API_KEY[:-1]}") == 401 and status(f"Bearer {API_KEY}x") == 401
+    assert status("Bearer") == 401 and status(API_KEY) == 401
+
+
+def test_kept_alive_connection_answers_as_fast_as_a_fresh_one(server):
+    # Without TCP_NODELAY on accepted sockets, each response on a reused connection waits ~40 ms for a delayed ACK.
+    def median_s(get) -> float:
+        times = []
+        for _ in range(9):
+            start = time.perf_counter()
+            assert get(server.url("/version")).status_code == 200
+            times.append(time.perf_counter() - start)
+        return sorted(times)[len(times) // 2]
+
+    with httpx.Client() as pooled:
+        pooled.get(server.url("/version"))  # open the connection
+        reused = median_s(pooled.get)
+    fresh = median_s(lambda url: httpx.get(url, headers={"Connection": "close"}))
+    assert reused < fresh + 0.02, (reused, fresh)
+
+
 def test_unknown_route_is_openai_shaped_404(server):
     response = httpx.get(server.url("/v1/nope"), headers=server.headers())
     assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"

@@ -52,6 +52,7 @@ class AsyncLLM:
         self.stat_loggers: list[StatLoggerBase] = []
         self.client = AsyncMPClient(config)
         self._queues: dict[str, asyncio.Queue] = {}
+        self._pending_aborts: list[str] = []  # engine ids aborted this loop turn, sent together (_flush_aborts)
         self._output_task: asyncio.Task | None = None
         self.dead_error: str | None = None
 
@@ -132,7 +133,16 @@ class AsyncLLM:
                 self._abort_nowait(request_id)
 
     def _abort_nowait(self, request_id: str) -> None:
+        """Forget a request now; its engine ids go to the engine with the others aborted in the same loop turn,
+        in one message (a dropped list of thousands of prompts is one ZMQ message, not thousands)."""
         engine_ids = self.output_processor.abort_request(request_id)
+        if engine_ids and not self.errored:
+            if not self._pending_aborts:
+                asyncio.get_running_loop().call_soon(self._flush_aborts)
+            self._pending_aborts.extend(engine_ids)
+
+    def _flush_aborts(self) -> None:
+        engine_ids, self._pending_aborts = self._pending_aborts, []
         if engine_ids and not self.errored:
             asyncio.get_running_loop().create_task(self.client.abort_requests(engine_ids))
 

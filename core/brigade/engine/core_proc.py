@@ -24,6 +24,7 @@ from brigade.engine.core import EngineCore
 from brigade.engine.messages import (EngineCoreOutputs, EngineCoreRequest,
                                      EngineCoreRequestType, EngineCoreUtility)
 from brigade.lora.adapter import LoRAError
+from brigade.parent_watch import watch_parent
 
 logger = logging.getLogger("brigade.engine")
 
@@ -39,6 +40,7 @@ def run_engine_core(config: BrigadeConfig, input_address: str, output_address: s
     logging.basicConfig(level=os.environ.get("BRIGADE_LOGGING_LEVEL", "INFO"),
                         format="%(levelname)s %(asctime)s [engine] %(message)s")
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    watch_parent("engine")  # an orphaned engine exits within a second, busy or not
     try:
         core = EngineCore(config)
     except BaseException as exc:  # report any start-up failure to the parent, then exit

@@ -48,6 +48,7 @@ class ParentState:
     arrival_time: float
     sink: Callable[[RequestOutput], None]
     sequences: list[SequenceState] = field(default_factory=list)
+    engine_ids: list[str] = field(default_factory=list)  # the engine request id of each sequence, in order
     # With prompt_logprobs: None for the first prompt token, then one entry per scored prompt token.
     prompt_logprobs: SampleLogprobs | None = None
 
@@ -86,11 +87,14 @@ class OutputProcessor:
             if params.logprobs is not None:
                 seq.logprobs, seq.cumulative_logprob = [], 0.0
             parent.sequences.append(seq)
+            parent.engine_ids.append(engine_id)
             self.sequences[engine_id] = seq
         self.parents[request_id] = parent
 
     def engine_ids(self, request_id: str) -> list[str]:
-        return [eid for eid, seq in self.sequences.items() if seq.parent.request_id == request_id]
+        """The engine ids of a request's sequences still tracked (O(n), not a scan of every live sequence)."""
+        parent = self.parents.get(request_id)
+        return [] if parent is None else [eid for eid in parent.engine_ids if eid in self.sequences]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.parents)
@@ -105,7 +109,7 @@ class OutputProcessor:
                 sequence, holding the text held back for stop strings; otherwise one output with all of
                 them). Nothing is sent for a request that is unknown or already finished.
         """
-        ids = self.engine_ids(request_id)
+        ids = self.engine_ids(request_id)  # costs the request's own sequences: aborting N requests is O(N)
         now = time.time()
         aborted: list[SequenceState] = []
         for eid in ids:

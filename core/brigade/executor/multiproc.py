@@ -68,9 +68,11 @@ class WorkerDiedError(RuntimeError):
 
 def _worker_main(config: BrigadeConfig, hf_config, rank: int, start_method: str, conn) -> None:
     """Body of a worker process: build the platform's worker, then serve commands until SHUTDOWN."""
+    from brigade.parent_watch import watch_parent
     from brigade.plugins import current_platform, load_plugins, plugin_records
     from brigade.utils import resolve_obj_by_qualname
 
+    watch_parent(f"worker rank {rank}")  # a worker whose engine (or offline LLM) was killed exits too
     try:
         load_plugins("engine")  # a no-op after fork, a real load after spawn
         platform = current_platform()

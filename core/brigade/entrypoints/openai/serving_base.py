@@ -22,6 +22,7 @@ from brigade.entrypoints.openai.prompt_result import PromptResult
 from brigade.entrypoints.openai.protocol import SamplingFields
 from brigade.entrypoints.openai.responses import PromptLogprob
 from brigade.entrypoints.openai.shutdown import Drain
+from brigade.entrypoints.openai.streaming import LOOP_SLICE
 from brigade.lora.request import LoRARequest
 from brigade.outputs import Logprob, RequestOutput
 from brigade.plugins.errors import PluginRuntimeError
@@ -422,7 +423,9 @@ class OpenAIServing:
     async def abort(self, request_ids: Sequence[str]) -> None:
         """Stop unfinished engine requests (the client left, or an error was sent to it) and free their KV
         blocks; logged at INFO with the requests' other lines."""
-        for request_id in request_ids:
+        for count, request_id in enumerate(request_ids, 1):
+            if count % LOOP_SLICE == 0:
+                await asyncio.sleep(0)  # thousands of aborts: let the loop serve other clients between slices
             if self.log_requests:
                 logger.info("request %s aborted before it finished (client gone or error sent); KV blocks freed",
                             request_id)

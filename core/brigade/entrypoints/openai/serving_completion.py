@@ -70,6 +70,24 @@ def echo_only(request: CompletionRequest) -> bool:
     return bool(request.echo) and request.max_tokens == 0
 
 
+MAX_SEQUENCES_PER_REQUEST = 100_000  # prompts x n of one completions request; docs/server.md
+
+
+def check_fanout(request: CompletionRequest) -> None:
+    """Refuse a request that would start more than ``MAX_SEQUENCES_PER_REQUEST`` sequences (prompts x n) before
+    any prompt is tokenized.
+
+    Raises:
+        OpenAIError: 400 naming ``prompt``.
+    """
+    prompt = request.prompt
+    num_prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+    if num_prompts * (request.n or 1) > MAX_SEQUENCES_PER_REQUEST:
+        raise OpenAIError.bad_param(f"{num_prompts} prompts x n {request.n} would start "
+                                    f"{num_prompts * (request.n or 1)} sequences; one request may start at most "
+                                    f"{MAX_SEQUENCES_PER_REQUEST} (send several requests)", "prompt")
+
+
 class OpenAIServingCompletion(OpenAIServing):
     """The /v1/completions handler."""
 
@@ -89,6 +107,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                         f"and n {request.n}", "best_of")
         if request.best_of is not None and request.best_of != request.n:
             raise OpenAIError.not_supported("best_of greater than n", "best_of")
+        check_fanout(request)
         # echo with logprobs scores the prompt too: the engine computes prompt logprobs for it.
         prompt_logprobs = request.prompt_logprobs
         if request.echo and request.logprobs is not None:

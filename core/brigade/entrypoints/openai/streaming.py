@@ -25,6 +25,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DONE_EVENT = "data: [DONE]\n\n"
+# A request of thousands of prompts starts (and aborts) its engine requests this many per event-loop turn, so the
+# server keeps answering everyone else (/health included) while it admits or drops them.
+LOOP_SLICE = 16
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -43,35 +46,55 @@ def sse_error_event(error: OpenAIError) -> str:
     return f"data: {error.to_response().model_dump_json()}\n\n"
 
 
+_EXHAUSTED = object()  # a pump's last message: its iterator has no more items
+
+
 async def merge_async_iterators(iterators: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
     """Yield ``(index of the iterator, item)`` from several iterators as items arrive.
 
-    Used to serve a batched prompt: each prompt is one engine request. When the consumer stops early
-    (error, cancellation, disconnect), every pending ``__anext__`` is cancelled and every iterator closed,
-    which aborts the unfinished engine requests.
+    Used to serve a batched prompt: each prompt is one engine request. One task per iterator pumps its items
+    into a shared queue, so each item costs O(1) whatever the number of iterators (``asyncio.wait`` over every
+    pending ``__anext__`` would cost O(iterators) per item: quadratic for a list of thousands of prompts). An
+    iterator's exception is raised here. When the consumer stops early (error, cancellation, disconnect), every
+    pump is cancelled and every iterator closed, which aborts the unfinished engine requests, each in O(1).
     """
     if len(iterators) == 1:
         async for item in iterators[0]:
             yield 0, item
         return
-    pending: dict[asyncio.Future, int] = {asyncio.ensure_future(anext(it)): i for i, it in enumerate(iterators)}
+    queue: asyncio.Queue[tuple[int, object, BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, iterator: AsyncIterator[T]) -> None:
+        try:
+            async for item in iterator:
+                queue.put_nowait((index, item, None))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            queue.put_nowait((index, None, exc))
+            return
+        queue.put_nowait((index, _EXHAUSTED, None))
+
+    pumps: list[asyncio.Task] = []
     try:
-        while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for future in done:
-                index = pending.pop(future)
-                try:
-                    item = future.result()
-                except StopAsyncIteration:
-                    continue
-                pending[asyncio.ensure_future(anext(iterators[index]))] = index
-                yield index, item
+        for i, it in enumerate(iterators):
+            pumps.append(asyncio.ensure_future(pump(i, it)))
+            if len(pumps) % LOOP_SLICE == 0:
+                await asyncio.sleep(0)  # let the loop answer other clients between slices of admissions
+        remaining = len(pumps)
+        while remaining:
+            index, item, error = await queue.get()
+            if error is not None:
+                raise error
+            if item is _EXHAUSTED:
+                remaining -= 1
+                continue
+            yield index, item  # type: ignore[misc]
     finally:
         with anyio.CancelScope(shield=True):
-            for future in pending:
-                future.cancel()
-            if pending:
-                await asyncio.wait(pending)
+            for start in range(0, len(pumps), LOOP_SLICE):  # aborts, a slice per loop turn
+                chunk = pumps[start:start + LOOP_SLICE]
+                for task in chunk:
+                    task.cancel()
+                await asyncio.gather(*chunk, return_exceptions=True)
             for it in iterators:
                 aclose = getattr(it, "aclose", None)
                 if aclose is not None:
