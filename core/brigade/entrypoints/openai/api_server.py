@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP server: a FastAPI app over an AsyncLLM, served by uvicorn.
 
 The API server process only parses, renders chat templates, tokenizes and streams; the EngineCore runs
- in its own process behind AsyncLLM, so no route ever waits on model work. Routes (``routes``; docs/server.md):
+in its own process behind AsyncLLM, so no route ever waits on model work. Routes (``routes``; docs/server.md):
 /v1/completions, /v1/chat/completions, /v1/models and /v1/models/{id} (API key checked on /v1/*), and /health,
 /version, /tokenize, /detokenize, /metrics. With ``--enable-lora`` and BRIGADE_ALLOW_RUNTIME_LORA_UPDATING, also
 vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (``runtime_lora``). Endpoint plugins the operator allowed
