@@ -1,0 +1,7 @@
+"""Process groups for tensor, pipeline, data and expert parallelism over ``torch.distributed``."""
+
+from brigade.distributed.grid import RankCoords, RankGrid
+from brigade.distributed.group import GroupCoordinator
+from brigade.distributed.state import ParallelState, device_backend, init_parallel_state
+
+__all__ = ["GroupCoordinator", "ParallelState", "RankCoords", "RankGrid", "device_backend", "init_parallel_state"]

@@ -1,0 +1,96 @@
+"""ParallelState: this rank's process groups for every parallel dimension, built and torn down in order.
+
+``init_parallel_state`` joins the world over ``torch.distributed`` (a TCP store on loopback by default), then
+builds each dimension's groups from a ``RankGrid`` exactly as vLLM's ``initialize_model_parallel`` does. Every
+rank creates every group, in the same order (``new_group`` is itself a collective: a rank that skips one hangs the
+others). ``destroy`` undoes it in reverse: the groups (each destroying its device group before its CPU group), then
+the world.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from brigade.distributed.grid import RankGrid
+from brigade.distributed.group import GroupCoordinator
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 600.0  # a collective that stalls longer fails with an error instead of hanging
+
+
+@dataclass(slots=True)
+class ParallelState:
+    """This rank's groups. ``tp``/``pp``/``dp`` are the grid's dimensions; ``ep`` the DP x TP ranks of the stage."""
+
+    grid: RankGrid
+    world: GroupCoordinator
+    tp: GroupCoordinator
+    pp: GroupCoordinator
+    dp: GroupCoordinator
+    ep: GroupCoordinator
+
+    def describe(self) -> str:
+        """One log line: the rank, its device and its place in each dimension."""
+        w = self.world
+        return (f"rank {w.rank}/{w.world_size} (local rank {w.local_rank}, device {w.device}): "
+                f"dp {self.dp.rank_in_group}/{self.grid.dp}, pp {self.pp.rank_in_group}/{self.grid.pp}, "
+                f"tp {self.tp.rank_in_group}/{self.grid.tp}")
+
+    def destroy(self) -> None:
+        """Destroy every group (device groups before CPU groups), then the world's process group."""
+        for group in (self.ep, self.dp, self.pp, self.tp, self.world):
+            group.destroy()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def device_backend(device: torch.device) -> str:
+    """The ``torch.distributed`` backend for tensors on ``device``: NCCL on CUDA, gloo elsewhere."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_parallel_state(grid: RankGrid, rank: int, local_rank: int, device: torch.device, *,
+                        init_method: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> ParallelState:
+    """Join the world as ``rank`` and build every group of ``grid``.
+
+    Args:
+        grid: the DP x PP x TP layout; its world size is the number of processes that call this.
+        rank: this process's global rank.
+        local_rank: its device index on its node (for ``cuda:<local_rank>``; logged, not used to place it).
+        device: where its tensors live; picks the device groups' backend.
+        init_method: ``tcp://HOST:PORT`` of the rendezvous store, the same for every rank.
+        timeout_s: how long a collective may stall before it raises.
+    Returns:
+        The rank's ``ParallelState``.
+    Raises:
+        RuntimeError: the rendezvous or a group creation failed (from ``torch.distributed``).
+    """
+    backend = device_backend(device)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend=backend, init_method=init_method, world_size=grid.world_size, rank=rank,
+                            timeout=timeout)
+
+    def build(name: str, groups: list[list[int]]) -> GroupCoordinator:
+        mine = None
+        for ranks in groups:  # every rank creates every group, in the same order
+            cpu_group = dist.new_group(ranks, backend="gloo", timeout=timeout)
+            device_group = cpu_group if backend == "gloo" else dist.new_group(ranks, backend=backend,
+                                                                                timeout=timeout)
+            if rank in ranks:
+                mine = GroupCoordinator(name, ranks, rank, local_rank, device, cpu_group, device_group)
+        assert mine is not None
+        return mine
+
+    world = GroupCoordinator("world", list(range(grid.world_size)), rank, local_rank, device,
+                             dist.new_group(list(range(grid.world_size)), backend="gloo", timeout=timeout),
+                             dist.GroupMember.WORLD)
+    state = ParallelState(grid=grid, world=world, tp=build("tp", grid.tp_groups()), pp=build("pp", grid.pp_groups()),
+                          dp=build("dp", grid.dp_groups()), ep=build("ep", grid.ep_groups()))
+    logger.info("%s", state.describe())
+    return state
