@@ -1,5 +1,6 @@
-"""The Triton paged-attention backend for CUDA GPUs: KV write, split-KV decode and varlen prefill
-(book ch. 6 for the backend contract, ch. 10 for CUDA-graph constraints).
+"""The Triton paged-attention backend for CUDA GPUs: KV write, split-KV decode and varlen prefill,
+behind the core's attention-backend contract and fit for CUDA graphs (every launch's grid depends only on padded
+sizes).
 
 A step's requests arrive decodes first (``metadata.num_decodes`` requests of one query token each),
 then prefills. ``forward`` launches at most four kernels: the KV-cache write, the decode split kernel

@@ -1,4 +1,4 @@
-"""Skinny GEMM for decode: ``y = x @ W.T (+ b)`` with few rows in ``x`` (book ch. 10: batch-1 decode is a
+"""Skinny GEMM for decode: ``y = x @ W.T (+ b)`` with few rows in ``x`` (batch-1 decode is a
 bandwidth problem; every weight byte is read once per step and the product is nearly free).
 
 At a handful of tokens cuBLAS picks split-K kernels for some shapes (two launches, the reduce reading the

@@ -1,5 +1,5 @@
 """The fused sampler for plain batches on CUDA (``brigade.sample.fused``): greedy argmax or the exponential
-race, reading the logits once (book ch. 7).
+race, reading the logits once.
 
 Two kernels. The first splits each row into segments, one program per (row, segment): it loads the logits
 in their own dtype, converts to fp32, divides by the row's temperature, and for a random row subtracts
