@@ -40,11 +40,10 @@ from brigade.entrypoints.openai.serving_tokenize import OpenAIServingTokenizatio
 from brigade.entrypoints.openai.shutdown import (FLUSH_GRACE_S, Drain, DrainingServer,
                                                  quiet_signals_after_serve)
 from brigade.entrypoints.openai.streaming import json_response
+from brigade.interfaces import LoRARequest, StatLoggerBase
 from brigade.lora.adapter import LoRAError, LoRANameError, UnknownLoRAError
-from brigade.lora.request import LoRARequest
 from brigade.metrics.log_stats import LoggingStatLogger
 from brigade.metrics.prometheus import PrometheusStatLogger
-from brigade.metrics.stats import StatLoggerBase
 from brigade.utils import freeze_gc_heap
 from brigade.version import __version__
 

@@ -26,8 +26,7 @@ from brigade.entrypoints.openai.errors import OpenAIError, from_invalid_param, f
 from brigade.entrypoints.openai.protocol import SamplingFields, parse_json_body
 from brigade.entrypoints.openai.responses import PromptLogprob
 from brigade.entrypoints.openai.shutdown import Drain
-from brigade.lora.request import LoRARequest
-from brigade.outputs import CompletionOutput, Logprob, RequestOutput
+from brigade.interfaces import CompletionOutput, Logprob, LoRARequest, RequestOutput
 from brigade.plugins.errors import PluginRuntimeError
 from brigade.sampling_params import InvalidParamError, RequestOutputKind, SamplingParams, StructuredOutputsParams
 from brigade.structured_output import validate_structured_outputs
