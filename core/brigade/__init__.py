@@ -2,7 +2,7 @@
 
 from brigade.version import __version__
 from brigade.sampling_params import SamplingParams, StructuredOutputsParams
-from brigade.outputs import CompletionOutput, RequestOutput
+from brigade.interfaces import CompletionOutput, RequestOutput
 
 
 def __getattr__(name: str):

@@ -5,7 +5,7 @@ import time
 from brigade.config import CacheConfig, SchedulerConfig
 from brigade.core.request import Request, RequestStatus
 from brigade.core.scheduler import Scheduler
-from brigade.core.scheduler_output import ModelRunnerOutput
+from brigade.interfaces import ModelRunnerOutput
 from brigade.sampling_params import SamplingParams
 
 EOS = 0

@@ -14,7 +14,7 @@ import pytest
 
 from brigade.config import config_from_kwargs
 from brigade.engine.async_llm import AsyncLLM
-from brigade.outputs import RequestOutput
+from brigade.interfaces import RequestOutput
 from brigade.sampling_params import RequestOutputKind, SamplingParams
 
 PROMPT = "Once upon a time, in a small village by the sea,"

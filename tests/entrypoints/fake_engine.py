@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from brigade.engine.async_llm import EngineDeadError
-from brigade.outputs import CompletionOutput, RequestOutput
+from brigade.interfaces import CompletionOutput, RequestOutput
 from brigade.sampling_params import SamplingParams
 
 

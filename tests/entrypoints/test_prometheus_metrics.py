@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from brigade.engine.messages import SchedulerStats
+from brigade.interfaces import FinishedRequestStats, IterationStats, SchedulerStats
 from brigade.metrics.prometheus import PrometheusStatLogger
-from brigade.metrics.stats import FinishedRequestStats, IterationStats
 
 
 def samples(logger: PrometheusStatLogger) -> dict[tuple[str, tuple], float]:

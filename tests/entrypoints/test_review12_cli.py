@@ -266,9 +266,8 @@ def test_log_requests_flags_map_onto_the_settings(smollm2_path):
 
 
 def test_the_stats_line_is_info_while_tokens_flow_then_debug(caplog):
-    from brigade.engine.messages import SchedulerStats
+    from brigade.interfaces import IterationStats, SchedulerStats
     from brigade.metrics.log_stats import LoggingStatLogger
-    from brigade.metrics.stats import IterationStats
 
     now = [100.0]
     stats = LoggingStatLogger(clock=lambda: now[0])

@@ -13,7 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "core"))
 from test_scheduler import make_request, make_scheduler, run_step  # noqa: E402
 
 from brigade.config import KVTransferConfig  # noqa: E402
-from brigade.kv_transfer import KVCacheLayout, KVConnectorBase, KVConnectorMetadata, KVConnectorRole  # noqa: E402
+from brigade.interfaces import KVConnectorMetadata  # noqa: E402
+from brigade.kv_transfer import KVCacheLayout, KVConnectorBase, KVConnectorRole  # noqa: E402
 
 LAYOUT = KVCacheLayout(model="m", dtype="float32", block_size=4, num_layers=1, block_shape=(2, 4, 1, 8), block_dim=1)
 

@@ -14,7 +14,7 @@ from lora_utils import KEY, edit_config, edit_tensors, write_adapter
 from brigade.config import CacheConfig, LoRAConfig, SchedulerConfig
 from brigade.core.request import Request
 from brigade.core.scheduler import Scheduler
-from brigade.core.scheduler_output import ModelRunnerOutput
+from brigade.interfaces import ModelRunnerOutput
 from brigade.lora.adapter import LoRAError, load_adapter
 from brigade.lora.layers import LoRABatch, LoRALinear
 from brigade.sampling_params import SamplingParams

@@ -186,13 +186,12 @@ def test_max_cpu_loras_defaults_to_max_loras_and_may_not_be_below_it():
 
 
 def test_the_scheduler_aborts_the_requests_the_runner_could_not_run():
-    """``ModelRunnerOutput.failed_req_ids``: the request ends as aborted with the reason, its blocks go back,
+    """``ModelRunnerOutput.failures`` (not run): the request ends as aborted with the reason, its blocks go back,
     and a later report of it (an overlapped step) changes nothing."""
     from brigade.config import CacheConfig, SchedulerConfig
     from brigade.core.request import Request
     from brigade.core.scheduler import Scheduler
-    from brigade.core.scheduler_output import ModelRunnerOutput
-    from brigade.engine.messages import FinishReason
+    from brigade.interfaces import FinishReason, ModelRunnerOutput, RequestFailure
 
     sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64), CacheConfig(block_size=4),
                       max_model_len=64, num_blocks=32, lora_config=LoRAConfig())
@@ -203,13 +202,14 @@ def test_the_scheduler_aborts_the_requests_the_runner_could_not_run():
                                   lora_int_id=None if lora is None else 7, max_tokens=3))
     out = sched.schedule()
     assert set(out.num_scheduled_tokens) == {"ok", "bad"}
-    result = sched.update_from_output(out, ModelRunnerOutput(["ok"], [[9]], failed_req_ids={"bad": "why"}))
+    failures = {"bad": RequestFailure("why", ran=False)}
+    result = sched.update_from_output(out, ModelRunnerOutput(["ok"], [[9]], failures=failures))
     by_id = {o.request_id: o for o in result.outputs}
     assert by_id["bad"].finish_reason == FinishReason.ABORT and by_id["bad"].stop_reason == "why"
     assert by_id["ok"].new_token_ids == [9] and by_id["ok"].finish_reason is None
     assert set(sched.requests) == {"ok"} and "bad" in sched.finished_req_ids
     out = sched.schedule()
-    again = sched.update_from_output(out, ModelRunnerOutput(["ok"], [[9]], failed_req_ids={"bad": "why"}))
+    again = sched.update_from_output(out, ModelRunnerOutput(["ok"], [[9]], failures=failures))
     assert [o.request_id for o in again.outputs] == ["ok"]
     while sched.has_unfinished_requests():
         out = sched.schedule()

@@ -281,7 +281,7 @@ def test_engine_core_with_a_worker_process_and_overlapped_steps(smollm2_path, lo
     adapter finishes with the tokens it has without the removal; the worker drops the weights after it; the
     name may then come back from another folder, as a new adapter."""
     from brigade import LLM
-    from brigade.engine.messages import EngineCoreOutput, EngineCoreRequest, FinishReason
+    from brigade.interfaces import EngineCoreOutput, EngineCoreRequest, FinishReason
     from brigade.sampling_params import RequestOutputKind
 
     llm = LLM(str(smollm2_path), dtype="float32", max_model_len=256, kv_cache_memory_gib=0.1, enable_lora=True,

@@ -162,9 +162,8 @@ def test_bad_lora_flags_are_one_line_from_the_cli(smollm2_path, lora_adapters, a
 
 def test_lora_requests_info_metric(server):
     """vLLM's ``lora_requests_info`` under the brigade: prefix: the latest running/waiting adapters as labels."""
-    from brigade.engine.messages import SchedulerStats
+    from brigade.interfaces import IterationStats, SchedulerStats
     from brigade.metrics.prometheus import PrometheusStatLogger
-    from brigade.metrics.stats import IterationStats
 
     logger = PrometheusStatLogger("m", max_loras=2)
     logger.record(SchedulerStats(running_lora_adapters={"sql": 2, "poet": 1}, waiting_lora_adapters={"x": 1}),

@@ -13,9 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from brigade.config import ModelConfig
-from brigade.engine.messages import SchedulerStats
-from brigade.metrics import FinishedRequestStats, IterationStats
-from brigade.outputs import CompletionOutput, RequestOutput
+from brigade.interfaces import CompletionOutput, FinishedRequestStats, IterationStats, RequestOutput, SchedulerStats
 from brigade.plugins import UnknownNameError
 from brigade.plugins.io_processor import IOProcessor, get_io_processor, io_processor_name
 from brigade.plugins.registry import PluginSource, Registries

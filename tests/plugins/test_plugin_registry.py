@@ -94,7 +94,7 @@ def test_registries_of_classes_refuse_a_value_that_cannot_be_called():
                                          r"got int 42"):
         registries.stat_loggers.add("garbage", 42, A)
     assert "garbage" not in registries.stat_loggers
-    registries.stat_loggers.add("lazy", "brigade.metrics.stats:StatLoggerBase", A)  # a path is checked on use
+    registries.stat_loggers.add("lazy", "brigade.interfaces:StatLoggerBase", A)  # a path is checked on use
     registries.endpoints.add("router", lambda state: None, A)
     with pytest.raises(ValueError, match="endpoint 'x' must be registered as a class or factory"):
         registries.endpoints.add("x", "not a path".split(), A)

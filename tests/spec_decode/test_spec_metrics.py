@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from brigade.engine.messages import SchedulerStats, SpecDecodingStats
+from brigade.interfaces import IterationStats, SchedulerStats, SpecDecodingStats
 from brigade.metrics.prometheus import PrometheusStatLogger
-from brigade.metrics.stats import IterationStats
 
 
 def samples(logger: PrometheusStatLogger) -> dict[tuple[str, tuple], float]:

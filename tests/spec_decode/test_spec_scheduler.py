@@ -9,8 +9,7 @@ import time
 from brigade.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from brigade.core.request import Request, RequestStatus
 from brigade.core.scheduler import Scheduler
-from brigade.core.scheduler_output import ModelRunnerOutput
-from brigade.engine.messages import FinishReason
+from brigade.interfaces import FinishReason, ModelRunnerOutput
 from brigade.sampling_params import SamplingParams
 
 EOS = 0

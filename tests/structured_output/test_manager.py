@@ -17,8 +17,7 @@ from transformers import AutoConfig, AutoTokenizer
 from brigade.config import CacheConfig, SchedulerConfig
 from brigade.core.request import Request, RequestStatus
 from brigade.core.scheduler import Scheduler
-from brigade.core.scheduler_output import ModelRunnerOutput
-from brigade.engine.messages import FinishReason
+from brigade.interfaces import FinishReason, ModelRunnerOutput
 from brigade.sampling_params import InvalidParamError, SamplingParams, StructuredOutputsParams
 from brigade.structured_output import GrammarSpec, StructuredOutputManager, validate_structured_outputs
 

@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from brigade.config import ConfigError, KVTransferConfig
-from brigade.kv_transfer import KVCacheLayout, KVConnectorBase, KVConnectorMetadata, KVConnectorRole, PromptBlocks
+from brigade.interfaces import KVConnectorMetadata
+from brigade.kv_transfer import KVCacheLayout, KVConnectorBase, KVConnectorRole, PromptBlocks
 from brigade_nixl.pool import BlockPool
 from brigade_nixl.side_channel import PROTOCOL_VERSION, SideChannelClient, SideChannelError, SideChannelServer
 from brigade_nixl.transfer import LoadError, SlotReader, make_agent, nixl_api
 
 if TYPE_CHECKING:
-    from brigade.core.request import Request
-    from brigade.core.scheduler_output import SchedulerOutput
+    from brigade.interfaces import ConnectorRequest, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class NixlConnector(KVConnectorBase):
                     pool_blocks * self.pool.slot_bytes / 2**20, self._agent.name, self.address)
 
     # ---- scheduler role -------------------------------------------------------------------------
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
+    def get_num_new_matched_tokens(self, request: ConnectorRequest, num_computed_tokens: int) -> int:
         if not self.is_consumer or request.lora_name is not None:
             return 0
         previous = self._lookups.pop(request.request_id, None)  # asked again: it was not admitted last time
@@ -260,7 +260,8 @@ class NixlConnector(KVConnectorBase):
                 self._channel_failed = True
                 logger.debug("NixlConnector: could not release leases %s: %s", lease_ids, exc)
 
-    def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: ConnectorRequest, block_ids: list[int],
+                                 num_external_tokens: int) -> None:
         lookup = self._lookups.pop(request.request_id, None)
         if num_external_tokens > 0 and lookup is not None:
             first = request.num_computed_tokens // self.block_size
@@ -280,7 +281,7 @@ class NixlConnector(KVConnectorBase):
         metadata.saves = [BlockSave(block_id, key) for block_id, key in self._blocks.completed(scheduler_output)]
         return metadata
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> bool:
+    def request_finished(self, request: ConnectorRequest, block_ids: list[int]) -> bool:
         self._blocks.forget(request.request_id)
         lookup = self._lookups.pop(request.request_id, None)
         if lookup is not None:  # finished (aborted) while waiting

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from brigade.config import ConfigError, KVTransferConfig
-from brigade.kv_transfer import KVCacheLayout, KVConnectorBase, KVConnectorMetadata, KVConnectorRole, PromptBlocks
+from brigade.interfaces import KVConnectorMetadata
+from brigade.kv_transfer import KVCacheLayout, KVConnectorBase, KVConnectorRole, PromptBlocks
 from brigade_shm.store import KVBlockStore, StoreEntryError
 
 if TYPE_CHECKING:
-    from brigade.core.request import Request
-    from brigade.core.scheduler_output import SchedulerOutput
+    from brigade.interfaces import ConnectorRequest, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class SharedMemoryConnector(KVConnectorBase):
             raise ConfigError(f"{flag} path {path!r} does not exist and neither does its parent directory")
 
     # ---- scheduler role -------------------------------------------------------------------------
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
+    def get_num_new_matched_tokens(self, request: ConnectorRequest, num_computed_tokens: int) -> int:
         if not self.is_consumer or request.lora_name is not None:
             return 0
         first = num_computed_tokens // self.block_size
@@ -131,7 +131,8 @@ class SharedMemoryConnector(KVConnectorBase):
             num_blocks += 1
         return (num_blocks - first) * self.block_size
 
-    def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: ConnectorRequest, block_ids: list[int],
+                                 num_external_tokens: int) -> None:
         if num_external_tokens > 0:
             first = request.num_computed_tokens // self.block_size
             keys = self._blocks.keys(request)
@@ -148,7 +149,7 @@ class SharedMemoryConnector(KVConnectorBase):
         metadata.saves = [BlockTransfer(block_id, key) for block_id, key in self._blocks.completed(scheduler_output)]
         return metadata
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> bool:
+    def request_finished(self, request: ConnectorRequest, block_ids: list[int]) -> bool:
         self._blocks.forget(request.request_id)
         return False  # saves are done within their step
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 
-from brigade.engine.messages import EngineCoreRequest, FinishReason
+from brigade.interfaces import EngineCoreRequest, FinishReason
 from brigade.sampling_params import SamplingParams
 
 

@@ -8,7 +8,7 @@ running request is preempted: its blocks are freed and it is recomputed later. T
 request whose adapter would make more than ``max_loras`` distinct adapters among the running requests waits
 (the others behind it may go), as in vLLM; ``lora_ids_in_use`` tells the engine core which adapters it may
 drop after an unload. A request the runner could not run (its adapter's evicted weights cannot be read again)
-comes back in ``ModelRunnerOutput.failed_req_ids`` and is finished as aborted.
+comes back in ``ModelRunnerOutput.failures`` (as not run) and is finished as aborted.
 
 Speculative decoding (``--speculative-config``): after a step, ``update_from_output`` asks the
 n-gram proposer (``brigade.spec_decode``) for draft tokens of each running request; the next ``schedule``
@@ -35,10 +35,9 @@ from brigade.config import CacheConfig, LoRAConfig, SchedulerConfig, Speculative
 from brigade.core.kv_cache_manager import KVCacheManager
 from brigade.core.request import Request, RequestStatus
 from brigade.core.request_queue import make_request_queue
-from brigade.core.scheduler_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
-                                           SchedulerOutput)
-from brigade.engine.messages import (EngineCoreOutput, EngineCoreOutputs, FinishReason, LogprobsLists,
-                                     SchedulerStats, SpecDecodingStats)
+from brigade.interfaces import (CachedRequestData, EngineCoreOutput, EngineCoreOutputs, FinishReason, LogprobsLists,
+                                ModelRunnerOutput, NewRequestData, RequestFailure, SchedulerOutput, SchedulerStats,
+                                SpecDecodingStats)
 from brigade.kv_transfer.base import KVConnectorBase
 from brigade.spec_decode import NgramProposer
 
@@ -316,11 +315,10 @@ class Scheduler:
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
         """Append sampled tokens, apply stop conditions, free finished requests, build the step's outputs.
-        Requests the runner could not run (``failed_req_ids``) are finished as aborted, the reason as their
-        ``stop_reason``."""
+        Requests in ``failures`` are finished (aborted when they did not run, FINISHED_ERROR when they failed in
+        the step), the reason as their ``stop_reason``."""
         outputs, self.grammar_failures = self.grammar_failures, []
-        outputs += self._finish_failed(runner_output.failed_req_ids)
-        outputs += self._finish_failed(runner_output.error_req_ids, RequestStatus.FINISHED_ERROR)
+        outputs += self._finish_failed(runner_output.failures)
         for req_id, token_ids in zip(runner_output.req_ids, runner_output.sampled_token_ids):
             request = self.requests.get(req_id)
             prompt_logprobs = self._new_prompt_logprobs(request, scheduler_output, runner_output)
@@ -357,18 +355,18 @@ class Scheduler:
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(scheduler_output),
                                  timestamp=time.time())
 
-    def _finish_failed(self, failed_req_ids: dict[str, str],
-                       status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> list[EngineCoreOutput]:
-        """Finish the requests the runner left out of a step because they cannot run (aborted), or that failed
-        in it (FINISHED_ERROR: finish_reason "error"), request id -> why; their step's tokens are dropped. One
-        already finished (aborted meanwhile, or reported by an earlier step) is skipped."""
+    def _finish_failed(self, failures: dict[str, RequestFailure]) -> list[EngineCoreOutput]:
+        """Finish the requests the runner left out of a step because they cannot run (aborted), then those that
+        failed in it (FINISHED_ERROR: finish_reason "error"); their step's tokens are dropped. One already
+        finished (aborted meanwhile, or reported by an earlier step) is skipped."""
         outputs = []
-        for request in self.finish_requests(list(failed_req_ids), status):
-            reason = failed_req_ids[request.request_id]
-            logger.warning("request %s %s: %s", request.request_id,
-                           "failed" if status == RequestStatus.FINISHED_ERROR else "is aborted", reason)
-            outputs.append(EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
-                                            finish_reason=RequestStatus.finish_reason(status), stop_reason=reason))
+        for ran, status in ((False, RequestStatus.FINISHED_ABORTED), (True, RequestStatus.FINISHED_ERROR)):
+            req_ids = [req_id for req_id, failure in failures.items() if failure.ran == ran]
+            for request in self.finish_requests(req_ids, status):
+                reason = failures[request.request_id].message
+                logger.warning("request %s %s: %s", request.request_id, "failed" if ran else "is aborted", reason)
+                outputs.append(EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
+                                                finish_reason=RequestStatus.finish_reason(status), stop_reason=reason))
         return outputs
 
     def _append_until_stop(self, request: Request, token_ids: list[int]) -> list[int]:

@@ -17,12 +17,10 @@ from brigade.config import BrigadeConfig
 from brigade.engine.core import prepare_config
 from brigade.engine.core_client import AsyncMPClient, EngineDeadError, EngineRequestError, UtilityCallError
 from brigade.engine.input_processor import InputProcessor, eos_token_id
-from brigade.engine.messages import SchedulerStats, UtilityMethod
 from brigade.engine.output_processor import OutputProcessor
+from brigade.interfaces import IterationStats, LoRARequest, RequestOutput, SchedulerStats, StatLoggerBase, UtilityMethod
 from brigade.lora.adapter import LoRAError, LoRANameError, UnknownLoRAError
-from brigade.lora.request import LoRARequest, lora_module_requests, name_list
-from brigade.metrics.stats import IterationStats, StatLoggerBase
-from brigade.outputs import RequestOutput
+from brigade.lora.request import lora_module_requests, name_list
 from brigade.sampling_params import InvalidParamError, SamplingParams
 from brigade.tokenizer import get_tokenizer
 

@@ -12,9 +12,9 @@ import logging
 from brigade.config import MIN_KV_BLOCKS, BrigadeConfig, ConfigError
 from brigade.core.request import Request, RequestStatus
 from brigade.core.scheduler import Scheduler
-from brigade.engine.messages import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason,
-                                     UtilityMethod)
 from brigade.executor.abstract import Executor
+from brigade.interfaces import (AsyncModelRunnerOutput, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
+                                FinishReason, SchedulerOutput, UtilityMethod)
 from brigade.kv_transfer import KVConnectorRole, make_kv_connector
 from brigade.lora.request import lora_module_requests
 from brigade.structured_output import StructuredOutputManager
@@ -97,7 +97,8 @@ class EngineCore:
             # they are known (vLLM v1 also ran speculation without async scheduling at first).
             logger.info("speculative decoding: overlapped (async) scheduling is off; steps run one at a time")
             self.overlap = False
-        self._in_flight = None  # (SchedulerOutput, SampledTokens) of the step launched last, when overlapping
+        # The step launched last, when overlapping: its plan and the handle of its output still on the device.
+        self._in_flight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
         # LoRA adapters registered in the workers, lora_int_id -> name (the --lora-modules ones to start with),
         # and those unloaded whose weights wait for their last requests to finish.
         self.loras: dict[int, str] = {} if config.lora_config is None else {

@@ -20,8 +20,8 @@ import zmq.asyncio
 
 from brigade.config import BrigadeConfig
 from brigade.engine.core_proc import run_engine_core
-from brigade.engine.messages import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
-                                     EngineCoreUtility, UtilityMethod)
+from brigade.interfaces import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, EngineCoreUtility,
+                                UtilityMethod)
 
 logger = logging.getLogger("brigade.engine")
 

@@ -21,8 +21,7 @@ import zmq
 
 from brigade.config import BrigadeConfig
 from brigade.engine.core import EngineCore
-from brigade.engine.messages import (EngineCoreOutputs, EngineCoreRequest,
-                                     EngineCoreRequestType, EngineCoreUtility)
+from brigade.interfaces import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, EngineCoreUtility
 from brigade.lora.adapter import LoRAError
 from brigade.parent_watch import watch_parent
 

@@ -10,7 +10,7 @@ import time
 
 import msgspec
 
-from brigade.engine.messages import EngineCoreRequest
+from brigade.interfaces import EngineCoreRequest
 from brigade.sampling_params import InvalidParamError, SamplingParams
 from brigade.structured_output import validate_structured_outputs
 

@@ -7,8 +7,8 @@ from brigade.engine.core import EngineCore
 from brigade.engine.core_client import EngineDeadError
 from brigade.engine.input_processor import InputProcessor, eos_token_id
 from brigade.engine.output_processor import OutputProcessor
-from brigade.lora.request import LoRARequest, lora_module_requests
-from brigade.outputs import RequestOutput
+from brigade.interfaces import LoRARequest, RequestOutput
+from brigade.lora.request import lora_module_requests
 from brigade.sampling_params import SamplingParams
 from brigade.tokenizer import get_tokenizer
 
@@ -129,11 +129,11 @@ class LLMEngine:
         return outputs
 
     def get_kv_cache_stats(self) -> dict:
-        from brigade.engine.messages import UtilityMethod
+        from brigade.interfaces import UtilityMethod
 
         return self.core.call_utility(UtilityMethod.GET_KV_CACHE_STATS)
 
     def reset_prefix_cache(self) -> bool:
-        from brigade.engine.messages import UtilityMethod
+        from brigade.interfaces import UtilityMethod
 
         return self.core.call_utility(UtilityMethod.RESET_PREFIX_CACHE)

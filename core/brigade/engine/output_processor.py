@@ -12,9 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from brigade.engine.detokenizer import IncrementalDetokenizer
-from brigade.engine.messages import EngineCoreOutput, FinishReason, LogprobsLists
-from brigade.metrics.stats import FinishedRequestStats, IterationStats
-from brigade.outputs import CompletionOutput, Logprob, RequestOutput, SampleLogprobs
+from brigade.interfaces import (CompletionOutput, EngineCoreOutput, FinishedRequestStats, FinishReason, IterationStats,
+                                Logprob, LogprobsLists, RequestOutput, SampleLogprobs)
 from brigade.sampling_params import RequestOutputKind, SamplingParams
 
 

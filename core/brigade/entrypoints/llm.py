@@ -11,8 +11,7 @@ from tqdm import tqdm
 
 from brigade.config import BrigadeConfig, config_from_kwargs
 from brigade.engine.llm_engine import LLMEngine
-from brigade.lora.request import LoRARequest
-from brigade.outputs import RequestOutput
+from brigade.interfaces import LoRARequest, RequestOutput
 from brigade.sampling_params import InvalidParamError, RequestOutputKind, SamplingParams
 from brigade.tokenizer import apply_chat_template
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from brigade.config import BrigadeConfig
-from brigade.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from brigade.interfaces import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
+from brigade.kv_transfer import check_kv_transfer_config
 
 
 class Executor(ABC):
@@ -20,9 +21,11 @@ class Executor(ABC):
         """uni for one device (or when asked), mp for several.
 
         Raises:
-            ConfigError: settings this build cannot run (``BrigadeConfig.check_supported``).
+            ConfigError: settings this build cannot run (``BrigadeConfig.check_supported``), or a KV connector
+                it cannot run (``check_kv_transfer_config``).
         """
         config.check_supported()
+        check_kv_transfer_config(config.kv_transfer_config)
         backend = config.parallel_config.distributed_executor_backend
         if backend is None:
             backend = "uni" if config.parallel_config.world_size == 1 else "mp"
@@ -48,11 +51,12 @@ class Executor(ABC):
         """Allocate the KV cache on every worker."""
 
     @abstractmethod
-    def execute_model(self, scheduler_output: SchedulerOutput, *, overlap: bool = False):
+    def execute_model(self, scheduler_output: SchedulerOutput, *,
+                      overlap: bool = False) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         """Run one step; the output comes from the driver worker.
 
-        Returns a ModelRunnerOutput, or with ``overlap`` an object whose ``get()`` returns it once the
-        device is done (the call itself returns as soon as the work is queued).
+        Returns a ModelRunnerOutput, or with ``overlap`` an AsyncModelRunnerOutput whose ``get()`` returns it
+        once the device is done (the call itself returns as soon as the work is queued).
         """
 
     def kv_cache_layout(self):

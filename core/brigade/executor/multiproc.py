@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from brigade.config import BrigadeConfig
-from brigade.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from brigade.executor.abstract import Executor
+from brigade.interfaces import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
 from brigade.utils import freeze_gc_heap
 
 logger = logging.getLogger(__name__)
@@ -222,7 +222,8 @@ class MultiprocExecutor(Executor):
     def remove_lora(self, lora_int_id: int) -> bool:
         return self._call(WorkerCommand.REMOVE_LORA, lora_int_id)[0]
 
-    def execute_model(self, scheduler_output: SchedulerOutput, *, overlap: bool = False):
+    def execute_model(self, scheduler_output: SchedulerOutput, *,
+                      overlap: bool = False) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         self._broadcast(WorkerCommand.EXECUTE_MODEL, scheduler_output)
         pending = PendingReplies(self)
         self._outstanding.append(pending)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from brigade.config import BrigadeConfig
-from brigade.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from brigade.executor.abstract import Executor
+from brigade.interfaces import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
 from brigade.utils import resolve_obj_by_qualname
 
 
@@ -33,7 +33,8 @@ class UniProcExecutor(Executor):
     def remove_lora(self, lora_int_id: int) -> bool:
         return self.worker.remove_lora(lora_int_id)
 
-    def execute_model(self, scheduler_output: SchedulerOutput, *, overlap: bool = False):
+    def execute_model(self, scheduler_output: SchedulerOutput, *,
+                      overlap: bool = False) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         return self.worker.execute_model(scheduler_output, overlap=overlap)
 
     def shutdown(self) -> None:

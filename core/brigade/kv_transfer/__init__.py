@@ -8,7 +8,7 @@ core makes the scheduler-role instance, each model runner the worker-role one, b
 from __future__ import annotations
 
 from brigade.config import ConfigError, KVTransferConfig
-from brigade.kv_transfer.base import KVCacheLayout, KVConnectorBase, KVConnectorMetadata, KVConnectorRole
+from brigade.kv_transfer.base import KVCacheLayout, KVConnectorBase, KVConnectorRole
 from brigade.kv_transfer.keys import extend_block_keys
 from brigade.kv_transfer.prompt_blocks import PromptBlocks
 
@@ -35,6 +35,18 @@ def get_connector_class(config: KVTransferConfig) -> type[KVConnectorBase]:
     return cls
 
 
+def check_kv_transfer_config(config: KVTransferConfig | None) -> None:
+    """Refuse, in one line and before anything loads, a ``--kv-transfer-config`` whose connector no installed
+    plugin registers or whose ``kv_connector_extra_config`` the connector refuses (``KVConnectorBase.check_config``).
+    Nothing to check without one.
+
+    Raises:
+        ConfigError, PluginLoadError: as ``get_connector_class``, or from the connector's ``check_config``.
+    """
+    if config is not None:
+        get_connector_class(config).check_config(config)
+
+
 def make_kv_connector(config: KVTransferConfig, role: KVConnectorRole, layout: KVCacheLayout) -> KVConnectorBase:
     """Instantiate the configured connector for ``role``.
 
@@ -48,5 +60,5 @@ def make_kv_connector(config: KVTransferConfig, role: KVConnectorRole, layout: K
     return registries.kv_connectors.create(config.kv_connector, config, role, layout)
 
 
-__all__ = ["KVCacheLayout", "KVConnectorBase", "KVConnectorMetadata", "KVConnectorRole", "PromptBlocks",
-           "extend_block_keys", "get_connector_class", "make_kv_connector"]
+__all__ = ["KVCacheLayout", "KVConnectorBase", "KVConnectorRole", "PromptBlocks",
+           "check_kv_transfer_config", "extend_block_keys", "get_connector_class", "make_kv_connector"]

@@ -28,8 +28,7 @@ if TYPE_CHECKING:
     import torch
 
     from brigade.config import KVTransferConfig
-    from brigade.core.request import Request
-    from brigade.core.scheduler_output import SchedulerOutput
+    from brigade.interfaces import ConnectorRequest, KVConnectorMetadata, SchedulerOutput
 
 
 class KVConnectorRole(enum.Enum):
@@ -37,14 +36,6 @@ class KVConnectorRole(enum.Enum):
 
     SCHEDULER = 0  # in the EngineCore, beside the Scheduler
     WORKER = 1  # in each worker, beside the ModelRunner
-
-
-class KVConnectorMetadata:
-    """Base of the message a scheduler-role connector sends its worker-role peer each step (inside
-    ``SchedulerOutput.kv_connector_metadata``). Subclasses are slotted dataclasses that pickle: with the
-    multiprocess executor they cross a pipe."""
-
-    __slots__ = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +87,7 @@ class KVConnectorBase(ABC):
 
     @classmethod
     def check_config(cls, config: KVTransferConfig) -> None:
-        """Validate ``kv_connector_extra_config`` before anything loads (``BrigadeConfig.check_supported``).
+        """Validate ``kv_connector_extra_config`` before anything loads (``check_kv_transfer_config``).
 
         Raises:
             ConfigError: one line naming the bad key or value and what would be right.
@@ -114,7 +105,7 @@ class KVConnectorBase(ABC):
 
     # ---- scheduler role -------------------------------------------------------------------------
     @abstractmethod
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
+    def get_num_new_matched_tokens(self, request: ConnectorRequest, num_computed_tokens: int) -> int:
         """How many of a waiting request's tokens the external store can provide beyond those already computed.
 
         Only the longest prefix that is really available counts. The answer is whole blocks and, with
@@ -129,7 +120,8 @@ class KVConnectorBase(ABC):
         """
 
     @abstractmethod
-    def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: ConnectorRequest, block_ids: list[int],
+                                 num_external_tokens: int) -> None:
         """The scheduler admitted ``request`` and gave it blocks. Called for every admitted request.
 
         At the call, ``request.num_computed_tokens`` is the local prefix-cache hit; the external tokens (if
@@ -144,7 +136,7 @@ class KVConnectorBase(ABC):
         what to save after it). Called at the end of ``Scheduler.schedule``, once the scheduled requests'
         ``num_computed_tokens`` count this step's tokens; it drains the state built since the last call."""
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> bool:
+    def request_finished(self, request: ConnectorRequest, block_ids: list[int]) -> bool:
         """A request finished (or was aborted) and its blocks are about to be freed.
 
         Returns:

@@ -15,15 +15,14 @@ from brigade.kv_transfer.base import KVCacheLayout
 from brigade.kv_transfer.keys import extend_block_keys
 
 if TYPE_CHECKING:
-    from brigade.core.request import Request
-    from brigade.core.scheduler_output import SchedulerOutput
+    from brigade.interfaces import ConnectorRequest, SchedulerOutput
 
 
 @dataclass(slots=True)
 class _Unsaved:
     """A producer's running request whose prompt blocks are not saved yet, and its block table so far."""
 
-    request: Request
+    request: ConnectorRequest
     block_ids: list[int]
 
 
@@ -40,14 +39,14 @@ class PromptBlocks:
         self._keys: dict[str, list[str]] = {}  # request id -> keys of its full blocks so far
         self._unsaved: dict[str, _Unsaved] = {}
 
-    def keys(self, request: Request) -> list[str]:
+    def keys(self, request: ConnectorRequest) -> list[str]:
         """The keys of ``request``'s full blocks so far (hex sha256 strings, one per block, extended in place as
         the request grows; see ``extend_block_keys``)."""
         keys = self._keys.setdefault(request.request_id, [])
         extend_block_keys(keys, request.all_token_ids, self.layout, request.cache_salt)
         return keys
 
-    def track(self, request: Request, block_ids: list[int]) -> None:
+    def track(self, request: ConnectorRequest, block_ids: list[int]) -> None:
         """A producer's request was admitted with the block table ``block_ids``: save its prompt blocks once its
         prompt is computed (requests on a LoRA adapter are skipped: the keys do not name adapter weights)."""
         if request.lora_name is None:

@@ -4,6 +4,6 @@
 delta inside a linear layer, ``manager`` gives the adapters of a batch their weight slots.
 """
 
-from brigade.lora.request import LoRARequest
+from brigade.interfaces import LoRARequest
 
 __all__ = ["LoRARequest"]

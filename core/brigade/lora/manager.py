@@ -28,9 +28,9 @@ import torch
 from torch import nn
 
 from brigade.config import LoRAConfig
+from brigade.interfaces import LoRARequest
 from brigade.lora.adapter import CONFIG_FILE, SUPPORTED_MODULES, WEIGHTS_FILE, LoRAAdapter, LoRAError, load_adapter
 from brigade.lora.layers import LoRABatch, LoRALinear
-from brigade.lora.request import LoRARequest
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,4 @@
-"""Metrics: per-step statistics and the stat loggers that publish them (Prometheus, plugins)."""
+"""Metrics: the stat loggers that publish each step's statistics (Prometheus, the periodic log line).
 
-from brigade.metrics.stats import FinishedRequestStats, IterationStats, StatLoggerBase
-
-__all__ = ["FinishedRequestStats", "IterationStats", "StatLoggerBase"]
+The statistics themselves and ``StatLoggerBase`` are in ``brigade.interfaces``.
+"""

@@ -15,8 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from brigade.engine.messages import SchedulerStats
-from brigade.metrics.stats import IterationStats, StatLoggerBase
+from brigade.interfaces import IterationStats, SchedulerStats, StatLoggerBase
 
 logger = logging.getLogger("brigade.metrics")
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from brigade.engine.messages import SchedulerStats
-from brigade.metrics.stats import IterationStats, StatLoggerBase
+from brigade.interfaces import IterationStats, SchedulerStats, StatLoggerBase
 
 # Bucket edges in seconds: fine below a second, where interactive latencies live, then coarse.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from brigade.config import ModelConfig
-    from brigade.outputs import RequestOutput
+    from brigade.interfaces import RequestOutput
     from brigade.plugins.registry import Registries
     from brigade.sampling_params import SamplingParams
 

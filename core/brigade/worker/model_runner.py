@@ -19,9 +19,8 @@ import torch
 
 from brigade.attention.backend import AttentionBackend, AttentionContext
 from brigade.config import BrigadeConfig
-from brigade.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from brigade.engine.messages import LogprobsLists
-from brigade.kv_transfer import KVCacheLayout, KVConnectorBase, KVConnectorMetadata, KVConnectorRole, make_kv_connector
+from brigade.interfaces import KVConnectorMetadata, LogprobsLists, ModelRunnerOutput, RequestFailure, SchedulerOutput
+from brigade.kv_transfer import KVCacheLayout, KVConnectorBase, KVConnectorRole, make_kv_connector
 from brigade.plugins import registries
 from brigade.sample.metadata import SamplingRequestState, build_sampling_metadata
 from brigade.sample.rejection_sampler import RejectionSampler
@@ -285,7 +284,7 @@ class ModelRunner:
         take those tokens straight from the device (vLLM v1's asynchronous scheduling).
 
         A scheduled request on a LoRA adapter whose evicted host weights cannot be read again is left out of
-        the step and named in the output's ``failed_req_ids`` (the scheduler aborts it); the others run.
+        the step and named in the output's ``failures`` (not run: the scheduler aborts it); the others run.
         """
         self._update_states(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
@@ -298,20 +297,21 @@ class ModelRunner:
         if failed:
             num_scheduled = {rid: n for rid, n in num_scheduled.items() if rid not in failed}
             if not num_scheduled:
-                output = ModelRunnerOutput([], [], failed_req_ids=failed)
+                output = ModelRunnerOutput([], [], failures=failed)
                 return ReadyOutput(output) if overlap else output
         result = self._run(scheduler_output, num_scheduled, connector_meta, overlap)
         if failed:
-            (result.output if isinstance(result, ReadyOutput) else result).failed_req_ids = failed
+            (result.output if isinstance(result, ReadyOutput) else result).failures.update(failed)
         return result
 
-    def _lora_failures(self, num_scheduled: dict[str, int]) -> dict[str, str]:
+    def _lora_failures(self, num_scheduled: dict[str, int]) -> dict[str, RequestFailure]:
         """The scheduled requests whose LoRA adapter cannot run (its evicted host weights cannot be read
-        again; ``LoRAManager.maybe_reload``, which reads the others back): request id -> the LoRAError line."""
+        again; ``LoRAManager.maybe_reload``, which reads the others back): request id -> the LoRAError line,
+        as a failure that did not run."""
         failed = self.lora_manager.maybe_reload(self.requests[rid].lora_int_id for rid in num_scheduled)
         if not failed:
             return {}
-        return {rid: failed[self.requests[rid].lora_int_id] for rid in num_scheduled
+        return {rid: RequestFailure(failed[self.requests[rid].lora_int_id], ran=False) for rid in num_scheduled
                 if self.requests[rid].lora_int_id in failed}
 
     def _run(self, scheduler_output: SchedulerOutput, num_scheduled: dict[str, int],
@@ -389,7 +389,8 @@ class ModelRunner:
             self.requests[rid].num_pending += 1
         result = SampledTokens(self, order, inputs.sampling_req_ids, out)
         # Rows a plugin's logits processor failed on: their requests fail with its line (the engine goes on).
-        result.error_req_ids = {inputs.sampling_req_ids[row]: why for row, why in metadata.processor_errors.items()}
+        result.failures = {inputs.sampling_req_ids[row]: RequestFailure(why, ran=True)
+                           for row, why in metadata.processor_errors.items()}
         if overlap:
             return result  # requests with prompt_logprobs are never overlapped (Request.overlap_safe)
         output = result.get()
@@ -457,9 +458,10 @@ class ModelRunner:
                                               logprobs=[lps[i][:k + 1] for i in span], ranks=[ranks[i] for i in span])
             first += len(tokens)
         self.prev_sampled, self.prev_rows = None, {}
-        errors = {row_req_ids[row]: why for row, why in sorted(metadata.processor_errors.items())}
+        errors = {row_req_ids[row]: RequestFailure(why, ran=True)
+                  for row, why in sorted(metadata.processor_errors.items())}
         return ModelRunnerOutput(req_ids=order, sampled_token_ids=[emitted.get(r, []) for r in order],
-                                 logprobs=logprobs, error_req_ids=errors)
+                                 logprobs=logprobs, failures=errors)
 
     def _fill_pending_inputs(self, inputs) -> None:
         """Put the previous step's samples, still on the device, into this step's input ids."""
@@ -610,8 +612,7 @@ class SampledTokens:
         self.logprobs = None if out.logprobs is None else \
             (_to_host(out.logprobs.token_ids), _to_host(out.logprobs.logprobs), _to_host(out.logprobs.ranks))
         self.event = None
-        self.failed_req_ids: dict[str, str] = {}  # scheduled requests left out of the step (ModelRunnerOutput)
-        self.error_req_ids: dict[str, str] = {}  # requests a plugin's logits processor failed on (ModelRunnerOutput)
+        self.failures: dict[str, RequestFailure] = {}  # ModelRunnerOutput.failures
         if out.sampled_token_ids.device.type == "cuda":
             self.event = torch.cuda.Event()
             self.event.record()
@@ -637,5 +638,4 @@ class SampledTokens:
                     logprobs[rid] = LogprobsLists(token_ids=[ids[row][:k + 1]], logprobs=[lps[row][:k + 1]],
                                                   ranks=[ranks[row]])
         return ModelRunnerOutput(req_ids=self.req_ids, sampled_token_ids=[sampled.get(r, []) for r in self.req_ids],
-                                 logprobs=logprobs, failed_req_ids=self.failed_req_ids,
-                                 error_req_ids=self.error_req_ids)
+                                 logprobs=logprobs, failures=self.failures)

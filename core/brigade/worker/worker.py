@@ -10,7 +10,7 @@ import logging
 import torch
 
 from brigade.config import BrigadeConfig
-from brigade.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from brigade.interfaces import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
 from brigade.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -105,7 +105,8 @@ class Worker:
         """Drop a LoRA adapter from the runner; False when no adapter has that id."""
         return self.model_runner.remove_lora(lora_int_id)
 
-    def execute_model(self, scheduler_output: SchedulerOutput, *, overlap: bool = False):
+    def execute_model(self, scheduler_output: SchedulerOutput, *,
+                      overlap: bool = False) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output, overlap=overlap)
 
     def shutdown(self) -> None:

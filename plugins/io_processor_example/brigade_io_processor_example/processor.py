@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from brigade.outputs import RequestOutput
+from brigade.interfaces import RequestOutput
 from brigade.plugins.io_processor import IOProcessor, IOProcessorRequest
 from brigade.sampling_params import SamplingParams
 

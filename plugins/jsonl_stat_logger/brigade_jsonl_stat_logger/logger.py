@@ -11,8 +11,7 @@ from typing import Any
 
 import msgspec
 
-from brigade.engine.messages import SchedulerStats
-from brigade.metrics import IterationStats, StatLoggerBase
+from brigade.interfaces import IterationStats, SchedulerStats, StatLoggerBase
 
 logger = logging.getLogger(__name__)
 

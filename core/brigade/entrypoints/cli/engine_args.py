@@ -18,6 +18,7 @@ from typing import Any
 from brigade.cache_paths import DEFAULT_MODEL_NAME, default_model, default_model_dir
 from brigade.config import (BrigadeConfig, CacheConfig, CompilationConfig, ConfigError, KVTransferConfig,
                             LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig)
+from brigade.kv_transfer import check_kv_transfer_config
 from brigade.tokenizer import TOKENIZER_FILES, check_model_has_tokenizer
 
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
@@ -424,14 +425,15 @@ def check_chat_template(template: str) -> None:
 
 
 def runnable_config_from_args(args: argparse.Namespace) -> BrigadeConfig:
-    """``config_from_args``, then ``BrigadeConfig.check_supported``: what every command that starts an engine
-    needs before anything loads.
+    """``config_from_args``, then ``BrigadeConfig.check_supported`` and ``check_kv_transfer_config``: what every
+    command that starts an engine needs before anything loads.
 
     Raises:
         ConfigError: a bad flag, or a setting this build cannot run; one line either way.
     """
     config = config_from_args(args)
     config.check_supported()
+    check_kv_transfer_config(config.kv_transfer_config)
     return config
 
 

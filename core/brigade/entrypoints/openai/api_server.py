@@ -44,10 +44,9 @@ from brigade.entrypoints.openai.serving_completion import OpenAIServingCompletio
 from brigade.entrypoints.openai.serving_tokenize import OpenAIServingTokenization
 from brigade.entrypoints.openai.shutdown import (FLUSH_GRACE_S, Drain, DrainingServer,
                                                  quiet_signals_after_serve)
-from brigade.lora.request import LoRARequest
+from brigade.interfaces import LoRARequest, StatLoggerBase
 from brigade.metrics.log_stats import LoggingStatLogger
 from brigade.metrics.prometheus import PrometheusStatLogger
-from brigade.metrics.stats import StatLoggerBase
 from brigade.utils import freeze_gc_heap
 from brigade.version import __version__
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from brigade.outputs import CompletionOutput, Logprob, RequestOutput
+from brigade.interfaces import CompletionOutput, Logprob, RequestOutput
 
 
 @dataclass

@@ -22,7 +22,7 @@ from brigade.entrypoints.openai.serving_chat import OpenAIServingChat
 from brigade.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from brigade.entrypoints.openai.serving_tokenize import OpenAIServingTokenization
 from brigade.entrypoints.openai.streaming import json_response
-from brigade.lora.request import LoRARequest
+from brigade.interfaces import LoRARequest
 from brigade.metrics.prometheus import PrometheusStatLogger
 from brigade.version import __version__
 

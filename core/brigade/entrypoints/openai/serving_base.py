@@ -23,8 +23,7 @@ from brigade.entrypoints.openai.protocol import SamplingFields
 from brigade.entrypoints.openai.responses import PromptLogprob
 from brigade.entrypoints.openai.shutdown import Drain
 from brigade.entrypoints.openai.streaming import LOOP_SLICE
-from brigade.lora.request import LoRARequest
-from brigade.outputs import Logprob, RequestOutput
+from brigade.interfaces import Logprob, LoRARequest, RequestOutput
 from brigade.plugins.errors import PluginRuntimeError
 from brigade.sampling_params import InvalidParamError, RequestOutputKind, SamplingParams, StructuredOutputsParams
 from brigade.structured_output import validate_structured_outputs

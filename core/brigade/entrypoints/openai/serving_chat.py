@@ -29,7 +29,7 @@ from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_
                                                   shielded, sse_error_event, sse_event)
 from brigade.entrypoints.openai.tool_calls import (ToolPlan, ToolStream, make_tool_plan, parse_tool_calls,
                                                    prepare_conversation)
-from brigade.outputs import Logprob
+from brigade.interfaces import Logprob
 from brigade.sampling_params import MAX_LOGPROBS, SamplingParams
 
 TEMPLATE_RUNTIME_ERRORS = (TypeError, AttributeError, LookupError, ArithmeticError)

@@ -23,7 +23,7 @@ from brigade.entrypoints.openai.serving_base import OpenAIServing
 from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_response, merge_async_iterators,
                                                   run_unless_disconnected, shielded, sse_error_event, sse_event)
 from brigade.entrypoints.openai.text_offsets import TextOffsets, prompt_offsets
-from brigade.outputs import CompletionOutput, Logprob
+from brigade.interfaces import CompletionOutput, Logprob
 from brigade.sampling_params import SamplingParams
 
 

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from brigade.entrypoints.openai.errors import OpenAIError
-from brigade.outputs import RequestOutput
+from brigade.interfaces import RequestOutput
 from brigade.plugins.io_processor import IOProcessor
 from brigade.sampling_params import RequestOutputKind
 

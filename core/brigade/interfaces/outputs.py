@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from brigade.interfaces.lora_request import LoRARequest
 
 
 @dataclass(slots=True)
@@ -24,7 +25,7 @@ class CompletionOutput:
     """One of the n sequences of a request.
 
     text and token_ids are cumulative or deltas depending on SamplingParams.output_kind.
-    finish_reason is None while running, else "stop", "length" or "abort".
+    finish_reason is None while running, else "stop", "length", "abort" or "error".
     stop_reason is the stop string or stop token id that ended it, or None (EOS or length).
     """
 
@@ -52,4 +53,4 @@ class RequestOutput:
     num_cached_tokens: int = 0
     prompt_logprobs: SampleLogprobs | None = None
     metrics: dict = field(default_factory=dict)
-    lora_request: Any = None  # the brigade.lora.LoRARequest it ran on (offline ``LLM``), as in vLLM
+    lora_request: LoRARequest | None = None  # the adapter it ran on (offline ``LLM``), as in vLLM

@@ -1,19 +1,20 @@
 """SchedulerOutput: what the scheduler tells the model runner to compute in one step.
 
-It sends diffs: full data for requests the runner has not seen (new or resumed after preemption), and
-only new block ids for requests it already holds. The runner appends sampled tokens to its own copy of
-each request, so output tokens never travel back down.
+As in vLLM v1, it sends diffs: full data for requests the runner has not seen (new or resumed after
+preemption), and only new block ids for requests it already holds. The runner appends sampled tokens to its
+own copy of each request, so output tokens never travel back down.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from brigade.engine.messages import LogprobsLists
-from brigade.kv_transfer.base import KVConnectorMetadata
+from brigade.interfaces.kv_connector import KVConnectorMetadata
 from brigade.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(slots=True)
@@ -68,31 +69,3 @@ class SchedulerOutput:
     @classmethod
     def make_empty(cls) -> SchedulerOutput:
         return cls([], CachedRequestData.make_empty(), {}, 0, set(), set())
-
-
-@dataclass(slots=True)
-class ModelRunnerOutput:
-    """What the runner computed: for each scheduled request, its sampled tokens (empty mid-prefill).
-
-    A request with draft tokens gets its accepted drafts then one more token (the target's correction at
-    the first rejected draft, or the bonus token after all of them): 1 to k + 1 tokens.
-    """
-
-    req_ids: list[str]
-    sampled_token_ids: list[list[int]]  # aligned with req_ids
-    logprobs: dict[str, LogprobsLists] = field(default_factory=dict)  # only requests that asked
-    # Per request with prompt_logprobs: one row per prompt token this step scored (the token after each
-    # computed position), starting at the token after the chunk's first position.
-    prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
-    # Scheduled requests the runner could not run and left out of the step: request id -> why, one line (a
-    # LoRA adapter whose evicted weights cannot be read again). The scheduler finishes them as aborted.
-    failed_req_ids: dict[str, str] = field(default_factory=dict)
-    # Requests that ran but failed (a plugin's logits processor raised on them): request id -> the error, one
-    # line naming the plugin. The scheduler finishes them with finish_reason "error"; the engine goes on.
-    error_req_ids: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def make_empty(cls) -> ModelRunnerOutput:
-        return cls([], [])
-
-

@@ -1,4 +1,4 @@
-"""Typed messages between the front end (API server or LLM) and the EngineCore process.
+"""Engine I/O: the typed messages between the front end (API server or LLM) and the EngineCore process.
 
 They are msgspec structs with ``array_like=True, omit_defaults=True``: they cross a ZMQ socket once
 per request and once per step, so they encode as compact arrays without field names or default values.
@@ -10,7 +10,8 @@ import enum
 
 import msgspec
 
-from brigade.lora.request import LoRARequest
+from brigade.interfaces.lora_request import LoRARequest
+from brigade.interfaces.stats import SchedulerStats
 from brigade.sampling_params import SamplingParams
 
 
@@ -78,37 +79,6 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-
-class SpecDecodingStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """Speculative decoding counters of one step (vLLM's ``SpecDecodingStats``).
-
-    A "draft" is one request's drafts verified in one step; per_pos[i] counts drafts whose token i was accepted.
-    """
-
-    num_spec_tokens: int = 0  # k, the most drafts per request per step
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    num_accepted_tokens_per_pos: list[int] = []  # [k]
-
-
-class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """Engine-side gauges and counters for one step, for /metrics and stat loggers."""
-
-    num_running_reqs: int = 0
-    num_waiting_reqs: int = 0
-    kv_cache_usage: float = 0.0  # fraction of blocks in use, in [0, 1]
-    prefix_cache_queries: int = 0  # tokens looked up this step
-    prefix_cache_hits: int = 0  # tokens found this step
-    num_preemptions: int = 0  # preemptions this step
-    num_scheduled_tokens: int = 0
-    num_free_blocks: int = 0
-    num_total_blocks: int = 0
-    # With LoRA: adapter name -> its requests running / waiting (vLLM's lora_requests_info labels).
-    running_lora_adapters: dict[str, int] = {}
-    waiting_lora_adapters: dict[str, int] = {}
-    spec_decoding: SpecDecodingStats | None = None  # with --speculative-config
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
