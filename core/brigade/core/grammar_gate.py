@@ -37,6 +37,7 @@ class GrammarGate:
 
     def __init__(self, manager=None):
         self.manager = manager  # a brigade.structured_output StructuredOutputManager, or None
+        self.enabled = manager is not None
 
     def add_request(self, request_id: str, params: StructuredOutputsParams | None) -> None:
         """Start compiling a new request's grammar (never blocks); nothing when it has none."""

@@ -21,11 +21,8 @@ class LoRAAdmission:
 
     def __init__(self, max_loras: int | None):
         self.max_loras = max_loras  # None: LoRA is off, no limit
+        self.enabled = max_loras is not None
         self._active: set[tuple[str, int | None]] = set()  # lora_key of every adapter in the batch being built
-
-    @property
-    def enabled(self) -> bool:
-        return self.max_loras is not None
 
     def start_step(self, running: Iterable[Request]) -> None:
         """Begin admission for a step whose batch already holds ``running``."""

@@ -18,63 +18,24 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 
 from brigade.config import CacheConfig, LoRAConfig, SchedulerConfig, SpeculativeConfig
 from brigade.core.external_kv import ExternalKV
 from brigade.core.grammar_gate import VIOLATION_REASON, GrammarGate, GrammarVerdict
 from brigade.core.kv_cache_manager import KVCacheManager
 from brigade.core.lora_admission import LoRAAdmission
+from brigade.core.prompt_logprobs import PromptLogprobsLedger
 from brigade.core.request import Request, RequestStatus
 from brigade.core.request_queue import make_request_queue
-from brigade.core.scheduler_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
-                                           SchedulerOutput)
+from brigade.core.scheduler_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from brigade.core.spec_drafts import SpecDrafts
+from brigade.core.step_plan import StepPlan
+from brigade.core.stop_conditions import append_until_stop
 from brigade.engine.messages import (EngineCoreOutput, EngineCoreOutputs, FinishReason, LogprobsLists,
                                      SchedulerStats)
 from brigade.kv_transfer.base import KVConnectorBase
 
 logger = logging.getLogger("brigade.engine")
-
-
-@dataclass(slots=True)
-class _StepPlan:
-    """The step being planned: the token budget left and what is scheduled so far, in scheduling order."""
-
-    budget: int  # tokens left of max_num_batched_tokens
-    num_scheduled: dict[str, int] = field(default_factory=dict)  # request id -> new tokens this step
-    # Running requests the runner holds: request id -> (block ids added this step, num_computed_tokens before it).
-    cached: dict[str, tuple[list[int], int]] = field(default_factory=dict)
-    new_reqs: list[NewRequestData] = field(default_factory=list)
-    preempted_req_ids: set[str] = field(default_factory=set)
-    spec_tokens: dict[str, list[int]] = field(default_factory=dict)  # request id -> drafts it runs
-
-    def add_running(self, request: Request, num_new: int, new_block_ids: list[int], drafts: list[int]) -> None:
-        self.num_scheduled[request.request_id] = num_new
-        self.budget -= num_new
-        self.cached[request.request_id] = (new_block_ids, request.num_computed_tokens)
-        if drafts:
-            self.spec_tokens[request.request_id] = drafts
-
-    def add_new(self, data: NewRequestData, num_new: int) -> None:
-        self.num_scheduled[data.req_id] = num_new
-        self.budget -= num_new
-        self.new_reqs.append(data)
-
-    def drop(self, request_id: str) -> None:
-        """Take back a running request scheduled earlier in this step (it was preempted): its tokens return
-        to the budget."""
-        self.budget += self.num_scheduled.pop(request_id, 0)
-        self.cached.pop(request_id, None)
-        self.spec_tokens.pop(request_id, None)
-
-    def cached_data(self) -> CachedRequestData:
-        cached = CachedRequestData.make_empty()
-        for req_id, (new_block_ids, num_computed) in self.cached.items():
-            cached.req_ids.append(req_id)
-            cached.new_block_ids.append(new_block_ids)
-            cached.num_computed_tokens.append(num_computed)
-        return cached
 
 
 class Scheduler:
@@ -101,7 +62,7 @@ class Scheduler:
         self.num_preemptions = 0  # since the last make_stats()
         self.num_preemptions_total = 0  # since start
         self.grammar_failures: list[EngineCoreOutput] = []  # reported by the next update_from_output
-        self.num_prompt_logprobs_sent: dict[str, int] = {}  # prompt_logprobs rows delivered, per request
+        self.prompt_logprobs = PromptLogprobsLedger()
         self.num_overlap_unsafe = 0  # unfinished requests that need the previous token before scheduling
         self.lora_admission = LoRAAdmission(lora_config.max_loras if lora_config is not None else None)
         self.spec_drafts = SpecDrafts(speculative_config, max_model_len)
@@ -160,7 +121,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         self.grammar_gate.remove_request(request.request_id)
-        self.num_prompt_logprobs_sent.pop(request.request_id, None)
+        self.prompt_logprobs.forget(request.request_id)
         del self.requests[request.request_id]
 
     def has_unfinished_requests(self) -> bool:
@@ -174,7 +135,7 @@ class Scheduler:
     # ---- one step -------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """Plan one step: running requests first, then waiting ones, preempting on block shortage."""
-        step = _StepPlan(budget=self.max_num_batched_tokens)
+        step = StepPlan(budget=self.max_num_batched_tokens)
         index = 0
         while index < len(self.running) and step.budget > 0:
             request = self.running[index]
@@ -225,14 +186,16 @@ class Scheduler:
     def _allocate_with_drafts(self, request: Request, num_new: int, budget: int):
         """Slots for a decode and the drafts that fit, or ``([], None)``: no drafts, or short of blocks for
         them (drafts are optional work: the plain decode then goes through preemption as usual)."""
-        drafts = self.spec_drafts.schedulable(request, self._token_limit(budget)) if num_new == 1 else []
+        if num_new != 1 or not request.spec_token_ids:
+            return [], None
+        drafts = self.spec_drafts.schedulable(request, self._token_limit(budget))
         if drafts:
             new_blocks = self.kv_cache_manager.allocate_slots(request, num_new + len(drafts))
             if new_blocks is not None:
                 return drafts, new_blocks
         return [], None
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, step: _StepPlan, index: int):
+    def _allocate_or_preempt(self, request: Request, num_new: int, step: StepPlan, index: int):
         """Allocate slots for ``running[index]``, preempting the policy's victims until it fits or ``request``
         itself goes. A victim scheduled earlier in this step is taken back out of ``step``.
 
@@ -253,7 +216,7 @@ class Scheduler:
             if victim is request:
                 return None, index
 
-    def _admit(self, request: Request, step: _StepPlan) -> bool:
+    def _admit(self, request: Request, step: StepPlan) -> bool:
         """Move the head of the waiting queue to running with its first chunk, if it fits: local prefix-cache
         hits first, then the KV connector's tokens, then what is left to compute."""
         hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
@@ -298,20 +261,19 @@ class Scheduler:
             return True
         return not self.lora_admission.may_admit(request)
 
-    def _make_output(self, step: _StepPlan) -> SchedulerOutput:
+    def _make_output(self, step: StepPlan) -> SchedulerOutput:
         """Close the step: bitmasks for the constrained requests that sample, every scheduled request's
         computed tokens moved forward (plus a placeholder for the token this step samples), the connector's
         metadata."""
         structured_ids = self.grammar_gate.bitmask_req_ids(
             (self.requests[req_id], num_new) for req_id, num_new in step.num_scheduled.items())
-        cached = step.cached_data()
         for req_id, num_new in step.num_scheduled.items():
             request = self.requests[req_id]
             request.num_computed_tokens += num_new
             num_drafts = len(step.spec_tokens.get(req_id, ()))
             if request.num_computed_tokens - num_drafts == request.num_tokens_with_placeholders:
                 request.num_output_placeholders += 1  # this step samples its next token
-        output = SchedulerOutput(step.new_reqs, cached, step.num_scheduled, sum(step.num_scheduled.values()),
+        output = SchedulerOutput(step.new_reqs, step.cached, step.num_scheduled, sum(step.num_scheduled.values()),
                                  self.finished_req_ids, step.preempted_req_ids,
                                  scheduled_spec_decode_tokens=step.spec_tokens)
         output.kv_connector_metadata = self.external_kv.metadata(output)
@@ -357,7 +319,7 @@ class Scheduler:
                 request.num_computed_tokens -= self.spec_drafts.num_rejected(len(drafts), len(token_ids))
             request.num_output_placeholders = max(0, request.num_output_placeholders - len(token_ids))
             was_running = request.status == RequestStatus.RUNNING
-            token_ids = self._append_until_stop(request, token_ids)
+            token_ids = append_until_stop(request, token_ids, self.max_model_len)
             self._maybe_advance_grammar(request, token_ids)
             new_logprobs = runner_output.logprobs.get(req_id)
             if new_logprobs is not None and len(new_logprobs.ranks) > len(token_ids):  # cut at a stop
@@ -392,48 +354,19 @@ class Scheduler:
                                             finish_reason=RequestStatus.finish_reason(status), stop_reason=reason))
         return outputs
 
-    def _append_until_stop(self, request: Request, token_ids: list[int]) -> list[int]:
-        """Append the step's tokens one by one, applying the stop conditions after each, as if they had come
-        one step at a time; returns the tokens kept (those after a stop are dropped)."""
-        if len(token_ids) == 1:
-            request.append_output_token_ids(token_ids)
-            self._check_stop(request)
-            return token_ids
-        for i, token in enumerate(token_ids):
-            request.append_output_token_ids([token])
-            self._check_stop(request)
-            if request.is_finished():
-                return token_ids[:i + 1]
-        return token_ids
-
-    def _check_stop(self, request: Request) -> None:
-        last = request.output_token_ids[-1]
-        if request.num_output_tokens >= request.sampling_params.min_tokens and last in request.stop_token_ids:
-            request.status = RequestStatus.FINISHED_STOPPED
-            if last != request.eos_token_id:
-                request.stop_reason = last
-        elif request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
-            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-
     def _new_prompt_logprobs(self, request: Request | None, scheduler_output: SchedulerOutput,
                              runner_output: ModelRunnerOutput) -> LogprobsLists | None:
-        """The runner's prompt logprobs for a request, minus rows already delivered: a preempted request
-        recomputes its prompt from the start, and its client must see each prompt token once."""
+        """The runner's prompt logprobs for a request this step, minus rows its client already had."""
         lists = runner_output.prompt_logprobs.get(request.request_id) if request is not None else None
         if lists is None:
             return None
-        rid = request.request_id
-        first = request.num_computed_tokens - scheduler_output.num_scheduled_tokens[rid] + 1  # first row's token
-        sent = self.num_prompt_logprobs_sent.get(rid, 0)  # rows for tokens 1..sent are out
-        skip = max(0, sent + 1 - first)
-        self.num_prompt_logprobs_sent[rid] = max(sent, first - 1 + len(lists.ranks))
-        if skip >= len(lists.ranks):
-            return None
-        return LogprobsLists(lists.token_ids[skip:], lists.logprobs[skip:], lists.ranks[skip:])
+        num_scheduled = scheduler_output.num_scheduled_tokens[request.request_id]
+        first_token = request.num_computed_tokens - num_scheduled + 1  # the token of the first row
+        return self.prompt_logprobs.take_new(request.request_id, first_token, lists)
 
     def _maybe_advance_grammar(self, request: Request, token_ids: list[int]) -> None:
         """Feed the step's tokens to the request's matcher; a completed grammar stops the request."""
-        if request.is_finished():
+        if not self.grammar_gate.enabled or request.is_finished():
             return
         verdict = self.grammar_gate.advance(request.request_id, token_ids)
         if verdict is GrammarVerdict.VIOLATED:

@@ -28,15 +28,12 @@ class SpecDrafts:
 
     def __init__(self, speculative_config: SpeculativeConfig | None, max_model_len: int):
         self.proposer = NgramProposer.from_config(speculative_config) if speculative_config is not None else None
+        self.enabled = self.proposer is not None
         self.num_spec_tokens = speculative_config.num_speculative_tokens if speculative_config is not None else 0
         self.max_model_len = max_model_len
         # Since start (tests, bench): drafts (steps of a request with drafts), draft tokens, accepted tokens.
         self.totals = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
         self._reset_step_counts()
-
-    @property
-    def enabled(self) -> bool:
-        return self.proposer is not None
 
     def _room(self, request: Request) -> int:
         """Drafts that fit before ``max_tokens`` and ``max_model_len``: one token of the up to k + 1 a step
