@@ -144,7 +144,9 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
     """Cap on one prefill chunk's tokens per step; 0 disables it."""
     policy: str = "fcfs"
-    """fcfs or priority."""
+    """fcfs (arrival order; the last admitted running request is preempted first) or priority (lowest
+    ``(priority, arrival_time)`` first; the running request with the largest priority value, then the latest
+    arrival, is preempted first)."""
     async_scheduling: bool | None = None
     """Schedule and launch step N+1 before step N's tokens reach the host, hiding host work behind the
     device. None turns it on for GPUs. Requests whose sampling reads earlier outputs on the host

@@ -1,10 +1,11 @@
-"""Waiting queues: first-come-first-served, or by (priority, arrival) for --scheduling-policy priority."""
+"""Waiting queues of the scheduling policies: first-come-first-served, or by (priority, arrival) for
+``--scheduling-policy priority``. Each policy also names the running request it preempts first."""
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from brigade.core.request import Request
 
@@ -36,6 +37,12 @@ class FcfsQueue:
     def __iter__(self) -> Iterator[Request]:
         return iter(self._queue)
 
+    @staticmethod
+    def victim_index(running: Sequence[Request]) -> int:
+        """Index in ``running`` (non-empty, in admission order) of the request to preempt first: the last one
+        admitted."""
+        return len(running) - 1
+
 
 class PriorityQueue:
     """Lowest (priority, arrival_time) first; a preempted request keeps its place by its own key."""
@@ -63,6 +70,13 @@ class PriorityQueue:
 
     def __iter__(self) -> Iterator[Request]:
         return iter(sorted(self._heap))
+
+    @staticmethod
+    def victim_index(running: Sequence[Request]) -> int:
+        """Index in ``running`` (non-empty) of the request to preempt first: the lowest priority (largest
+        ``priority`` value), then the latest arrival, as vLLM v1 picks it; a full tie goes to the one admitted
+        last."""
+        return max(range(len(running)), key=lambda i: (running[i].priority, running[i].arrival_time, i))
 
 
 def make_request_queue(policy: str) -> FcfsQueue | PriorityQueue:
