@@ -31,7 +31,7 @@ from brigade.core.spec_drafts import SpecDrafts
 from brigade.core.step_plan import StepPlan
 from brigade.core.stop_conditions import append_until_stop
 from brigade.interfaces import (EngineCoreOutput, EngineCoreOutputs, FinishReason, LogprobsLists, ModelRunnerOutput,
-                                NewRequestData, SchedulerOutput, SchedulerStats)
+                                NewRequestData, RequestFailure, SchedulerOutput, SchedulerStats)
 from brigade.kv_transfer.base import KVConnectorBase
 
 logger = logging.getLogger("brigade.engine")
