@@ -259,7 +259,7 @@ def _all_parsers(parser):
 
 
 def test_every_flag_of_every_command_says_what_it_does():
-    """``--help`` of each command explains each of its flags (the fresh-clone review found bare ones)."""
+    """``--help`` of each command explains each of its flags, none is bare."""
     from brigade.entrypoints.cli.main import build_parser
     from brigade.plugins import load_plugins, plugin_choices
 
