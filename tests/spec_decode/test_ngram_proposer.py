@@ -1,5 +1,5 @@
 """NgramProposer: the KMP search equals a brute-force longest-suffix lookup (most recent occurrence), and the
-proposer's caps (book ch. 12; vLLM's ngram method)."""
+proposer's caps (vLLM's ngram method)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""StructuredOutputManager and the scheduler's grammar hooks, on SmolLM2's real tokenizer (book ch. 7).
+"""StructuredOutputManager and the scheduler's grammar hooks, on SmolLM2's real tokenizer.
 
 No model runs here: the tests play the model runner by sampling from the scheduler's bitmask, so they
 check what the engine relies on (which tokens the bitmask allows, when a request waits for its compile,

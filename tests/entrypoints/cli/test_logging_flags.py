@@ -42,7 +42,7 @@ def test_enable_log_requests_disable_log_stats_and_the_tool_flags(smollm2_path):
                                       "--tool-call-parser", "hermes", "--disable-fastapi-docs"],
                        env={"BRIGADE_LOG_STATS_INTERVAL": "0.5"})
     try:
-        for path in ("/docs", "/redoc", "/openapi.json"):  # item 6: vLLM's --disable-fastapi-docs
+        for path in ("/docs", "/redoc", "/openapi.json"):  # vLLM's --disable-fastapi-docs
             assert httpx.get(srv.url(path), timeout=30).status_code == 404, path
         _complete(srv)
         tool = {"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -1,5 +1,5 @@
 """Prefill/decode disaggregation through two real ``brigade serve`` processes on loopback (brigade-shm's
-SharedMemoryConnector, book ch. 9), driven with the official ``openai`` client: the producer server computes a chat
+SharedMemoryConnector), driven with the official ``openai`` client: the producer server computes a chat
 prompt and stores its KV blocks; the consumer server, with its own empty KV pool, loads them (reported as
 ``usage.prompt_tokens_details.cached_tokens``) and gives transformers' greedy text, streaming included."""
 

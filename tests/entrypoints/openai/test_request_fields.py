@@ -1,5 +1,5 @@
-"""Fresh-user review fixes of the OpenAI server, end to end on a real ``brigade serve`` (SmolLM2, CPU) with the
-official client and raw HTTP: ``null`` for the fields OpenAI declares nullable, text parts without text,
+"""Request fields of the OpenAI server as OpenAI and vLLM define them, end to end on a real ``brigade serve``
+(SmolLM2, CPU) with the official client and raw HTTP: ``null`` for the fields OpenAI declares nullable, text parts without text,
 ``truncate_prompt_tokens`` and ``request_id`` (vLLM's), several ``--served-model-name`` names, ``best_of`` below
 ``n``, and vLLM's removed ``guided_*`` fields.
 
