@@ -9,15 +9,17 @@ import httpx
 from remote_server import RemoteServer
 
 MODEL = "smollm2"
+ALIAS = "smol-alias"  # the second name the model is served under
 MAX_MODEL_LEN = 512
 QUESTION = [{"role": "user", "content": "Hi"}]
 CONTINUED = [{"role": "user", "content": "Tell me a story."}, {"role": "assistant", "content": "Once upon a"}]
 
 
 def start_server(model: Path) -> RemoteServer:
-    """SmolLM2 served as ``MODEL``, ``MAX_MODEL_LEN`` tokens, 64 KV blocks, 4 sequences, no request log lines."""
-    return RemoteServer(model, ["--served-model-name", MODEL, "--max-model-len", str(MAX_MODEL_LEN),
-                                "--num-gpu-blocks-override", "64", "--max-num-seqs", "4", "--disable-log-requests"])
+    """SmolLM2 served as ``MODEL`` and ``ALIAS``, ``MAX_MODEL_LEN`` tokens, 96 KV blocks, 4 sequences, no request
+    log lines."""
+    return RemoteServer(model, ["--served-model-name", MODEL, ALIAS, "--max-model-len", str(MAX_MODEL_LEN),
+                                "--num-gpu-blocks-override", "96", "--max-num-seqs", "4", "--disable-log-requests"])
 
 
 def assert_400(response: httpx.Response, param: str | None) -> dict:
