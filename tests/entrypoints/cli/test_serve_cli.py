@@ -209,7 +209,7 @@ def test_other_commands_refuse_parallelism_before_loading(smollm2_path, command)
 
 def test_llm_refuses_a_kv_connector_no_plugin_registers(smollm2_path):
     """A configured KV connector is never ignored: an unknown one is refused, naming it, before loading weights
-    (tests/kv_connector runs a real one)."""
+    (tests/kv_transfer runs a real one)."""
     from brigade.config import ConfigError
     from brigade.entrypoints.llm import LLM
 
