@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import httpx
 from remote_server import RemoteServer
-from shared_server import MAX_MODEL_LEN
 
 
 def test_wrong_method_is_a_405_with_allow(server):
@@ -33,7 +32,7 @@ def test_cors_header_on_a_plain_request(server):
 
 
 def test_cors_flags_limit_the_origins(smollm2_path):
-    srv = RemoteServer(smollm2_path, ["--max-model-len", str(MAX_MODEL_LEN), "--num-gpu-blocks-override", "32",
+    srv = RemoteServer(smollm2_path, ["--max-model-len", "128", "--num-gpu-blocks-override", "32",
                                       "--allowed-origins", '["https://app.example"]',
                                       "--allowed-methods", '["POST"]', "--allow-credentials"])
     try:
