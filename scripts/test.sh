@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # test.sh: set up (scripts/setup.sh), then run the whole test suite with pytest.
-# Extra arguments go to pytest (e.g. ./scripts/test.sh -x tests/core runs only that folder).
+# Extra arguments go to pytest (e.g. ./scripts/test.sh -x tests/core runs only that folder; -n 0 runs in one process).
+# Two pytest-xdist workers share the test files, one per core of CI's machine; --dist loadfile keeps a file's
+# tests on one worker, so a module-scoped server starts once.
 # Exits with pytest's code, except that "no tests collected" (5) counts as a failure.
 set -euo pipefail
 
@@ -21,9 +23,10 @@ for arg in "$@"; do
     fi
 done
 
-echo "[test] .venv/bin/python -m pytest -q ${TARGETS[*]} $*"
+PYTEST_ARGS=(-q -n 2 --dist loadfile --durations=10)
+echo "[test] .venv/bin/python -m pytest ${PYTEST_ARGS[*]} ${TARGETS[*]} $*"
 set +e
-"$ROOT/.venv/bin/python" -m pytest -q "${TARGETS[@]}" "$@"
+"$ROOT/.venv/bin/python" -m pytest "${PYTEST_ARGS[@]}" "${TARGETS[@]}" "$@"
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then

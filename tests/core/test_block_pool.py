@@ -61,7 +61,7 @@ def test_chained_hashes_depend_on_parent_and_salt():
 
 
 def test_none_hash_seed_is_random_per_hasher():
-    # A predictable seed lets one tenant forge another's block hashes.
+    # A predictable seed would let one tenant forge another's block hashes.
     assert BlockHasher("builtin").none_hash != BlockHasher("builtin").none_hash
     assert BlockHasher("sha256").none_hash != BlockHasher("sha256").none_hash
     with pytest.raises(ValueError):

@@ -67,7 +67,7 @@ def test_preemption_frees_last_running_request_and_it_resumes():
 
 
 def test_prefix_hit_capped_below_num_tokens():
-    # As in vLLM v1, a full hit must leave one token to compute, or there would be no logits.
+    # A full hit must leave one token to compute, or there would be no logits.
     sched = make_scheduler(block_size=4)
     prompt = list(range(1, 9))  # exactly two blocks
     sched.add_request(make_request("a", prompt, max_tokens=1))

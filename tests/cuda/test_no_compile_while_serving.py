@@ -5,10 +5,9 @@ In a fresh process (a variant compiled earlier in the same process is never comp
 missing warm-up), a bf16 engine on the small random-weight Llama serves decode batches of 1, 3, 8 and 20 requests
 (the one-row GEMV, the skinny GEMM and cuBLAS paths, each LM head computed after a decode-graph replay), mixed steps
 (prompts arriving while others decode), and random sampling; the watch must record no compile after start-up.
-It did not reproduce, on this small model, the one compile the serve benchmark once logged on the Llama-3.1-8B shape
-(a one-row LM-head GEMV run after a decode-graph replay, before the capture warmed it; not even with the LM head
-given tiles of its own): the serve benchmark's compile-watch count is the check for that one (0 since the LM head is
-warmed at capture).
+It does not reproduce, on this small model, the one compile once seen on the Llama-3.1-8B shape (a one-row
+LM-head GEMV run after a decode-graph replay, before the capture warmed it; not even with the LM head given tiles of
+its own): bench 5's compile-watch count is the check for that one.
 Skipped as a whole without CUDA (CI)."""
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class RemoteServer:
                     return
             except httpx.TransportError:
                 pass  # not listening yet
-            time.sleep(0.5)
+            time.sleep(0.1)
         raise TimeoutError(f"brigade serve not healthy after {STARTUP_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
 
     def url(self, path: str) -> str:

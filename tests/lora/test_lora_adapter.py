@@ -81,7 +81,7 @@ def test_peft_string_target_modules(tmp_path, smollm2_config):
     (lambda p: edit_config(p, target_modules=".*\\.(q_proj"), "is not a valid regular expression"),
     (lambda p: edit_config(p, target_modules=".*\\.k_proj"),
      f"tensor '{KEY}.lora_A.weight' adapts a module that target_modules '.*\\\\.k_proj' does not match"),
-    # Hostile or malformed files (found by a fresh-user review: each used to kill the engine on a runtime load)
+    # Hostile or malformed files (each used to kill the engine on a runtime load)
     (lambda p: edit_config(p, target_modules=5), "'target_modules' must be a list of module names or a string"),
     (lambda p: edit_config(p, target_modules=[["q_proj"]]), "'target_modules' must be a list of module names"),
     (lambda p: edit_config(p, lora_alpha=10 ** 400), "'lora_alpha' must be a finite number"),

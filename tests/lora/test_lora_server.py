@@ -8,7 +8,7 @@ import openai
 import pytest
 from lora_utils import MAX_NEW_TOKENS, PROMPTS
 from remote_server import RemoteServer
-from test_cli_early_errors import assert_one_line, run_cli
+from cli_runner import assert_one_line, run_cli
 
 from brigade import LLM, SamplingParams
 from brigade.config import ConfigError
@@ -101,9 +101,9 @@ def test_runtime_lora_routes_are_absent_without_the_switch(server):
 
 def _check(*argv: str) -> None:
     """serve's start-up checks, in process (what ``brigade serve`` runs before anything loads)."""
-    from test_cli_early_errors import _serve_args
+    from cli_runner import serve_args
 
-    serve.check(_serve_args(*argv))
+    serve.check(serve_args(*argv))
 
 
 @pytest.mark.parametrize("argv,needle", [

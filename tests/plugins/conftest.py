@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from plugin_env import FIXTURE_PLUGINS, PROJECT_PLUGINS, PluginVenv, make_venv
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "entrypoints"))  # remote_server, for the server tests
+
+from plugin_env import FIXTURE_PLUGINS, PROJECT_PLUGINS, PluginVenv, make_venv  # noqa: E402
 
 
 @pytest.fixture(scope="session")

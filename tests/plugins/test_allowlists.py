@@ -1,5 +1,7 @@
 """Operator controls over real installs: BRIGADE_PLUGINS and BRIGADE_ENDPOINT_PLUGINS (docs/plugins.md,
-"Operator controls"). Strict mode and unset-versus-empty are in test_book_ch13.py (Q1, Q2)."""
+"Operator controls"): each allowlist loads exactly what it names, a name not installed is fatal, and an unset
+endpoint allowlist warns once naming what is installed but disabled while an empty one is silent. Strict mode is in
+test_load_failures.py."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from plugin_env import PluginVenv, record, run_script
 
 NON_ENDPOINT = ("probe", "broken", "dup_a", "dup_b", "wrong_version", "typo_hook", "cuda", "rocm", "oot",
                 "detect_a", "detect_b", "structured_text", "jsonl")
+ENDPOINT_WARNING = "endpoint plugins are installed but not enabled"
 
 
 def test_empty_allowlist_loads_only_the_core_builtin_plugin(plugin_venv: PluginVenv):
@@ -81,3 +84,16 @@ print(json.dumps({"generate": gen, "embed": embed, "routes": [r.path for r in ro
     assert out["embed"] == ["embed_only"]
     assert out["tasks"] == ["embed"]
     assert out["routes"] == ["/admin/reset_prefix_cache"]
+
+
+def test_endpoint_allowlist_unset_warns_once_and_empty_is_silent(plugin_venv: PluginVenv, default_run):
+    empty = plugin_venv.plugins({"BRIGADE_ENDPOINT_PLUGINS": ""})
+    assert empty.returncode == 0, empty.stderr
+    for run in (default_run, empty):
+        listing = run.json()
+        assert listing["registries"]["endpoints"] == []
+        assert record(listing, "reset_prefix_cache")["status"] == "disabled by allowlist"
+    assert default_run.stderr.count(ENDPOINT_WARNING) == 1
+    assert ENDPOINT_WARNING not in empty.stderr
+    assert "BRIGADE_ENDPOINT_PLUGINS is unset" in record(default_run.json(), "reset_prefix_cache")["reason"]
+    assert record(empty.json(), "reset_prefix_cache")["reason"] == "not in BRIGADE_ENDPOINT_PLUGINS="

@@ -1,4 +1,5 @@
-"""The Platform interface: the three device-id namespaces and the config choices a platform makes."""
+"""The Platform interface: the three device-id namespaces (an empty CUDA_VISIBLE_DEVICES counting as unset) and
+the config choices a platform makes."""
 
 from __future__ import annotations
 
@@ -91,3 +92,20 @@ def test_cpu_default_step_budget_is_small_and_a_user_value_wins():
                           scheduler_config=SchedulerConfig(enable_chunked_prefill=False))
     CpuPlatform.check_and_update_config(whole)
     assert whole.scheduler_config.max_num_batched_tokens is None  # resolve() sizes it to max_model_len
+
+
+class _CudaLike(Platform):
+    name: ClassVar[str] = "cuda_like"
+    device_type: ClassVar[str] = "cuda"
+    device_control_env_var: ClassVar[str | None] = "CUDA_VISIBLE_DEVICES"
+
+
+def test_empty_visible_devices_counts_as_unset(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert _CudaLike.visible_device_ids() is None
+    assert [_CudaLike.logical_to_physical(i) for i in range(3)] == [0, 1, 2]
+    assert _CudaLike.physical_to_logical(5) == 5
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert _CudaLike.logical_to_physical(2) == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    assert _CudaLike.logical_to_physical(0) == 4  # set: the list remaps

@@ -18,7 +18,7 @@ import pytest
 import torch
 from awq_checkpoint import E2E_GROUP_SIZE, awq_quantization_config
 from quant_model_utils import config_only_model, hf_greedy, serve_with_only_fp8
-from test_cli_early_errors import _serve_args, assert_one_line, run_cli
+from cli_runner import assert_one_line, run_cli, serve_args
 
 from brigade import LLM, SamplingParams
 from brigade.config import ConfigError
@@ -101,7 +101,7 @@ AWQ_QC = awq_quantization_config(64)
 def test_unsupported_checkpoints_are_refused_by_serves_checks(smollm2_path, tmp_path, qc, overrides, needle):
     model = config_only_model(Path(smollm2_path), tmp_path / "m", quantization_config=qc, **overrides)
     with pytest.raises(ConfigError) as info:
-        serve.check(_serve_args(str(model)))
+        serve.check(serve_args(str(model)))
     assert needle in str(info.value) and "\n" not in str(info.value)
 
 

@@ -19,7 +19,7 @@ import torch
 from gptq_checkpoint import E2E_SPECS
 from remote_server import RemoteServer
 from quant_model_utils import config_only_model, hf_greedy, serve_with_only_fp8
-from test_cli_early_errors import _serve_args, assert_one_line, run_cli
+from cli_runner import assert_one_line, run_cli, serve_args
 
 from brigade import LLM, SamplingParams
 from brigade.config import ConfigError
@@ -138,7 +138,7 @@ GPTQ_QC = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": Fal
 def test_unsupported_checkpoints_are_refused_by_serves_checks(smollm2_path, tmp_path, qc, overrides, needle):
     model = config_only_model(Path(smollm2_path), tmp_path / "m", quantization_config=qc, **overrides)
     with pytest.raises(ConfigError) as info:
-        serve.check(_serve_args(str(model)))
+        serve.check(serve_args(str(model)))
     assert needle in str(info.value) and "\n" not in str(info.value)
 
 

@@ -1,4 +1,4 @@
-"""Sampler.forward end to end: vLLM v1's sampler order, greedy, seeds, truncation supports, logprobs."""
+"""Sampler.forward end to end: vLLM's order of steps, greedy, seeds, truncation supports, logprobs."""
 
 import math
 
@@ -158,7 +158,7 @@ def test_plugin_processor_runs_and_builtins_are_not_doubled(metadata_for):
     assert sampler(logits, md).sampled_token_ids.tolist() == [2, 0]
 
 
-def test_book_q1_penalties_before_temperature(metadata_for):
+def test_penalties_come_before_temperature(metadata_for):
     """Penalties come before temperature, so they mean the same at every temperature.
 
     Two equal logits; token 0 already appeared, presence_penalty = 2, temperature = 2.

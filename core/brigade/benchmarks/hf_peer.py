@@ -24,9 +24,6 @@ import torch
 from brigade.benchmarks.datasets import SampleRequest
 from brigade.benchmarks.throughput import ThroughputFigures
 
-PEER_MODES = ("none", "generate", "generate_batch", "both")
-
-
 class PeerUnavailableError(RuntimeError):
     """The installed transformers lacks what a peer mode needs (the message says what)."""
 

@@ -15,10 +15,13 @@ from collections.abc import Mapping, Sequence
 from urllib.parse import urlparse
 
 from brigade.benchmarks.datasets import DATASETS
-from brigade.benchmarks.hf_peer import PEER_MODES
 from brigade.entrypoints.cli.arg_types import http_url
 from brigade.entrypoints.cli.arg_types import non_negative_int as _non_negative_int
 from brigade.entrypoints.cli.arg_types import positive_int as _positive_int
+
+# --hf-peer: which HF transformers runs ``bench throughput`` measures beside Brigade (brigade.benchmarks.hf_peer).
+# Spelt here, not imported from hf_peer, so that building the parser does not import torch.
+PEER_MODES = ("none", "generate", "generate_batch", "both")
 
 
 class _ActionRecorder:

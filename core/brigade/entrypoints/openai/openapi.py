@@ -3,7 +3,7 @@
 The OpenAI routes read the raw body themselves (so malformed JSON and bad types are 400s naming the
 field, never FastAPI's 422); FastAPI therefore cannot see their bodies. This module puts the pydantic
 models' JSON schemas back into the OpenAPI document, so clients, code generators and API fuzzers
-(tests/entrypoints/test_robustness.py runs schemathesis on it) see what each route accepts.
+(tests/entrypoints/openai/test_robustness.py runs schemathesis on it) see what each route accepts.
 """
 
 from __future__ import annotations

@@ -8,16 +8,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from remote_server import RemoteServer
-
-MODEL = "smollm2"
-
-
-@pytest.fixture(scope="module")
-def server(smollm2_path):
-    s = RemoteServer(smollm2_path, ["--max-model-len", "128", "--served-model-name", MODEL])
-    yield s
-    s.stop()
+from shared_server import MODEL
 
 
 CASES = [

@@ -1,9 +1,9 @@
-"""Fresh-user review fixes of the OpenAI server, end to end on a real ``brigade serve`` (SmolLM2, CPU) with the
-official client and raw HTTP: ``null`` for the fields OpenAI declares nullable, text parts without text,
-``truncate_prompt_tokens`` and ``request_id`` (vLLM's), several ``--served-model-name`` names, ``best_of`` below
-``n``, and vLLM's removed ``guided_*`` fields.
+"""Request fields of the OpenAI server as OpenAI and vLLM define them, end to end on a real ``brigade serve``
+(SmolLM2, CPU) with the official client and raw HTTP: ``null`` for the fields OpenAI declares nullable, text parts
+without text, ``truncate_prompt_tokens`` and ``request_id`` (vLLM's), several ``--served-model-name`` names,
+``best_of`` below ``n``, and vLLM's removed ``guided_*`` fields.
 
-One server for the module, served under two names; outputs are short and greedy since the CPU is slow.
+The folder's shared server (served under two names); outputs are short and greedy since the CPU is slow.
 """
 
 from __future__ import annotations
@@ -11,32 +11,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from remote_server import RemoteServer
-
-MODEL = "smollm2"
-ALIAS = "smol-alias"
-MAX_MODEL_LEN = 512
-QUESTION = [{"role": "user", "content": "Hi"}]
-
-
-@pytest.fixture(scope="module")
-def server(smollm2_path):
-    srv = RemoteServer(smollm2_path, ["--served-model-name", MODEL, ALIAS, "--max-model-len", str(MAX_MODEL_LEN),
-                                      "--num-gpu-blocks-override", "96", "--max-num-seqs", "4",
-                                      "--disable-log-requests"])
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return server.openai_client()
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.base_url, timeout=120) as c:
-        yield c
+from shared_server import ALIAS, MAX_MODEL_LEN, MODEL, QUESTION
 
 
 def error_of(response: httpx.Response, param: str | None, status: int = 400) -> str:

@@ -1,28 +1,21 @@
-"""Review 13 fixes of the OpenAI server, end to end on a real ``brigade serve`` (SmolLM2) run in a fresh venv where
-a buggy plugin package (tests/plugins/fixtures/faulty_processor) is really pip-installed:
+"""A plugin package with bugs (tests/plugins/fixtures/faulty_processor), really pip-installed in a fresh venv, under
+a real ``brigade serve`` (SmolLM2):
 
-1. its logits processor raising in ``apply()`` fails only the request that enabled it (a 500 naming the plugin),
-   the engine and the server go on; its ``validate()`` raising a KeyError is a 500 naming the plugin;
-2. completions ``max_tokens: null`` is OpenAI's default, 16;
-3. chat / tokenize ``continue_final_message`` and ``add_generation_prompt`` both true is vLLM's 400;
-4. an endpoint plugin routing a method and path the server serves stops start-up in one line naming it;
-5. /openapi.json gives /health's GET and HEAD distinct operation ids (no "Duplicate Operation ID" warning);
-6. completions ``echo`` with ``max_tokens: 0`` counts no completion token.
+- its logits processor raising in ``apply()`` fails only the request that enabled it (a 500 naming the plugin,
+  an error event ending a stream), and the engine and the server go on; its ``validate()`` raising a KeyError is
+  a 500 naming the plugin;
+- its endpoint routing a method and path the server serves stops start-up in one line naming it.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
+from plugin_env import FIXTURES, PluginVenv, make_venv
 from remote_server import RemoteServer, find_free_port
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
-from plugin_env import FIXTURES, PluginVenv, make_venv  # noqa: E402
 
 MODEL = "smollm2"
 SERVE_ARGS = ["--served-model-name", MODEL, "--max-model-len", "256", "--num-gpu-blocks-override", "64",
@@ -33,7 +26,7 @@ CONTINUED = [{"role": "user", "content": "Tell me a story."}, {"role": "assistan
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> PluginVenv:
-    venv = make_venv(tmp_path_factory.mktemp("review13-venv"))
+    venv = make_venv(tmp_path_factory.mktemp("faulty-plugin-venv"))
     venv.install(FIXTURES / "faulty_processor")
     return venv
 
@@ -66,7 +59,7 @@ def completion(**fields) -> dict:
     return {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 2, "temperature": 0, **fields}
 
 
-# ---- 1. a logits-processor plugin that raises ------------------------------------------------------------
+# ---- a logits-processor plugin that raises ------------------------------------------------------------
 
 def test_a_processor_raising_in_apply_fails_only_its_request(http, server):
     error = error_of(http.post("/v1/completions", json=completion(vllm_xargs={"faulty": "apply"})), 500)
@@ -98,58 +91,7 @@ def test_a_processor_whose_validate_raises_a_key_error_is_a_500_naming_it(http):
     assert "internal server error" not in error["message"]
 
 
-# ---- 2. completions max_tokens null is 16 -----------------------------------------------------------------
-
-def test_completions_max_tokens_null_is_sixteen(http):
-    out = http.post("/v1/completions", json=completion(max_tokens=None, ignore_eos=True))
-    assert out.status_code == 200, out.text
-    assert out.json()["usage"]["completion_tokens"] == 16
-    assert out.json()["choices"][0]["finish_reason"] == "length"
-
-
-# ---- 3. continue_final_message with add_generation_prompt -------------------------------------------------
-
-@pytest.mark.parametrize("route", ["/v1/chat/completions", "/tokenize"])
-def test_continue_final_message_with_add_generation_prompt_is_vllms_400(http, route):
-    body = {"model": MODEL, "messages": CONTINUED, "max_tokens": 1}
-    error = error_of(http.post(route, json={**body, "continue_final_message": True, "add_generation_prompt": True}),
-                     400)
-    assert error["message"] == "Cannot set both `continue_final_message` and `add_generation_prompt` to True.", error
-    assert error["type"] == "invalid_request_error" and error["param"] == "continue_final_message", error
-    # As in vLLM, only what the client sent counts: continue_final_message alone continues the message.
-    for fields in ({"continue_final_message": True}, {"continue_final_message": True, "add_generation_prompt": False}):
-        assert http.post(route, json={**body, **fields}).status_code == 200
-
-
-# ---- 5. /health's operation ids -----------------------------------------------------------------------
-
-def test_health_get_and_head_have_distinct_operation_ids(http, server):
-    schema = http.get("/openapi.json")
-    assert schema.status_code == 200
-    health = schema.json()["paths"]["/health"]
-    assert set(health) == {"get", "head"}
-    assert health["get"]["operationId"] != health["head"]["operationId"]
-    assert http.head("/health").status_code == 200 and http.get("/health").status_code == 200
-    assert "Duplicate Operation ID" not in server.log_tail(200_000)
-
-
-# ---- 6. echo with max_tokens 0 -----------------------------------------------------------------------
-
-def test_echo_with_max_tokens_zero_counts_no_completion_token(http):
-    out = http.post("/v1/completions", json=completion(echo=True, max_tokens=0))
-    assert out.status_code == 200, out.text
-    body = out.json()
-    assert body["choices"][0]["text"] == "The capital of France is"
-    usage = body["usage"]
-    assert usage["completion_tokens"] == 0 and usage["total_tokens"] == usage["prompt_tokens"] > 0, usage
-    with http.stream("POST", "/v1/completions",
-                     json=completion(echo=True, max_tokens=0, stream=True,
-                                     stream_options={"include_usage": True})) as r:
-        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
-    assert events[-1]["usage"] == usage
-
-
-# ---- 4. an endpoint plugin that collides with a core route (its own short-lived server) ---------------
+# ---- an endpoint plugin that collides with a core route (its own short-lived server) ------------------
 
 def test_an_endpoint_plugin_shadowing_a_core_route_stops_start_up(venv, smollm2_path):
     cmd = [*brigade(venv), "serve", str(smollm2_path), "--host", "127.0.0.1", "--port", str(find_free_port()),

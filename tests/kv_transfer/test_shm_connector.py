@@ -1,4 +1,5 @@
-"""brigade-shm's SharedMemoryConnector on the real SmolLM2 weights, fp32 on the CPU.
+"""brigade-shm's SharedMemoryConnector on the real SmolLM2 weights, fp32 on the CPU (vLLM's prefill/decode
+disaggregation through a KV connector).
 
 A producer engine prefills a few prompts (max_tokens=1) and saves their full prompt blocks to a store; a separate
 consumer engine, with its own empty KV pool, then loads them and computes only each prompt's tail, and its greedy

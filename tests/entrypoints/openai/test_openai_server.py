@@ -298,7 +298,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": PROMPT, "seed": -2**70}, 400, "seed"),
     ("/v1/completions", {"prompt": PROMPT, "logit_bias": {str(2**70): 1}}, 400, "logit_bias"),
     ("/v1/chat/completions", {"messages": QUESTION, "stop_token_ids": [2**64]}, 400, "stop_token_ids"),
-    # Constraints xgrammar rejects are refused before queuing (tests/entrypoints/test_structured_outputs.py
+    # Constraints xgrammar rejects are refused before queuing (tests/entrypoints/openai/test_structured_outputs.py
     # covers the valid ones).
     ("/v1/chat/completions", {"messages": QUESTION, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}}, 400, "response_format"),

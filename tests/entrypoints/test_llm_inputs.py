@@ -1,5 +1,4 @@
-"""A fresh user's review of the offline API (review 13): vLLM's TextPrompt/TokensPrompt dicts in
-``LLM.generate``, out-of-vocabulary token ids, and type errors that name the argument and what it takes.
+"""What the offline ``LLM`` takes: vLLM's TextPrompt/TokensPrompt dicts in ``LLM.generate``, out-of-vocabulary token ids, and type errors that name the argument and what it takes.
 One real SmolLM2 engine for the module; no mocks."""
 
 from __future__ import annotations

@@ -7,13 +7,17 @@ answer 503 in OpenAI's shape (new streams too, before any chunk)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 from remote_server import RemoteServer
+
+MODEL = "smollm2"
 
 
 def engine_core_pid(server_pid: int) -> int:
@@ -64,18 +68,48 @@ def test_killed_engine_fails_requests_in_flight_then_the_server_exits(smollm2_pa
 
 
 def test_keep_alive_on_engine_death_answers_503(smollm2_path):
-    server = RemoteServer(smollm2_path, ["--max-model-len", "256", "--num-gpu-blocks-override", "32"],
+    """A stream in flight when the engine dies stops counting as running; then /health and every /v1 route answer
+    503 engine_unavailable in OpenAI's shape, without promising a recovery, and the server stays up."""
+    server = RemoteServer(smollm2_path, ["--served-model-name", MODEL, "--max-model-len", "256",
+                                         "--num-gpu-blocks-override", "32", "--disable-log-requests"],
                           env={"BRIGADE_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
     try:
         assert httpx.head(server.url("/health")).status_code == 200  # load balancers probe with HEAD too
+        assert httpx.get(server.url("/v1/models")).status_code == 200
         body = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
         assert httpx.post(server.url("/v1/completions"), json=body, timeout=60).status_code == 200
+        # A stream in flight when the engine dies: afterwards /metrics must not count it as running.
+        started = threading.Event()
+
+        def stream() -> None:
+            body = {"model": MODEL, "prompt": "Count:", "max_tokens": 200, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", server.url("/v1/completions"), json=body, timeout=60) as response:
+                for _ in response.iter_lines():
+                    started.set()
+
+        reader = threading.Thread(target=stream, daemon=True)
+        reader.start()
+        assert started.wait(30), "the stream never started"
+        running = re.compile(r"^brigade:num_requests_running\{[^}]*\} (\S+)$", re.M)
+        deadline = time.monotonic() + 10
+        while float(running.search(httpx.get(server.url("/metrics")).text).group(1)) != 1:
+            assert time.monotonic() < deadline and reader.is_alive(), "the stream never counted as running"
+            time.sleep(0.05)
         os.kill(engine_core_pid(server.proc.pid), signal.SIGKILL)
         deadline = time.monotonic() + 10
         while httpx.get(server.url("/health")).status_code != 503:
             assert time.monotonic() < deadline, "/health never reported the dead engine"
             time.sleep(0.2)
         assert httpx.head(server.url("/health")).status_code == 503
+        reader.join(30)
+        assert float(running.search(httpx.get(server.url("/metrics")).text).group(1)) == 0
+        for response in (httpx.get(server.url("/v1/models")), httpx.get(server.url(f"/v1/models/{MODEL}")),
+                         httpx.post(server.url("/v1/completions"), json={"prompt": "Hi", "max_tokens": 2}),
+                         httpx.get(server.url("/health"))):
+            assert response.status_code == 503, response.text
+            error = response.json()["error"]
+            assert error["code"] == "engine_unavailable" and error["type"] == "server_error", error
+            assert "retry" not in error["message"].lower() and "restart" in error["message"], error
         for response in (httpx.post(server.url("/v1/completions"), json=body),
                          httpx.post(server.url("/v1/completions"), json={**body, "stream": True}),
                          httpx.post(server.url("/v1/chat/completions"),

@@ -54,7 +54,7 @@ def test_the_cache_rule(monkeypatch, tmp_path):
 
 
 def test_fetch_model_script_uses_the_same_rule(tmp_path):
-    script = Path(__file__).resolve().parents[2] / "scripts" / "fetch_model.py"
+    script = Path(__file__).resolve().parents[3] / "scripts" / "fetch_model.py"
     proc = subprocess.run([sys.executable, str(script), "--print-path"], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "BRIGADE_CACHE_DIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr

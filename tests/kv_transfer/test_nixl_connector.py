@@ -1,5 +1,5 @@
 """brigade-nixl's NixlConnector on the real SmolLM2 weights, fp32 on the CPU, real NIXL (UCX on host memory) and a
-real ZeroMQ side channel on loopback.
+real ZeroMQ side channel on loopback (vLLM's prefill/decode disaggregation).
 
 A producer engine computes a few prompts and copies their full prompt blocks into its NIXL-registered host pool; a
 separate consumer engine, with its own empty KV pool, asks the producer's side channel which blocks it holds, READs

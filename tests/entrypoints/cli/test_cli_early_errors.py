@@ -1,34 +1,18 @@
 """Bad ``brigade serve`` / ``brigade bench`` flags are one line from the subcommand that got them, exit 2, found
-before anything loads or binds (review fixes: --base-url with /v1, negative counts and timeouts, the bench
-subcommand's name, a busy port hiding a config error, a folder with no tokenizer, an empty served name)."""
+before anything loads or binds: --base-url with /v1, negative counts and timeouts, the bench subcommand's name,
+a busy port hiding a config error, a folder with no tokenizer, an empty served name."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import socket
-import subprocess
 
 import pytest
-from remote_server import brigade_command
+from cli_runner import assert_one_line, run_cli, serve_args
 
 from brigade.config import ConfigError
 from brigade.entrypoints.cli import serve
 from brigade.entrypoints.cli.engine_args import config_from_args
-
-
-def run_cli(*argv: str) -> subprocess.CompletedProcess:
-    """``brigade ARGV`` at the default log level (no BRIGADE_LOGGING_LEVEL), as a user runs it."""
-    env = {k: v for k, v in os.environ.items() if k != "BRIGADE_LOGGING_LEVEL"}
-    return subprocess.run([*brigade_command(), *argv], capture_output=True, text=True, timeout=120, env=env)
-
-
-def assert_one_line(proc: subprocess.CompletedProcess, prefix: str, needle: str) -> None:
-    lines = proc.stderr.splitlines()
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert len(lines) == 1, proc.stderr[-2000:]
-    assert lines[0].startswith(prefix + ": error: ") and needle in lines[0], lines[0]
-    assert "Traceback" not in proc.stderr and "usage:" not in proc.stderr
 
 
 @pytest.mark.parametrize("argv,prefix,needle", [
@@ -156,39 +140,33 @@ def test_serve_run_checks_before_binding_when_called_directly(smollm2_path, caps
     assert err.startswith("brigade serve: error: --kv-cache-memory 100000 GiB") and "cannot listen" not in err
 
 
-def _serve_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="brigade")
-    serve.add_parser(parser.add_subparsers(dest="command"), {})
-    return parser.parse_args(["serve", *argv])
-
-
 def test_tokenizer_folder_check(smollm2_path, tmp_path):
     """A folder with any tokenizer file passes the cheap check; --skip-tokenizer-init loads none, so none is needed."""
-    config = config_from_args(_serve_args(str(smollm2_path), "--tokenizer", str(smollm2_path)))
+    config = config_from_args(serve_args(str(smollm2_path), "--tokenizer", str(smollm2_path)))
     assert config.model_config.tokenizer == str(smollm2_path)
     (tmp_path / "tokenizer.model").write_bytes(b"")
-    assert config_from_args(_serve_args(str(smollm2_path), "--tokenizer", str(tmp_path))).model_config.tokenizer
+    assert config_from_args(serve_args(str(smollm2_path), "--tokenizer", str(tmp_path))).model_config.tokenizer
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert config_from_args(_serve_args(str(smollm2_path), "--tokenizer", str(empty), "--skip-tokenizer-init"))
+    assert config_from_args(serve_args(str(smollm2_path), "--tokenizer", str(empty), "--skip-tokenizer-init"))
     with pytest.raises(ConfigError, match="no tokenizer files"):
-        config_from_args(_serve_args(str(smollm2_path), "--tokenizer", str(empty)))
+        config_from_args(serve_args(str(smollm2_path), "--tokenizer", str(empty)))
 
 
 def test_served_model_name_is_kept(smollm2_path):
-    assert config_from_args(_serve_args(str(smollm2_path), "--served-model-name", "smol")).model_config.name == "smol"
+    assert config_from_args(serve_args(str(smollm2_path), "--served-model-name", "smol")).model_config.name == "smol"
 
 
 def test_several_served_model_names(smollm2_path, tmp_path):
     """``--served-model-name a b`` (vLLM's nargs="+"): every name is served, the first is the model's name; a LoRA
     adapter may take none of them (requests naming it could not reach the adapter)."""
-    model_config = config_from_args(_serve_args(str(smollm2_path), "--served-model-name", "a", "b",
+    model_config = config_from_args(serve_args(str(smollm2_path), "--served-model-name", "a", "b",
                                                 "--max-model-len", "64")).model_config
     assert model_config.name == "a" and model_config.served_model_names == ["a", "b"]
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     with pytest.raises(ConfigError, match="adapter name 'b' is the served model's name"):
-        config_from_args(_serve_args(str(smollm2_path), "--served-model-name", "a", "b", "--enable-lora",
+        config_from_args(serve_args(str(smollm2_path), "--served-model-name", "a", "b", "--enable-lora",
                                      "--lora-modules", f"b={adapter}"))
     from brigade.config import config_from_kwargs
 

@@ -223,7 +223,7 @@ def test_other_commands_refuse_parallelism_before_loading(smollm2_path, command)
 
 def test_llm_refuses_a_kv_connector_no_plugin_registers(smollm2_path):
     """A configured KV connector is never ignored: an unknown one is refused, naming it, before loading weights
-    (tests/kv_connector runs a real one)."""
+    (tests/kv_transfer runs a real one)."""
     from brigade.config import ConfigError
     from brigade.entrypoints.llm import LLM
 
@@ -273,7 +273,7 @@ def _all_parsers(parser):
 
 
 def test_every_flag_of_every_command_says_what_it_does():
-    """``--help`` of each command explains each of its flags (the fresh-clone review found bare ones)."""
+    """``--help`` of each command explains each of its flags, none is bare."""
     from brigade.entrypoints.cli.main import build_parser
     from brigade.plugins import load_plugins, plugin_choices
 
