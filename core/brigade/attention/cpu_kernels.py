@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from brigade import envs
+
 SOURCE = Path(__file__).parent / "csrc" / "cpu_attention.c"
 # Compiled with -ffast-math (vectorized expf) but linked without it: gcc < 13 links crtfastmath.o into a
 # shared object built with -ffast-math, whose load-time constructor turns on flush-to-zero for the whole
@@ -41,8 +43,7 @@ class KernelBuildError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("BRIGADE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "brigade")
-    return Path(root) / "kernels"
+    return Path(envs.cache_dir()) / "kernels"
 
 
 def _cpu_flags() -> str:

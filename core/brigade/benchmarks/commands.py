@@ -11,11 +11,11 @@ import asyncio
 import itertools
 import logging
 import math
-import os
 from urllib.parse import urlparse
 
 import torch
 
+from brigade import envs
 from brigade.benchmarks import results as rec
 from brigade.benchmarks.comparison import release_memory
 from brigade.benchmarks.datasets import make_requests, prompt_vocab_size, random_requests, token_counts
@@ -259,7 +259,7 @@ def run_serve(args: argparse.Namespace, serve_engine_argv: list[str]) -> int:
     requests = make_requests(args.dataset, args.num_prompts, input_len=args.input_len, output_len=args.output_len,
                              vocab_size=prompt_vocab_size(hf_config.vocab_size, tokenizer), seed=seed,
                              max_model_len=max_len)
-    api_key = args.api_key or os.environ.get("BRIGADE_API_KEY") or None
+    api_key = args.api_key or envs.BRIGADE_API_KEY or None
     engine_config: object = {"launched": False, "base_url": args.base_url}
     if args.launch:
         from brigade.entrypoints.cli.engine_args import runnable_config_from_args

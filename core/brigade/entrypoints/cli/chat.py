@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from urllib.parse import urlunparse
 
+from brigade import envs
 from brigade.entrypoints.cli.arg_types import http_url, positive_int
 
 _EPILOG = """\
@@ -35,7 +35,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="the server's address or /v1 base URL; /v1 is added to an address without a path "
                              "(default %(default)s)")
     parser.add_argument("--model", default=None, help="model name (default: the server's first model)")
-    parser.add_argument("--api-key", default=os.environ.get("BRIGADE_API_KEY", "EMPTY"),
+    parser.add_argument("--api-key", default=envs.BRIGADE_API_KEY or "EMPTY",
                         help="Bearer key for /v1 (default: $BRIGADE_API_KEY)")
     parser.add_argument("--system-prompt", default=None, help="a system message opening the conversation")
     parser.add_argument("--max-tokens", type=positive_int, default=256,

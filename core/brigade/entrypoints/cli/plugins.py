@@ -1,5 +1,5 @@
-"""`brigade plugins`: every installed plugin with its distribution, group, scope, hooks and status, and
-the active platform with the reason it was chosen (DESIGN.md, "The plugin contract").
+"""`brigade plugins`: every installed plugin with its distribution, group, scope, hooks and status, the
+active platform with the reason it was chosen, and which kernel serves which op on it.
 
 The CLI's ``main`` calls ``load_plugins("api")`` before building its parser, so plugin-backed flags can
 list their choices (``plugin_choices``); this command then only reads the records.
@@ -14,9 +14,10 @@ from typing import Any, TextIO
 
 from brigade.plugins import (HOOKSPEC_VERSION, PluginLoadError, load_plugins, platform_choice, plugin_choices,
                              plugin_records, registries)
+from brigade.plugins.kernels import kernel_table
 from brigade.plugins.settings import PluginSettings
 
-__all__ = ["add_parser", "collect", "main", "plugin_choices", "render_table", "run"]
+__all__ = ["add_parser", "collect", "main", "plugin_choices", "render_kernels", "render_table", "run"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -24,7 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser(
         "plugins", help="list installed plugins, their status and the active platform", allow_abbrev=False,
         description="List every installed Brigade plugin (name, distribution and version, entry-point group, "
-                    "load scope, hooks, status) and the active platform with the reason it was chosen.")
+                    "load scope, hooks, status), the active platform with the reason it was chosen, and which kernel "
+                    "serves which op on it.")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     parser.set_defaults(run=run)
     return parser
@@ -52,6 +54,7 @@ def collect() -> dict[str, Any]:
         "plugins": [record.to_json() for record in plugin_records()],
         "platform": platform,
         "platform_error": platform_error,
+        "kernels": [] if platform is None else kernel_table(registries.kernels, platform["name"]),
         "registries": registries.as_names(),
         "choices": plugin_choices(),
     }
@@ -81,6 +84,22 @@ def render_table(data: dict[str, Any], out: TextIO) -> None:
         out.write(f"active platform: {p['name']} ({p['distribution']} {p['version']}): {p['reason']}\n")
     else:
         out.write(f"active platform: none: {data['platform_error']}\n")
+        return
+    render_kernels(data["kernels"], data["platform"]["name"], out)
+
+
+def render_kernels(kernels: list[dict[str, str]], platform: str, out: TextIO) -> None:
+    """The ``kernels on PLATFORM`` section: one ``OP  KERNEL  PLUGIN`` line per registered op (three short
+    columns, well inside 100 characters); ops not listed run their PyTorch path."""
+    if not kernels:
+        out.write(f"kernels on {platform}: none (every op runs its PyTorch path)\n")
+        return
+    out.write(f"kernels on {platform} (other ops run their PyTorch path):\n")
+    rows = [("OP", "KERNEL", "PLUGIN")] + [(k["op"], k["kernel"], f"{k['plugin']} ({k['distribution']})")
+                                           for k in kernels]
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    for row in rows:
+        out.write(f"  {row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}\n")
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:

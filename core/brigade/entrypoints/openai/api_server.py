@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import os
 import socket
 from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from brigade import envs
 from brigade.config import BrigadeConfig
 from brigade.engine.async_llm import AsyncLLM, EngineDeadError
 from brigade.entrypoints.openai.errors import OpenAIError, install_error_handlers
@@ -318,8 +318,7 @@ def runtime_lora_updating(config: BrigadeConfig, env: Mapping[str, str] | None =
     saying so, and False (the server starts as it would without the variable; vLLM does not refuse to start
     either). Unset, or "", 0, false, no, off: False, silently. Any other value: one WARNING, and False.
     """
-    env = os.environ if env is None else env
-    raw = env.get(RUNTIME_LORA_ENV)
+    raw = envs.VARIABLES[RUNTIME_LORA_ENV].raw(env)
     value = (raw or "").strip().lower()
     if value in _FALSE:
         return False
@@ -447,7 +446,7 @@ async def serve_http(config: BrigadeConfig, settings: ServerSettings, sock: sock
         server = DrainingServer(uv_config, app.state.drain, settings.shutdown_timeout_s)
         quiet_signals_after_serve()
         logger.info("serving %s on http://%s:%d", config.model_config.name, settings.host, settings.port)
-        keep_alive = os.environ.get(KEEP_ALIVE_ENV, "").strip().lower() in _TRUE
+        keep_alive = (envs.VARIABLES[KEEP_ALIVE_ENV].raw() or "").strip().lower() in _TRUE
         watch = None if keep_alive else asyncio.create_task(_stop_when_engine_dies(engine, server))
         await server.serve(sockets=[sock])
         if watch is not None:
