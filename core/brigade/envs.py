@@ -92,7 +92,7 @@ VARIABLES = declare(
     EnvVar("BRIGADE_PLUGINS_STRICT", "bool", False, "1: any plugin failure aborts start-up instead of a warning."),
     EnvVar("BRIGADE_LOGGING_LEVEL", "str", "INFO", "Log level of the CLI, engine-core and worker processes."),
     EnvVar("BRIGADE_CACHE_DIR", "str", None,
-           "Cache directory (compiled CPU kernels, benchmark results); default ~/.cache/brigade."),
+           "Cache directory (the compiled CPU attention kernels); default ~/.cache/brigade."),
     EnvVar("BRIGADE_ENGINE_STARTUP_TIMEOUT", "float", 600.0,
            "Seconds the front end waits for the engine-core process to report ready."),
     EnvVar("BRIGADE_WORKER_MULTIPROC_METHOD", "str", "spawn", "How worker processes start: spawn or fork."),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import time
 from typing import Any
 
@@ -13,6 +12,7 @@ import msgspec
 
 from brigade.engine.messages import SchedulerStats
 from brigade.metrics import IterationStats, StatLoggerBase
+from brigade_jsonl_stat_logger import envs
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class JsonlStatLogger(StatLoggerBase):
     """
 
     def __init__(self, config: Any = None, *, path: str | None = None):
-        self.path = path if path is not None else os.environ.get(PATH_ENV)
+        self.path = path if path is not None else envs.BRIGADE_STATS_JSONL
         self.num_steps = 0
         self._file = None
         if not self.path:
