@@ -91,3 +91,17 @@ def test_cpu_default_step_budget_is_small_and_a_user_value_wins():
                           scheduler_config=SchedulerConfig(enable_chunked_prefill=False))
     CpuPlatform.check_and_update_config(whole)
     assert whole.scheduler_config.max_num_batched_tokens is None  # resolve() sizes it to max_model_len
+
+
+def test_overlap_and_graphs_are_capabilities_the_platform_declares():
+    from brigade.platforms.interface import TorchCudaPlatform
+    from brigade_cuda.platform import CudaPlatform
+    from brigade_oot_platform.platform import OotPlatform
+    from brigade_rocm.platform import RocmPlatform
+
+    declared = {p.name: (p.supports_async_scheduling(), p.supports_cuda_graphs())
+                for p in (Platform, CpuPlatform, OotPlatform, CudaPlatform, RocmPlatform)}
+    assert declared == {"unspecified": (False, False), "cpu": (False, False), "oot": (False, False),
+                        "cuda": (True, True), "rocm": (True, True)}
+    assert _Gpu.supports_async_scheduling() is False  # a device type named "cuda" alone grants nothing
+    assert TorchCudaPlatform.supports_async_scheduling() is True
