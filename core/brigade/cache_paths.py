@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from brigade import envs
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
@@ -21,7 +23,7 @@ def cache_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
     """
     if explicit:
         return Path(explicit).expanduser()
-    env = os.environ.get("BRIGADE_CACHE_DIR")
+    env = envs.BRIGADE_CACHE_DIR
     if env:
         return Path(env).expanduser()
     return Path.home() / ".cache" / "brigade"

@@ -89,21 +89,11 @@ def rel_err():
 
 @pytest.fixture
 def cuda_ops_registered():
-    """Register the Triton ops on the CustomOp seam for one test, and unregister them afterwards."""
-    from brigade.model_executor.layers.activation import SiluAndMul
-    from brigade.model_executor.layers.layernorm import RMSNorm
-    from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding
-    from brigade_cuda.ops.custom_ops import (register_cuda_ops, rms_norm_cuda, rotary_embedding_cuda,
-                                             silu_and_mul_cuda)
+    """The CUDA plugin's kernels, as its ``register_kernels`` hook registers them for the active "cuda"
+    platform: layers built on a CUDA device inside the test bind them."""
+    from brigade.plugins import current_platform, load_plugins, registries
 
-    register_cuda_ops()
+    load_plugins("engine")
+    assert current_platform().name == "cuda", current_platform()
+    assert "rms_norm@cuda" in registries.kernels, registries.kernels
     yield
-    for op, impl in ((RMSNorm, rms_norm_cuda), (SiluAndMul, silu_and_mul_cuda),
-                     (RotaryEmbedding, rotary_embedding_cuda)):
-        if op.registered_impl("cuda") is impl:
-            op.unregister_impl("cuda")
-    from brigade.model_executor.layers.linear_method import unregister_dense_gemm
-    from brigade.sample.fused import unregister_fused_sampler
-
-    unregister_dense_gemm("cuda")
-    unregister_fused_sampler("cuda")

@@ -4,6 +4,8 @@ masked token, and repeat under ``torch.manual_seed``; the Sampler hands it plain
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -75,31 +77,33 @@ def test_random_over_a_large_vocabulary_repeats_under_manual_seed():
     assert len(set(c[:, 1].tolist())) > 150  # fresh draws each call, spread over the vocabulary
 
 
-def test_registered_unless_switched_off(monkeypatch):
-    from brigade.sample.fused import fused_sampler, unregister_fused_sampler
-    from brigade_cuda.ops.custom_ops import register_cuda_ops
+def test_registered_unless_switched_off(monkeypatch, cuda_ops_registered):
+    from brigade.sample.fused import fused_sampler
+    from brigade_cuda import plugin
 
-    try:
-        unregister_fused_sampler("cuda")
-        monkeypatch.setenv("BRIGADE_CUDA_FUSED_SAMPLER", "0")
-        register_cuda_ops()
-        assert fused_sampler("cuda") is None
-        monkeypatch.delenv("BRIGADE_CUDA_FUSED_SAMPLER", raising=False)
-        register_cuda_ops()
-        assert fused_sampler("cuda") is fused_sample
-    finally:
-        unregister_fused_sampler("cuda")
+    def registered_ops():
+        ops = []
+        plugin.register_kernels(lambda op, platform, impl, **kw: ops.append(op))
+        return ops
+
+    monkeypatch.setenv("BRIGADE_CUDA_FUSED_SAMPLER", "0")
+    assert "fused_sampler" not in registered_ops()
+    monkeypatch.delenv("BRIGADE_CUDA_FUSED_SAMPLER", raising=False)
+    assert "fused_sampler" in registered_ops()
+    assert fused_sampler("cuda") is fused_sample
 
 
-def test_the_sampler_uses_it_for_plain_batches(monkeypatch):
+def test_the_sampler_uses_it_for_plain_batches(monkeypatch, request, cuda_ops_registered):
     from brigade.sample import Sampler
-    from brigade.sample import fused as fused_module
+    from brigade.plugins.kernels import registered_kernel
     from brigade.sample.metadata import SamplingRequestState, build_sampling_metadata
     from brigade.sampling_params import SamplingParams
 
     seen = []
-    monkeypatch.setitem(fused_module._FUSED, "cuda", lambda *a, **kw: (seen.append(kw["greedy"]),
-                                                                          fused_sample(*a, **kw))[1])
+    stack = contextlib.ExitStack()
+    request.addfinalizer(stack.close)
+    stack.enter_context(registered_kernel("fused_sampler", "cuda", lambda *a, **kw: (seen.append(kw["greedy"]),
+                                                                                     fused_sample(*a, **kw))[1]))
 
     def metadata(params):
         reqs = [SamplingRequestState(params=p, prompt_token_ids=[1], output_token_ids=[], eos_token_id=None,

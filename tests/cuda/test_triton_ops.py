@@ -16,7 +16,7 @@ pytest.importorskip("triton")
 from brigade.model_executor.layers.activation import SiluAndMul  # noqa: E402
 from brigade.model_executor.layers.layernorm import RMSNorm  # noqa: E402
 from brigade.model_executor.layers.rotary_embedding import RopeParameters, RotaryEmbedding  # noqa: E402
-from brigade_cuda.ops import fused_add_rms_norm, register_cuda_ops, rms_norm, rotary_embedding, silu_and_mul  # noqa: E402,E501
+from brigade_cuda.ops import fused_add_rms_norm, rms_norm, rotary_embedding, silu_and_mul  # noqa: E402
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}
@@ -81,7 +81,6 @@ def test_rotary_embedding_in_place(heads, head_size, rotary_dim, neox, dtype, re
 
 
 def test_layers_built_on_cuda_run_the_triton_ops(cuda_ops_registered, rel_err):
-    register_cuda_ops()  # idempotent
     with torch.device("cuda"):
         norm = RMSNorm(4096, 1e-5, dtype=torch.bfloat16)
         act = SiluAndMul()

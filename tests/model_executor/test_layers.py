@@ -152,26 +152,33 @@ def test_tied_lm_head_shares_the_embedding_parameter():
 
 
 class _Doubler(CustomOp):
+    op_name = "silu_and_mul"  # borrows a real op's name so a "cpu" kernel can be registered for it
+
     def forward_native(self, x):
         return 2 * x
 
 
+class _Tripler(_Doubler):
+    def forward_native(self, x):
+        return 3 * x
+
+
 def test_custom_op_binds_registered_impl_once_per_device_type():
+    from brigade.plugins.kernels import registered_kernel
+
     def fast(op, x):
         return 2 * x + 1  # distinguishable from forward_native on purpose
 
     native = _Doubler()
-    _Doubler.register_impl("cpu", fast)
-    try:
+    with registered_kernel("silu_and_mul", "cpu", fast):
         with torch.device("cpu"):
             bound = _Doubler()
+            norm, sub = RMSNorm(2), _Tripler()
+        with torch.device("meta"):
+            elsewhere = _Doubler()  # not the active platform's device type
         assert bound.impl_name == "cpu" and bound(torch.ones(2)).tolist() == [3.0, 3.0]
         assert native.impl_name == "native" and native(torch.ones(2)).tolist() == [2.0, 2.0]
-        _Doubler.register_impl("cpu", fast)  # the same function again is fine
-        with pytest.raises(ValueError, match="already has a cpu implementation"):
-            _Doubler.register_impl("cpu", lambda op, x: x)
-        # Registrations are per class: RMSNorm did not get the doubler's kernel.
-        assert RMSNorm.registered_impl("cpu") is None
-    finally:
-        _Doubler.unregister_impl("cpu")
+        assert elsewhere.impl_name == "native"
+        # Kernels are per op: RMSNorm did not get the doubler's kernel, nor a subclass without its own op name.
+        assert norm.impl_name == "native" and sub.impl_name == "native"
     assert _Doubler().impl_name == "native"

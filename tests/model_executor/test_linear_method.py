@@ -93,8 +93,10 @@ def test_dense_gemm_seam_binds_at_construction():
     """A platform's dense GEMM replaces F.linear for layers built afterwards on its device type, only those."""
 
     from brigade.model_executor.layers.linear import Linear
-    from brigade.model_executor.layers.linear_method import register_dense_gemm, unregister_dense_gemm
     from brigade.model_executor.layers.vocab import LMHead
+    from brigade.plugins import DuplicateNameError
+    from brigade.plugins.kernels import add_kernel, registered_kernel
+    from brigade.plugins.registry import PluginSource, Registry
 
     calls = []
 
@@ -103,15 +105,14 @@ def test_dense_gemm_seam_binds_at_construction():
         return F.linear(x, weight, bias)
 
     before = Linear(8, 4, dtype=torch.float32)
-    register_dense_gemm("cpu", counting_gemm)
-    try:
-        register_dense_gemm("cpu", counting_gemm)  # the same function again is fine
-        with pytest.raises(ValueError, match="already registered for cpu"):
-            register_dense_gemm("cpu", F.linear)
+    with registered_kernel("dense_gemm", "cpu", counting_gemm):
         after = Linear(8, 4, dtype=torch.float32)
         head = LMHead(10, 8, dtype=torch.float32)
-    finally:
-        unregister_dense_gemm("cpu")
+    registry, vendor = Registry("kernel"), PluginSource("a", "vendor-a", "1")
+    add_kernel(registry, "dense_gemm", "cpu", counting_gemm, vendor)
+    add_kernel(registry, "dense_gemm", "cpu", counting_gemm, vendor)  # the same plugin again is fine
+    with pytest.raises(DuplicateNameError, match="kernel 'dense_gemm@cpu'.*vendor-b.*vendor-a"):
+        add_kernel(registry, "dense_gemm", "cpu", F.linear, PluginSource("b", "vendor-b", "1"))
     for layer in (before, after, head):
         layer.weight.data.normal_()
     x = torch.randn(3, 8)
@@ -126,8 +127,10 @@ def test_silu_mul_gemm_seam_folds_the_activation_into_the_down_projection():
     it returns None."""
     from brigade.model_executor.layers.activation import SiluAndMul
     from brigade.model_executor.layers.layernorm import RMSNorm
-    from brigade.model_executor.layers.linear_method import register_dense_gemm, unregister_dense_gemm
     from brigade.model_executor.models.llama import LlamaMLP
+    from brigade.plugins import DuplicateNameError
+    from brigade.plugins.kernels import add_kernel, registered_kernel
+    from brigade.plugins.registry import PluginSource, Registry
 
     calls = []
 
@@ -138,15 +141,13 @@ def test_silu_mul_gemm_seam_folds_the_activation_into_the_down_projection():
         out = F.linear(SiluAndMul().forward_native(x), weight, bias)
         return out if residual is None else residual + out
 
-    with pytest.raises(ValueError, match="already registered for cpu"):
-        register_dense_gemm("cpu", F.linear, silu_mul_gemm=one_row_fold)
-        register_dense_gemm("cpu", F.linear, silu_mul_gemm=lambda x, w, b, residual=None: None)
-    unregister_dense_gemm("cpu")
-    register_dense_gemm("cpu", F.linear, silu_mul_gemm=one_row_fold)
-    try:
+    registry = Registry("kernel")
+    add_kernel(registry, "silu_mul_gemm", "cpu", one_row_fold, PluginSource("a", "vendor-a", "1"))
+    with pytest.raises(DuplicateNameError, match="silu_mul_gemm@cpu"):
+        add_kernel(registry, "silu_mul_gemm", "cpu", lambda x, w, b, residual=None: None,
+                   PluginSource("b", "vendor-b", "1"))
+    with registered_kernel("silu_mul_gemm", "cpu", one_row_fold):
         fused = LlamaMLP(16, 40, bias=True, dtype=torch.float32, quant_config=None, prefix="mlp")
-    finally:
-        unregister_dense_gemm("cpu")
     plain = LlamaMLP(16, 40, bias=True, dtype=torch.float32, quant_config=None, prefix="mlp")
     for p in fused.parameters():
         p.data.normal_()

@@ -133,12 +133,12 @@ def test_real_smollm2_matches_transformers(smollm2_path, hf_reference, paged_ste
 
 @pytest.fixture
 def cpu_fused_gemms():
-    """Registers plain-PyTorch versions of the fused GEMM variants for "cpu" through the real seam
-    (``register_dense_gemm``) and records which ran; unregisters afterwards."""
+    """Registers plain-PyTorch versions of the fused GEMM variants as the "cpu" platform's kernels in the real
+    kernel registry and records which ran; removes them afterwards."""
     import torch.nn.functional as F
 
     from brigade.model_executor.layers.activation import SiluAndMul
-    from brigade.model_executor.layers.linear_method import register_dense_gemm, unregister_dense_gemm
+    from brigade.plugins.kernels import registered_kernel
 
     calls: list[str] = []
 
@@ -156,11 +156,10 @@ def cpu_fused_gemms():
         out = F.linear(SiluAndMul().forward_native(x), weight, bias)
         return out if residual is None else residual + out
 
-    unregister_dense_gemm("cpu")
-    register_dense_gemm("cpu", F.linear, silu_mul_gemm=silu_mul_gemm, residual_gemm=residual_gemm,
-                        rms_norm_gemm=rms_norm_gemm)
-    yield calls
-    unregister_dense_gemm("cpu")
+    with registered_kernel("dense_gemm", "cpu", F.linear), registered_kernel("silu_mul_gemm", "cpu", silu_mul_gemm), \
+            registered_kernel("residual_gemm", "cpu", residual_gemm), \
+            registered_kernel("rms_norm_gemm", "cpu", rms_norm_gemm):
+        yield calls
 
 
 @pytest.mark.parametrize("case", ["llama-gqa-tied", "llama-untied-biases"])

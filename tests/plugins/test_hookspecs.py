@@ -11,7 +11,8 @@ from brigade.plugins import hookspecs
 
 CONTRACT_HOOKS = {"register_platforms", "register_attention_backends", "register_models",
                   "register_quantization_methods", "register_kv_connectors", "register_io_processors",
-                  "register_endpoints", "register_stat_loggers", "register_logits_processors"}
+                  "register_endpoints", "register_stat_loggers", "register_logits_processors",
+                  "register_kernels"}
 
 
 def spec_functions() -> dict[str, object]:

@@ -109,3 +109,17 @@ def test_empty_visible_devices_counts_as_unset(monkeypatch):
     assert _CudaLike.logical_to_physical(2) == 2
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
     assert _CudaLike.logical_to_physical(0) == 4  # set: the list remaps
+
+
+def test_overlap_and_graphs_are_capabilities_the_platform_declares():
+    from brigade.platforms.interface import TorchCudaPlatform
+    from brigade_cuda.platform import CudaPlatform
+    from brigade_oot_platform.platform import OotPlatform
+    from brigade_rocm.platform import RocmPlatform
+
+    declared = {p.name: (p.supports_async_scheduling(), p.supports_cuda_graphs())
+                for p in (Platform, CpuPlatform, OotPlatform, CudaPlatform, RocmPlatform)}
+    assert declared == {"unspecified": (False, False), "cpu": (False, False), "oot": (False, False),
+                        "cuda": (True, True), "rocm": (True, True)}
+    assert _Gpu.supports_async_scheduling() is False  # a device type named "cuda" alone grants nothing
+    assert TorchCudaPlatform.supports_async_scheduling() is True

@@ -1,6 +1,6 @@
 """The fused-sampler seam (``brigade.sample.fused``): which batches the Sampler hands to a platform's
-one-pass sampler, and that everything else keeps the tensor-op path. A pure-Python sampler registered for
-the "cpu" device type stands in for a platform's kernel (the CUDA kernel's own checks are in
+one-pass sampler, and that everything else keeps the tensor-op path. A pure-Python sampler registered as the
+"cpu" platform's "fused_sampler" kernel stands in for a platform's kernel (the CUDA kernel's own checks are in
 tests/cuda/test_fused_sampler_cuda.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from brigade.sample import Sampler
-from brigade.sample.fused import fused_sampler, register_fused_sampler, unregister_fused_sampler
+from brigade.plugins import DuplicateNameError
+from brigade.plugins.kernels import add_kernel, registered_kernel
+from brigade.plugins.registry import PluginSource, Registry
+from brigade.sample.fused import fused_sampler
 from brigade.sampling_params import SamplingParams
 
 
@@ -23,11 +26,9 @@ def calls():
         scaled = logits.float() if temperature is None else logits.float() / temperature[:, None]
         return scaled.argmax(dim=-1)
 
-    register_fused_sampler("cpu", fn)
-    try:
+    with registered_kernel("fused_sampler", "cpu", fn):
+        assert fused_sampler("cpu") is fn
         yield seen
-    finally:
-        unregister_fused_sampler("cpu")
     assert fused_sampler("cpu") is None
 
 
@@ -61,12 +62,10 @@ def test_other_batches_keep_the_tensor_ops(calls, metadata_for, params):
 
 
 def test_a_second_platform_function_is_refused():
-    register_fused_sampler("cpu", lambda *a, **k: None)
-    try:
-        with pytest.raises(ValueError, match="already registered for cpu"):
-            register_fused_sampler("cpu", lambda *a, **k: None)
-    finally:
-        unregister_fused_sampler("cpu")
+    registry = Registry("kernel", callable_values=True)
+    add_kernel(registry, "fused_sampler", "cpu", lambda *a, **k: None, PluginSource("a", "vendor-a", "1"))
+    with pytest.raises(DuplicateNameError, match="kernel 'fused_sampler@cpu' from plugin 'b'.*vendor-a"):
+        add_kernel(registry, "fused_sampler", "cpu", lambda *a, **k: None, PluginSource("b", "vendor-b", "1"))
 
 
 @pytest.mark.parametrize("vocab", [128256, 49152, 1000, 300])

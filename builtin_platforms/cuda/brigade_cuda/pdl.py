@@ -25,17 +25,18 @@ are where the per-kernel gaps add up. ``BRIGADE_CUDA_PDL=0`` turns it off (A/B t
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from brigade_cuda import envs
+
 
 @functools.cache
 def pdl_enabled() -> bool:
     """True when the env allows it, Triton has the grid-dependency intrinsics and the GPU is sm_90+."""
-    if os.environ.get("BRIGADE_CUDA_PDL", "1") == "0":
+    if not envs.BRIGADE_CUDA_PDL:
         return False
     try:
         from triton.language.extra import cuda as triton_cuda
@@ -49,14 +50,14 @@ def pdl_enabled() -> bool:
 @functools.cache
 def pdl_early() -> bool:
     """Trigger the next kernel's launch before waiting (``BRIGADE_CUDA_PDL_EARLY=1``), see ``gdc_prologue``."""
-    return os.environ.get("BRIGADE_CUDA_PDL_EARLY", "0") == "1"
+    return envs.BRIGADE_CUDA_PDL_EARLY
 
 
 @functools.cache
 def pdl_prefetch() -> bool:
     """Read step-invariant memory before ``gdc_wait`` where a kernel can (see the module docstring);
     ``BRIGADE_CUDA_PDL_PREFETCH=0`` keeps every load after the wait (A/B timing)."""
-    return os.environ.get("BRIGADE_CUDA_PDL_PREFETCH", "1") != "0"
+    return envs.BRIGADE_CUDA_PDL_PREFETCH
 
 
 @triton.jit

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import torch
 from torch import nn
 
 from brigade.model_executor.layers.linear_method import LinearMethod
 from brigade.model_executor.weight_utils import set_weight_attrs
+from brigade_awq import envs
 
 from brigade_awq import packing
 from brigade_awq.config import SUPPORTED, AWQConfig
@@ -58,7 +58,7 @@ def kernel_for_device(device_type: str):
     """The fused GEMM for layers built on ``device_type`` (``triton_gemm.awq_gemm`` on CUDA), or None for the
     PyTorch path. ``BRIGADE_AWQ_TRITON=0`` forces the PyTorch path; a CUDA host without Triton gets it too, with
     one WARNING."""
-    if device_type != "cuda" or os.environ.get(TRITON_ENV, "1") == "0":
+    if device_type != "cuda" or not envs.BRIGADE_AWQ_TRITON:
         return None
     return _load_kernel()
 

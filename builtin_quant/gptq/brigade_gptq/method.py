@@ -34,7 +34,6 @@ offered; the model then runs those ops separately, and RMSNorm weights are not f
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +41,7 @@ from torch import nn
 
 from brigade.model_executor.layers.linear_method import LinearMethod
 from brigade.model_executor.weight_utils import set_weight_attrs
+from brigade_gptq import envs
 
 from brigade_gptq import packing
 from brigade_gptq.config import SUPPORTED, GPTQConfig
@@ -56,7 +56,7 @@ def kernel_for_device(device_type: str):
     """The fused GEMM for layers built on ``device_type`` (``triton_gemm.gptq_gemm`` on CUDA), or None for the
     PyTorch path. ``BRIGADE_GPTQ_TRITON=0`` forces the PyTorch path; a CUDA host without Triton gets it too,
     with a WARNING."""
-    if device_type != "cuda" or os.environ.get(TRITON_ENV, "1") == "0":
+    if device_type != "cuda" or not envs.BRIGADE_GPTQ_TRITON:
         return None
     try:
         from brigade_gptq.triton_gemm import gptq_gemm

@@ -11,12 +11,12 @@ import asyncio
 import itertools
 import logging
 import math
-import os
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import torch
 
+from brigade import envs
 from brigade.benchmarks import results as rec
 from brigade.benchmarks.comparison import release_memory
 from brigade.benchmarks.datasets import make_requests, prompt_vocab_size, random_requests, token_counts
@@ -256,7 +256,7 @@ def run_serve(args: argparse.Namespace, serve_engine_argv: list[str]) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     seed = 0 if args.seed is None else args.seed
     requests = _serve_requests(args, seed)
-    api_key = args.api_key or os.environ.get("BRIGADE_API_KEY") or None
+    api_key = args.api_key or envs.BRIGADE_API_KEY or None
     run = _serve_run(args, serve_engine_argv, requests, api_key, seed)
     metrics = {**serve_metrics(run.results, run.duration_s), "load_average_after": rec.load_average()}
     rows = [[name] + [f"{metrics[name][s]:.2f}" for s in ("mean", "median", "p99")]

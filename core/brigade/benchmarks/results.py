@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-CACHE_DIR_ENV = "BRIGADE_CACHE_DIR"  # Brigade's cache root (compiled kernels, models, benchmark records)
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -131,8 +130,9 @@ def jsonable(value: Any) -> Any:
 def default_results_dir() -> str:
     """Where a run writes its record without ``--output-json``: ``$BRIGADE_CACHE_DIR/bench``, by default
     ``~/.cache/brigade/bench`` (read when called)."""
-    root = os.environ.get(CACHE_DIR_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "brigade")
-    return os.path.join(root, "bench")
+    from brigade.cache_paths import cache_dir
+
+    return str(cache_dir() / "bench")
 
 
 def default_output_path(kind: str, results_dir: str | None = None) -> str:

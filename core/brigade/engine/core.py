@@ -90,8 +90,10 @@ class EngineCore:
                                    lora_config=config.lora_config,
                                    speculative_config=config.speculative_config, kv_connector=kv_connector)
         self.num_blocks = num_blocks
-        overlap = config.scheduler_config.async_scheduling
-        self.overlap = config.device == "cuda" if overlap is None else overlap
+        from brigade.plugins import current_platform
+
+        overlap = config.scheduler_config.async_scheduling  # None: the platform's capability decides
+        self.overlap = current_platform().supports_async_scheduling() if overlap is None else overlap
         if self.overlap and config.speculative_config is not None:
             # The next step's drafts come from this step's accepted tokens, so it cannot be planned before
             # they are known (vLLM v1 also ran speculation without async scheduling at first).

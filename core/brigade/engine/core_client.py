@@ -10,7 +10,6 @@ import asyncio
 import itertools
 import logging
 import multiprocessing
-import os
 import shutil
 import tempfile
 
@@ -18,6 +17,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from brigade import envs
 from brigade.config import BrigadeConfig
 from brigade.engine.core_proc import run_engine_core
 from brigade.interfaces import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, EngineCoreUtility,
@@ -25,7 +25,6 @@ from brigade.interfaces import (EngineCoreOutputs, EngineCoreRequest, EngineCore
 
 logger = logging.getLogger("brigade.engine")
 
-_STARTUP_TIMEOUT_S = float(os.environ.get("BRIGADE_ENGINE_STARTUP_TIMEOUT", "600"))
 _LIVENESS_POLL_MS = 1000
 
 
@@ -66,9 +65,10 @@ class AsyncMPClient:
                                args=(config, self.input_address, self.output_address, child_conn))
         self.proc.start()
         child_conn.close()
-        if not parent_conn.poll(_STARTUP_TIMEOUT_S):
+        timeout_s = envs.BRIGADE_ENGINE_STARTUP_TIMEOUT
+        if not parent_conn.poll(timeout_s):
             self.shutdown()
-            raise EngineStartupError(f"the engine did not start within {_STARTUP_TIMEOUT_S:.0f} s")
+            raise EngineStartupError(f"the engine did not start within {timeout_s:.0f} s")
         try:
             info = parent_conn.recv()
         except EOFError:

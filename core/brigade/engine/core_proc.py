@@ -19,6 +19,7 @@ import traceback
 import msgspec
 import zmq
 
+from brigade import envs
 from brigade.config import BrigadeConfig
 from brigade.engine.core import EngineCore
 from brigade.interfaces import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, EngineCoreUtility
@@ -36,7 +37,7 @@ def _exit_on_signal(signum, frame) -> None:
 
 def run_engine_core(config: BrigadeConfig, input_address: str, output_address: str, ready_pipe) -> None:
     """Entry point of the EngineCore process (started with the spawn method)."""
-    logging.basicConfig(level=os.environ.get("BRIGADE_LOGGING_LEVEL", "INFO"),
+    logging.basicConfig(level=envs.BRIGADE_LOGGING_LEVEL,
                         format="%(levelname)s %(asctime)s [engine] %(message)s")
     signal.signal(signal.SIGTERM, _exit_on_signal)
     watch_parent("engine")  # an orphaned engine exits within a second, busy or not

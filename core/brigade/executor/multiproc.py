@@ -19,6 +19,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from brigade import envs
 from brigade.config import BrigadeConfig
 from brigade.executor.abstract import Executor
 from brigade.interfaces import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
@@ -159,7 +160,7 @@ class MultiprocExecutor(Executor):
         super().__init__(config, hf_config)
         config.check_supported()  # the model is not sharded yet: one worker process
         parallel = config.parallel_config
-        method = os.environ.get("BRIGADE_WORKER_MULTIPROC_METHOD", "spawn")
+        method = envs.BRIGADE_WORKER_MULTIPROC_METHOD
         if method not in _START_METHODS:
             raise ValueError(f"BRIGADE_WORKER_MULTIPROC_METHOD={method!r} is not known; use "
                              f"{', '.join(_START_METHODS)}")

@@ -153,7 +153,7 @@ def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype,
     ``load_format``: "auto"/"safetensors" stream ``*.safetensors`` from ``model_config.model``;
     "dummy" draws random weights seeded by ``model_config.seed``. Quantization methods get their
     ``process_weights_after_loading`` call after either. Where the platform registered an ``rms_norm_gemm``
-    (``linear_method.register_dense_gemm``), the model's ``fold_norm_weights`` then runs, when it has one,
+    (a ``register_kernels`` kernel), the model's ``fold_norm_weights`` then runs, when it has one,
     unless ``fold_norms`` is False (LoRA: the adapters' deltas read the normalized input, norm weight included).
 
     Raises:

@@ -118,8 +118,16 @@ class Platform:
     def empty_cache(cls) -> None:
         """Return cached allocator memory to the device."""
 
+    # ---- capabilities -------------------------------------------------------------------------
     @classmethod
     def supports_cuda_graphs(cls) -> bool:
+        """Whether the model runner may capture device graphs (CUDA graphs) on this platform."""
+        return False
+
+    @classmethod
+    def supports_async_scheduling(cls) -> bool:
+        """Whether the engine may overlap scheduling step N+1 with the device running step N by default
+        (``--async-scheduling`` unset); needs asynchronous device work, so False on the host."""
         return False
 
 
@@ -152,3 +160,7 @@ class TorchCudaPlatform(Platform):
     @classmethod
     def supports_cuda_graphs(cls) -> bool:
         return True  # CUDA graphs, or HIP graphs on ROCm
+
+    @classmethod
+    def supports_async_scheduling(cls) -> bool:
+        return True

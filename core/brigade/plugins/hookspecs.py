@@ -43,6 +43,13 @@ class RegisterComponent(Protocol):
     def __call__(self, name: str, value: Any, *, override: bool = False) -> None: ...
 
 
+class RegisterKernel(Protocol):
+    """``register(op, platform, impl, *, name=None, override=False)``; see ``register_kernels``."""
+
+    def __call__(self, op: str, platform: str, impl: Any, *, name: str | None = None,
+                 override: bool = False) -> None: ...
+
+
 class RegisterEndpoint(Protocol):
     def __call__(self, name: str, router_factory: Callable[[Any], Any] | str, *,
                  required_tasks: tuple[str, ...] | None = ("generate",), override: bool = False) -> None: ...
@@ -174,10 +181,29 @@ def register_logits_processors(register: RegisterComponent) -> None:
     """
 
 
+@hookspec
+def register_kernels(register: RegisterKernel) -> None:
+    """Contribute fast implementations of the core's kernel ops for one platform.
+
+    Args:
+        register: ``register(op, platform, impl, *, name=None, override=False)``. ``op`` is one of
+            ``brigade.plugins.kernels.KERNEL_OPS`` (``rms_norm``, ``dense_gemm``, ``fused_sampler``...; each
+            entry gives the function's contract); ``platform`` is a platform name (``"cuda"``); ``impl`` is the
+            function or a lazy ``"module:function"`` string imported when a layer first binds it; ``name`` is
+            the kernel's label in ``brigade plugins`` (default: the function's name). One implementation per
+            (op, platform): a second one is an error naming both distributions unless ``override=True``.
+            Environment switches that choose among kernels are read here, at start-up, not at import.
+
+    Returns:
+        None. Not firstresult: every implementation runs. Layers bind their kernel once, when they are
+        built on the active platform's device; nothing is looked up per step.
+    """
+
+
 REGISTRATION_HOOKS: tuple[str, ...] = (
     "register_platforms", "register_attention_backends", "register_models", "register_quantization_methods",
     "register_kv_connectors", "register_io_processors", "register_endpoints", "register_stat_loggers",
-    "register_logits_processors",
+    "register_logits_processors", "register_kernels",
 )
 """Names of every hook above, in the order the core calls them for one plugin."""
 

@@ -21,6 +21,7 @@ from brigade.plugins import hookspecs
 from brigade.plugins.errors import HookspecVersionError, PluginLoadError
 from brigade.plugins.groups import (ALL_GROUPS, BUILTIN_PLUGIN, CORE_DISTRIBUTION, GENERAL, SCOPES, PluginGroup,
                                     discover, distribution_of)
+from brigade.plugins.kernels import check_kernel, kernel_key, kernel_label
 from brigade.plugins.platform_choice import PlatformChoice, choose_platform, unknown_platform_error
 from brigade.plugins.records import PluginRecord, PluginStatus
 from brigade.plugins.registry import PluginSource, Registration, Registries
@@ -318,6 +319,8 @@ class PluginManager:
 
     def _make_register(self, hook: str, source: PluginSource, staged: _Staged) -> Callable[..., None]:
         registry = self.registries.for_hook(hook)
+        if hook == "register_kernels":
+            return self._make_register_kernel(registry, source, staged)
 
         def register(name: str, value: Any, *, override: bool = False, **extra: Any) -> None:
             # Validated now, so the error surfaces inside the plugin's own hook with its name on it.
@@ -336,6 +339,21 @@ class PluginManager:
             staged.append((hook, name, value, override, extra))
 
         register.__doc__ = f"Register one {registry.kind} (see hookspecs.{hook})."
+        return register
+
+    @staticmethod
+    def _make_register_kernel(registry: Any, source: PluginSource, staged: _Staged) -> Callable[..., None]:
+        def register(op: str, platform: str, impl: Any, *, name: str | None = None, override: bool = False) -> None:
+            # Validated now, like the other registries, so the error names the plugin's own hook.
+            check_kernel(op, platform)
+            key = kernel_key(op, platform)
+            if any(s[0] == "register_kernels" and s[1] == key for s in staged):
+                raise ValueError(f"kernel {key!r} registered twice by {source.describe()}")
+            registry.check(key, impl, source, override=override)
+            staged.append(("register_kernels", key, impl, override,
+                           {"op": op, "platform": platform, "label": name or kernel_label(impl)}))
+
+        register.__doc__ = "Register one kernel (see hookspecs.register_kernels)."
         return register
 
     # ---- failures ---------------------------------------------------------------------------------

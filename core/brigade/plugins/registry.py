@@ -109,6 +109,12 @@ class Registry(Generic[T]):
             self._entries[name] = Registration(name, value, source, MappingProxyType(dict(extra)))
             self._resolved.pop(name, None)
 
+    def remove(self, name: str) -> None:
+        """Forget ``name`` (no error when it is not registered): tests and scoped overrides only."""
+        with self._lock:
+            self._entries.pop(name, None)
+            self._resolved.pop(name, None)
+
     # ---- lookup ---------------------------------------------------------------------------------
     def get(self, name: str) -> T:
         """The component registered as ``name``, importing a lazy path on first use.
@@ -193,6 +199,8 @@ class Registries:
     stat_loggers: Registry = field(default_factory=lambda: Registry("stat logger", callable_values=True))
     logits_processors: Registry = field(default_factory=lambda: Registry("logits processor",
                                                                          callable_values=True))
+    kernels: Registry = field(default_factory=lambda: Registry("kernel", callable_values=True))
+    """Keyed ``"op@platform"`` (``brigade.plugins.kernels``); ``extra`` holds op, platform and label."""
 
     def for_hook(self, hook_name: str) -> Registry:
         """The registry a ``register_*`` hook fills."""

@@ -7,10 +7,10 @@ is an explicit allowlist that matches nothing (load nothing, silently).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from brigade.envs import VARIABLES
 from brigade.plugins.errors import PluginLoadError
 
 PLUGINS_ENV = "BRIGADE_PLUGINS"
@@ -45,13 +45,13 @@ class PluginSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PluginSettings:
         """Read the four variables. Raises PluginLoadError for a strict flag that is not a boolean."""
-        env = os.environ if env is None else env
-        raw_strict = env.get(STRICT_ENV, "").strip().lower()
+        raw = {name: VARIABLES[name].raw(env) for name in (PLUGINS_ENV, ENDPOINT_PLUGINS_ENV, PLATFORM_ENV, STRICT_ENV)}
+        raw_strict = (raw[STRICT_ENV] or "").strip().lower()
         if raw_strict not in _TRUE + _FALSE:
-            raise PluginLoadError(f"{STRICT_ENV}={env[STRICT_ENV]!r} is not a boolean; use 1 or 0")
-        platform = env.get(PLATFORM_ENV, "").strip() or None
-        return cls(allowlist=parse_allowlist(env.get(PLUGINS_ENV)),
-                   endpoint_allowlist=parse_allowlist(env.get(ENDPOINT_PLUGINS_ENV)),
+            raise PluginLoadError(f"{STRICT_ENV}={raw[STRICT_ENV]!r} is not a boolean; use 1 or 0")
+        platform = (raw[PLATFORM_ENV] or "").strip() or None
+        return cls(allowlist=parse_allowlist(raw[PLUGINS_ENV]),
+                   endpoint_allowlist=parse_allowlist(raw[ENDPOINT_PLUGINS_ENV]),
                    platform=platform, strict=raw_strict in _TRUE)
 
     def allows(self, name: str, *, endpoint: bool) -> bool:

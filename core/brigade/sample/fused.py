@@ -8,10 +8,9 @@ which a platform can run as one kernel that reads the logits once. On a 128k voc
 ten small kernels per step at batch 1, and at large batches several fp32 passes over ``[B, V]``.
 
 The CUDA plugin's implementation (``brigade_cuda/ops/sampling.py``) is on by default
-(``BRIGADE_CUDA_FUSED_SAMPLER=0`` turns it off). A platform registers its function with
-``register_fused_sampler(device_type, fn)`` at worker start-up, like
-``register_dense_gemm``; the Sampler looks it up by the logits' device type at each plain step. The
-function's contract::
+(``BRIGADE_CUDA_FUSED_SAMPLER=0`` turns it off). A platform registers its function as the kernel op
+"fused_sampler" through the ``register_kernels`` hook; the Sampler binds it once per logits device type (the
+first step on that device) and reuses it. The function's contract::
 
     fn(logits, temperature, *, greedy) -> ids
         logits: [B, V] float (any float dtype; not modified)
@@ -27,31 +26,13 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["FusedSampler", "fused_sampler", "register_fused_sampler", "unregister_fused_sampler"]
+from brigade.plugins.kernels import kernel_for
+
+__all__ = ["FusedSampler", "fused_sampler"]
 
 FusedSampler = Callable[..., torch.Tensor]
 
-_FUSED: dict[str, FusedSampler] = {}
-
-
-def register_fused_sampler(device_type: str, fn: FusedSampler) -> None:
-    """Use ``fn`` for plain batches whose logits live on ``device_type`` (contract in the module docstring).
-
-    Raises:
-        ValueError: when ``device_type`` already has a different function.
-    """
-    existing = _FUSED.get(device_type)
-    if existing is not None and existing is not fn:
-        raise ValueError(f"a fused sampler is already registered for {device_type} "
-                         f"({existing.__module__}.{existing.__qualname__})")
-    _FUSED[device_type] = fn
-
-
-def unregister_fused_sampler(device_type: str) -> None:
-    """Forget the function for ``device_type`` (plain batches take the Sampler's tensor ops again)."""
-    _FUSED.pop(device_type, None)
-
 
 def fused_sampler(device_type: str) -> FusedSampler | None:
-    """The function registered for ``device_type``, or None."""
-    return _FUSED.get(device_type)
+    """The "fused_sampler" kernel of the active platform for logits on ``device_type``, or None."""
+    return kernel_for("fused_sampler", device_type)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from brigade.sample.argmax import argmax_rows
-from brigade.sample.fused import fused_sampler
+from brigade.sample.fused import FusedSampler, fused_sampler
 from brigade.sample.logits_processors import BUILTIN_LOGITS_PROCESSORS, LogitsProcessor
 from brigade.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
 from brigade.sample.metadata import SamplingMetadata
@@ -91,6 +91,7 @@ class Sampler(nn.Module):
         self.non_argmax_invariant_processors = [c for c in classes
                                                 if not c.is_mask and not c.is_argmax_invariant]
         self.argmax_invariant_processors = [c for c in classes if c.is_argmax_invariant and not c.is_mask]
+        self._fused: dict[str, FusedSampler | None] = {}  # logits device type -> its kernel, bound on first use
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Sample one token per row.
@@ -102,7 +103,10 @@ class Sampler(nn.Module):
         Returns: SamplerOutput with [B] int64 ids and, if any row asked, LogprobsTensors with
         ``max_num_logprobs + 1`` columns.
         """
-        fused = fused_sampler(logits.device.type)
+        device_type = logits.device.type
+        if device_type not in self._fused:
+            self._fused[device_type] = fused_sampler(device_type)
+        fused = self._fused[device_type]
         if fused is not None and self._plain(metadata):  # the same steps in one pass (sample/fused.py)
             temperature = None if metadata.all_greedy else metadata.temperature
             return SamplerOutput(fused(logits, temperature, greedy=metadata.all_greedy), None)

@@ -21,7 +21,7 @@ from brigade.attention.backend import AttentionBackend, AttentionContext
 from brigade.config import BrigadeConfig
 from brigade.interfaces import KVConnectorMetadata, LogprobsLists, ModelRunnerOutput, RequestFailure, SchedulerOutput
 from brigade.kv_transfer import KVCacheLayout, KVConnectorBase, KVConnectorRole, make_kv_connector
-from brigade.plugins import registries
+from brigade.plugins import current_platform, registries
 from brigade.sample.metadata import SamplingRequestState, build_sampling_metadata
 from brigade.sample.rejection_sampler import RejectionSampler
 from brigade.sample.sampler import Sampler
@@ -203,7 +203,8 @@ class ModelRunner:
         """Capture decode graphs on a CUDA device when the backend allows it and -O/--enforce-eager do."""
         comp = self.config.compilation_config
         mode = comp.resolved_cudagraph_mode(bool(self.config.model_config.enforce_eager))
-        if self.device.type != "cuda" or mode == "NONE" or not self.attn_backend.supports_cuda_graphs:
+        graphs = current_platform().supports_cuda_graphs() and self.attn_backend.supports_cuda_graphs
+        if not graphs or mode == "NONE":
             return
         from brigade.worker.cuda_graph import default_capture_sizes
 

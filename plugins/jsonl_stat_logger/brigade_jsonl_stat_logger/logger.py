@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import time
 from typing import Any
 
 import msgspec
 
 from brigade.interfaces import IterationStats, SchedulerStats, StatLoggerBase
+from brigade_jsonl_stat_logger import envs
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class JsonlStatLogger(StatLoggerBase):
     """
 
     def __init__(self, config: Any = None, *, path: str | None = None):
-        self.path = path if path is not None else os.environ.get(PATH_ENV)
+        self.path = path if path is not None else envs.BRIGADE_STATS_JSONL
         self.num_steps = 0
         self._file = None
         if not self.path:

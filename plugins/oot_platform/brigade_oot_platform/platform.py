@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from brigade.platforms.interface import Platform
+from brigade_oot_platform import envs
 
 if TYPE_CHECKING:
     from brigade.config import BrigadeConfig
@@ -31,6 +31,17 @@ class OotPlatform(Platform):
     default_dtype: ClassVar[torch.dtype] = torch.float32
 
     @classmethod
+    def supports_async_scheduling(cls) -> bool:
+        """No: its "device" is the host, where nothing runs asynchronously to overlap with (a real
+        accelerator with a stream of its own returns True to get overlapped scheduling by default)."""
+        return False
+
+    @classmethod
+    def supports_cuda_graphs(cls) -> bool:
+        """No graph capture; a vendor whose runtime records and replays device work returns True."""
+        return False
+
+    @classmethod
     def check_and_update_config(cls, config: BrigadeConfig) -> None:
         """Pick the worker class, block size and attention backend the user left open (the core's
         defaults do exactly that from the class attributes above; a real vendor adds its own checks)."""
@@ -39,4 +50,4 @@ class OotPlatform(Platform):
 
 def detect_oot() -> type[Platform] | None:
     """OotPlatform when BRIGADE_OOT_DEVICE=1; reads one variable and has no side effects."""
-    return OotPlatform if os.environ.get(DEVICE_ENV) == "1" else None
+    return OotPlatform if envs.BRIGADE_OOT_DEVICE == "1" else None

@@ -25,13 +25,13 @@ output rows are then zeros.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 
 import torch
 
 from brigade.attention.backend import AttentionBackend, AttentionMetadata
 from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding
+from brigade_cuda import envs
 from brigade_cuda.attention.decode import DecodeRope, choose_num_splits, decode_attention
 from brigade_cuda.attention.kv_write import has_contiguous_blocks, write_kv_cache
 from brigade_cuda.attention.prefill import prefill_attention
@@ -45,7 +45,7 @@ def fused_rope_kv_enabled() -> bool:
 
     Read once per process; tests call ``fused_rope_kv_enabled.cache_clear()`` after changing the env.
     """
-    return os.environ.get("BRIGADE_CUDA_FUSED_ROPE_KV", "1") != "0"
+    return envs.BRIGADE_CUDA_FUSED_ROPE_KV
 
 
 @functools.cache
@@ -54,7 +54,7 @@ def decode_rope_enabled() -> bool:
     decode attention kernel (``decode_attention(rope=...)``), with no rotary/KV-write kernel at all. Batch-1
     TPOT on the H200: 4.21 against 4.25 ms (``docs/performance-notes.md``); "0" keeps the fused rotary + KV-write
     kernel for A/B timing."""
-    return os.environ.get("BRIGADE_CUDA_DECODE_ROPE", "1") != "0"
+    return envs.BRIGADE_CUDA_DECODE_ROPE
 
 
 @functools.cache
@@ -62,7 +62,7 @@ def single_split_len() -> int:
     """Contexts up to this many tokens are decoded in one split, with no merge kernel
     (``BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN``; 0 turns it off). Decode graphs of up to
     ``SHORT_GRAPH_MAX_BATCH`` requests are also captured for this context bucket."""
-    return int(os.environ.get("BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN", "0"))
+    return envs.BRIGADE_CUDA_DECODE_SINGLE_SPLIT_LEN
 
 
 @functools.cache
@@ -76,7 +76,7 @@ def short_graph_lens() -> tuple[int, ...]:
     Raises:
         ValueError: the variable is not a comma-separated list of non-negative integers.
     """
-    raw = os.environ.get("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", "512")
+    raw = envs.BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN
     parts = [part.strip() for part in raw.split(",") if part.strip()]
     if not all(part.isascii() and part.isdigit() for part in parts):
         raise ValueError(f"BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN must be token counts separated by commas "

@@ -1,4 +1,4 @@
-"""Binds the Triton ops to the model layers' ``CustomOp`` seam for the "cuda" device type,
+"""The Triton adapters for the model layers' ``CustomOp`` seam on the "cuda" platform,
 and the skinny GEMM / one-row GEMV (with SiLU-and-mul folded into the down projection, the RMSNorm into the
 qkv and gate/up projections and the residual adds into the epilogues) to the dense-GEMM seam of unquantized
 linear layers (``BRIGADE_CUDA_SKINNY_GEMM=0`` keeps cuBLAS everywhere; ``BRIGADE_CUDA_GEMV=0`` keeps the
@@ -7,26 +7,24 @@ kernels and the model's norm weights where they are), and the
 fused sampler of ``ops/sampling.py`` to the Sampler's plain batches (``BRIGADE_CUDA_FUSED_SAMPLER=0`` turns it
 off).
 
-``register_cuda_ops()`` registers one adapter per op with ``CustomOp.register_impl("cuda", fn)``. Call it
-once per process before the model is built (the CUDA platform's worker start-up); layers built
-afterwards on a CUDA device run these kernels, layers built earlier keep ``forward_native``. Each
-adapter has the same contract as the layer's ``forward_native`` and falls back to it for the rare
-layouts the kernels do not address (so results never depend on which path ran, only speed does).
+The plugin's ``register_kernels`` hook (``brigade_cuda/plugin.py``) registers each adapter by lazy path for
+its op (``brigade.plugins.kernels.KERNEL_OPS``), so this module is imported only when a layer built on a CUDA
+device binds it. Each adapter has the same contract as the layer's ``forward_native`` and falls back to it
+for the rare layouts the kernels do not address (so results never depend on which path ran, only speed does).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
 
+from brigade_cuda import envs
 from brigade_cuda.ops.activation import silu_and_mul
 from brigade_cuda.ops.gemm import check_residual, check_skinny, gemv, skinny_linear
 from brigade_cuda.ops.layernorm import fused_add_rms_norm, rms_norm
 from brigade_cuda.ops.rotary import rotary_embedding
-from brigade_cuda.ops.sampling import fused_sample
 
 
 def rms_norm_cuda(layer, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -106,30 +104,4 @@ def _residual_ok(residual: torch.Tensor | None, x: torch.Tensor, weight: torch.T
 
 @functools.cache
 def _gemv_on() -> bool:
-    return os.environ.get("BRIGADE_CUDA_GEMV", "1") != "0"  # "0": the tensor-core kernel at one row too (A/B)
-
-
-def register_cuda_ops() -> None:
-    """Register the Triton adapters for device type "cuda"; calling it again is a no-op.
-
-    Raises:
-        ValueError: another plugin already registered a different "cuda" implementation of one op.
-    """
-    from brigade.model_executor.layers.activation import SiluAndMul
-    from brigade.model_executor.layers.layernorm import RMSNorm
-    from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding
-
-    if os.environ.get("BRIGADE_CUDA_FUSED_SAMPLER", "1") != "0":  # "0": the Sampler's tensor ops (A/B)
-        from brigade.sample.fused import register_fused_sampler
-
-        register_fused_sampler("cuda", fused_sample)
-    RMSNorm.register_impl("cuda", rms_norm_cuda)
-    SiluAndMul.register_impl("cuda", silu_and_mul_cuda)
-    RotaryEmbedding.register_impl("cuda", rotary_embedding_cuda)
-    if os.environ.get("BRIGADE_CUDA_SKINNY_GEMM", "1") != "0":  # "0": cuBLAS for every shape (A/B timing)
-        from brigade.model_executor.layers.linear_method import register_dense_gemm
-
-        fold = os.environ.get("BRIGADE_CUDA_NORM_FOLD", "1") != "0"  # "0": the norm kernels stay (A/B)
-        register_dense_gemm("cuda", dense_gemm_cuda, silu_mul_gemm=silu_mul_gemm_cuda,
-                            residual_gemm=residual_gemm_cuda,
-                            rms_norm_gemm=rms_norm_gemm_cuda if fold else None)
+    return envs.BRIGADE_CUDA_GEMV  # off: the tensor-core kernel at one row too (A/B)

@@ -27,13 +27,14 @@ in every K step and was measured slower, see ``docs/performance-notes.md``.)
 from __future__ import annotations
 
 import json
-import os
+import functools
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
+from brigade_cuda import envs
 from brigade_cuda.ops.activation import silu_mul
 from brigade_cuda.pdl import gdc_prologue, pdl_launch
 
@@ -127,14 +128,30 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_wn, eps,
 # names another file.
 DEFAULT_TILE = (32, 256, 4, 4)
 DEFAULT_GEMV_TILE = (8, 512, 4, 3)
-TILES_FILE = Path(os.environ.get("BRIGADE_CUDA_GEMM_TILES") or Path(__file__).with_name("gemm_tiles.json"))
-_TABLES = json.loads(TILES_FILE.read_text()) if TILES_FILE.exists() else {}
-TILES: dict[str, tuple[int, int, int, int]] = {k: tuple(v) for k, v in _TABLES.get("tiles", {}).items()}
-GEMV_TILES: dict[str, tuple[int, int, int, int]] = {k: tuple(v) for k, v in _TABLES.get("gemv_tiles", {}).items()}
+Tile = tuple[int, int, int, int]
+
+
+@functools.cache
+def tile_tables() -> tuple[dict[str, Tile], dict[str, Tile]]:
+    """(TILES, GEMV_TILES): the tile table file read on first use (``BRIGADE_CUDA_GEMM_TILES`` or the shipped
+    ``gemm_tiles.json``); missing file: both empty."""
+    path = Path(envs.BRIGADE_CUDA_GEMM_TILES or Path(__file__).with_name("gemm_tiles.json"))
+    tables = json.loads(path.read_text()) if path.exists() else {}
+    return ({k: tuple(v) for k, v in tables.get("tiles", {}).items()},
+            {k: tuple(v) for k, v in tables.get("gemv_tiles", {}).items()})
+
+
+def __getattr__(name: str) -> dict[str, Tile]:
+    """``TILES`` and ``GEMV_TILES`` as module attributes, read lazily (``tile_tables``)."""
+    if name == "TILES":
+        return tile_tables()[0]
+    if name == "GEMV_TILES":
+        return tile_tables()[1]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _tile(n: int, k: int) -> tuple[int, int, int, int]:
-    return TILES.get(f"{n}x{k}", DEFAULT_TILE)
+    return tile_tables()[0].get(f"{n}x{k}", DEFAULT_TILE)
 
 
 def check_skinny(x: torch.Tensor, weight: torch.Tensor, *, k_factor: int = 1) -> str | None:
@@ -163,7 +180,8 @@ def check_residual(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
 
 def _gemv_tile(n: int, k: int, variant: str) -> tuple[int, int, int, int]:
     key = f"{n}x{k}" + (f"/{variant}" if variant else "")
-    return GEMV_TILES.get(key) or GEMV_TILES.get(f"{n}x{k}", DEFAULT_GEMV_TILE)
+    gemv_tiles = tile_tables()[1]
+    return gemv_tiles.get(key) or gemv_tiles.get(f"{n}x{k}", DEFAULT_GEMV_TILE)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu_mul: bool = False,

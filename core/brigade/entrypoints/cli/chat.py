@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from urllib.parse import urlunparse
 
+from brigade import envs
 from brigade.entrypoints.cli.arg_types import http_url, positive_int
 
 _EPILOG = """\
@@ -37,7 +37,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--model", default=None,
                         help="model name (default: the server's first model; ./scripts/serve.sh serves the set-up's "
                              "SmolLM2-135M-Instruct)")
-    parser.add_argument("--api-key", default=os.environ.get("BRIGADE_API_KEY", "EMPTY"),
+    parser.add_argument("--api-key", default=envs.BRIGADE_API_KEY or "EMPTY",
                         help="Bearer key for /v1 (default: $BRIGADE_API_KEY)")
     parser.add_argument("--system-prompt", default=None, help="a system message opening the conversation")
     parser.add_argument("--max-tokens", type=positive_int, default=256,

@@ -84,7 +84,8 @@ def _add_model_args(parser: argparse.ArgumentParser, choices: Mapping[str, Seque
                    help=f"quantization method; installed: {_installed(choices['quantization'])}")
     m.add_argument("--enforce-eager", action="store_true", help="never capture CUDA graphs")
     m.add_argument("-O", dest="optimization_level", type=int, metavar="LEVEL",
-                   help="-O0 none, -O1 compile, -O2 compile + CUDA graphs (default), -O3 more capture sizes")
+                   help="-O0 and -O1: eager, no CUDA graphs (no level runs torch.compile); -O2: CUDA graphs for "
+                        "decode and mixed steps (default); -O3: -O2 with larger capture sizes")
     m.add_argument("-cc", "--compilation-config", metavar="JSON",
                    help='CUDA-graph settings as JSON (vLLM\'s form), e.g. \'{"cudagraph_mode": "FULL_DECODE_ONLY"}\'; '
                         f"keys: {', '.join(COMPILATION_KEYS)}")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
-import os
 import sys
 
+from brigade import envs
 from brigade.version import __version__
 
 _COMMANDS = ("serve", "generate", "bench", "plugins", "chat")
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     one error line. Then ``serve`` replays them all (which plugins loaded is the server's start-up log);
     other commands replay warnings only.
     """
-    logging.basicConfig(level=os.environ.get("BRIGADE_LOGGING_LEVEL", "INFO"),
+    logging.basicConfig(level=envs.BRIGADE_LOGGING_LEVEL,
                         format="%(levelname)s %(asctime)s %(message)s")
     from brigade.config import ConfigError
     from brigade.plugins import PluginLoadError, load_plugins, plugin_choices, process_plugin_manager
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         plugin_log.removeHandler(held)
         plugin_log.propagate = propagate
-    explicit = "BRIGADE_LOGGING_LEVEL" in os.environ or plugin_log.level != logging.NOTSET
+    explicit = envs.VARIABLES["BRIGADE_LOGGING_LEVEL"].is_set() or plugin_log.level != logging.NOTSET
     for record in held.records:
         if args.command == "serve" or explicit or (record.levelno >= logging.WARNING
                                                    and not getattr(record, SERVER_ONLY_NOTICE, False)):

@@ -1,5 +1,5 @@
-"""`brigade plugins`: every installed plugin with its distribution, group, scope, hooks and status, and
-the active platform with the reason it was chosen (docs/plugins.md).
+"""`brigade plugins`: every installed plugin with its distribution, group, scope, hooks and status, the
+active platform with the reason it was chosen, and which kernel serves which op on it (docs/plugins.md).
 
 The CLI's ``main`` calls ``load_plugins("api")`` before building its parser, so plugin-backed flags can
 list their choices (``plugin_choices``); this command then only reads the records.
@@ -15,9 +15,10 @@ from typing import Any, TextIO
 from brigade.plugins import (HOOKSPEC_VERSION, PluginLoadError, load_plugins, platform_choice, plugin_choices,
                              plugin_records, registries)
 from brigade.entrypoints.cli.text_table import GAP, WIDTH, TableLayout, wrap_text
+from brigade.plugins.kernels import kernel_table
 from brigade.plugins.settings import PluginSettings
 
-__all__ = ["add_parser", "collect", "main", "plugin_choices", "render_table", "run"]
+__all__ = ["add_parser", "collect", "main", "plugin_choices", "render_kernels", "render_table", "run"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -25,7 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser(
         "plugins", help="list installed plugins, their status and the active platform", allow_abbrev=False,
         description="List every installed Brigade plugin (name, distribution and version, entry-point group, "
-                    "load scope, hooks, status) and the active platform with the reason it was chosen.")
+                    "load scope, hooks, status), the active platform with the reason it was chosen, and which kernel "
+                    "serves which op on it.")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     parser.set_defaults(run=run)
     return parser
@@ -53,6 +55,7 @@ def collect() -> dict[str, Any]:
         "plugins": [record.to_json() for record in plugin_records()],
         "platform": platform,
         "platform_error": platform_error,
+        "kernels": [] if platform is None else kernel_table(registries.kernels, platform["name"]),
         "registries": registries.as_names(),
         "choices": plugin_choices(),
     }
@@ -86,7 +89,23 @@ def render_table(data: dict[str, Any], out: TextIO, width: int = WIDTH) -> None:
     else:
         platform = f"active platform: none: {data['platform_error']}"
     lines += wrap_text(platform, width=width)
+    if data["platform"] is not None:
+        lines += [""] + render_kernels(data["kernels"], data["platform"]["name"], width)
     out.write("\n".join(lines) + "\n")
+
+
+def render_kernels(kernels: list[dict[str, str]], platform: str, width: int = WIDTH) -> list[str]:
+    """The ``kernels on PLATFORM`` section as lines within ``width`` columns: one ``OP  KERNEL  PLUGIN`` row per
+    registered op; ops not listed run their PyTorch path."""
+    if not kernels:
+        return wrap_text(f"kernels on {platform}: none (every op runs its PyTorch path)", width=width)
+    rows = [("OP", "KERNEL", "PLUGIN")] + [(k["op"], k["kernel"], f"{k['plugin']} ({k['distribution']})")
+                                           for k in kernels]
+    layout = TableLayout.fit(rows, width)
+    lines = wrap_text(f"kernels on {platform} (other ops run their PyTorch path):", width=width)
+    for row in rows:
+        lines += layout.format(row)
+    return lines
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:

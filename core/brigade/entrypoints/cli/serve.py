@@ -7,10 +7,10 @@ import asyncio
 import errno
 import json
 import math
-import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from brigade import envs
 from brigade.config import ConfigError
 from brigade.entrypoints.cli.engine_args import add_engine_args, runnable_config_from_args
 
@@ -142,7 +142,7 @@ def settings_from_args(args: argparse.Namespace):
         raise ConfigError(f"--tool-call-parser {parser!r} is not implemented; Brigade parses tool calls in one format, "
                           f"always on: use --tool-call-parser {' or '.join(TOOL_CALL_PARSERS)} (<tool_call> blocks "
                           "of JSON), or leave the flag out")
-    interval = os.environ.get(STAT_LOG_INTERVAL_ENV)
+    interval = envs.VARIABLES[STAT_LOG_INTERVAL_ENV].raw()  # validated here for a one-line ConfigError
     stats: dict[str, float] = {}
     if interval is not None:
         try:
@@ -152,7 +152,7 @@ def settings_from_args(args: argparse.Namespace):
         if not 0 < stats["log_stats_interval_s"] < math.inf:
             raise ConfigError(f"{STAT_LOG_INTERVAL_ENV}={interval!r} is not a positive number of seconds; unset it "
                               "for the default, 10")
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    api_key = args.api_key if args.api_key is not None else envs.BRIGADE_API_KEY or None
     return ServerSettings(host=args.host, port=args.port, api_key=api_key, uvicorn_log_level=args.uvicorn_log_level,
                           log_requests=args.enable_log_requests, log_stats=not args.disable_log_stats,
                           shutdown_timeout_s=args.shutdown_timeout,

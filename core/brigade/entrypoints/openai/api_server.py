@@ -15,7 +15,6 @@ import contextlib
 import hashlib
 import hmac
 import logging
-import os
 import socket
 from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +25,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
+from brigade import envs
 from brigade.config import BrigadeConfig
 from brigade.engine.async_llm import AsyncLLM, EngineDeadError
 from brigade.entrypoints.openai.errors import OpenAIError, install_error_handlers
@@ -274,7 +274,7 @@ async def serve_http(config: BrigadeConfig, settings: ServerSettings, sock: sock
         server = DrainingServer(uv_config, app.state.drain, settings.shutdown_timeout_s)
         quiet_signals_after_serve()
         logger.info("serving %s on http://%s:%d", config.model_config.name, settings.host, settings.port)
-        keep_alive = os.environ.get(KEEP_ALIVE_ENV, "").strip().lower() in TRUE_VALUES
+        keep_alive = (envs.VARIABLES[KEEP_ALIVE_ENV].raw() or "").strip().lower() in TRUE_VALUES
         watch = None if keep_alive else asyncio.create_task(_stop_when_engine_dies(engine, server))
         await server.serve(sockets=[sock])
         if watch is not None:

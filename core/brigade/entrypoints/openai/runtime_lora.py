@@ -4,12 +4,12 @@ mounts them (BRIGADE_ALLOW_RUNTIME_LORA_UPDATING with ``--enable-lora``)."""
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
+from brigade import envs
 from brigade.config import BrigadeConfig
 from brigade.engine.async_llm import AsyncLLM
 from brigade.entrypoints.openai.errors import OpenAIError
@@ -35,8 +35,7 @@ def runtime_lora_updating(config: BrigadeConfig, env: Mapping[str, str] | None =
     saying so, and False (the server starts as it would without the variable; vLLM does not refuse to start
     either). Unset, or "", 0, false, no, off: False, silently. Any other value: one WARNING, and False.
     """
-    env = os.environ if env is None else env
-    raw = env.get(RUNTIME_LORA_ENV)
+    raw = envs.VARIABLES[RUNTIME_LORA_ENV].raw(env)
     value = (raw or "").strip().lower()
     if value in FALSE_VALUES:
         return False

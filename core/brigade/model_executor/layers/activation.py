@@ -1,7 +1,7 @@
 """SiluAndMul: the gated activation of SwiGLU MLPs (Shazeer 2020, "GLU Variants Improve Transformer").
 
-A ``CustomOp``: ``forward_native`` is the reference; a platform may register a fused kernel with
-``SiluAndMul.register_impl(device_type, fn)`` (see ``custom_op``). The op has no parameters.
+A ``CustomOp``: ``forward_native`` is the reference; a platform may register a fused kernel through
+the ``register_kernels`` hook (op ``"silu_and_mul"``, see ``custom_op``). The op has no parameters.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ class SiluAndMul(CustomOp):
     The first half is the gate projection and the second the up projection, the order in which
     ``MergedColumnLinear`` packs ``gate_up_proj``.
     """
+
+    op_name = "silu_and_mul"
 
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         """Args: x [num_tokens, 2 * d]. Returns [num_tokens, d] in x's dtype."""

@@ -1,7 +1,7 @@
 """RMSNorm with an optional fused residual add (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization").
 
-A ``CustomOp``: ``forward_native`` is the reference; a platform may register a fused kernel with
-``RMSNorm.register_impl(device_type, fn)`` (see ``custom_op``). A kernel reads ``layer.weight``
+A ``CustomOp``: ``forward_native`` is the reference; a platform may register a fused kernel through
+the ``register_kernels`` hook (op ``"rms_norm"``, see ``custom_op``). A kernel reads ``layer.weight``
 ([hidden_size], model dtype) and ``layer.variance_epsilon`` (float), and may update ``x`` and
 ``residual`` in place.
 """
@@ -20,6 +20,8 @@ class RMSNorm(CustomOp):
     With ``residual`` given, first ``x = x + residual`` and the sum becomes the new residual, the way
     pre-norm decoder layers chain their skip connections (one pass over memory instead of two).
     """
+
+    op_name = "rms_norm"
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, *, dtype: torch.dtype = torch.float32):
         super().__init__()

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from brigade.model_executor.weight_utils import set_weight_attrs
+from brigade.plugins.kernels import kernel_for
 
 
 class LinearMethod(ABC):
@@ -94,62 +95,32 @@ SiluMulGemm = Callable[..., "torch.Tensor | None"]
 ResidualGemm = Callable[..., "torch.Tensor | None"]
 # (x [T, K], weight [N, K], bias, eps) -> rms_normalize(x) @ W.T + b, or None
 RmsNormGemm = Callable[..., "torch.Tensor | None"]
-_DENSE_GEMMS: dict[str, DenseGemm] = {}
-_SILU_MUL_GEMMS: dict[str, SiluMulGemm] = {}
-_RESIDUAL_GEMMS: dict[str, ResidualGemm] = {}
-_RMS_NORM_GEMMS: dict[str, RmsNormGemm] = {}
-_TABLES = ((_DENSE_GEMMS, "dense GEMM"), (_SILU_MUL_GEMMS, "SiLU-mul GEMM"), (_RESIDUAL_GEMMS, "residual GEMM"),
-           (_RMS_NORM_GEMMS, "RMS-norm GEMM"))
 
-
-def register_dense_gemm(device_type: str, gemm: DenseGemm, *, silu_mul_gemm: SiluMulGemm | None = None,
-                        residual_gemm: ResidualGemm | None = None, rms_norm_gemm: RmsNormGemm | None = None) -> None:
-    """Use ``gemm(x, weight, bias)`` instead of ``F.linear`` for dense weights built on ``device_type``.
-
-    Same contract as ``F.linear`` (x [T, K], weight [N, K], bias [N] or None -> [T, N]); a platform uses it
-    for shapes its own kernels do better (the CUDA platform: few-token decode). Like ``CustomOp``, each layer
-    binds at construction, in the process that builds the model, before ``load_model``.
-
-    The optional fused variants return None for shapes they do not take (the layer then runs the unfused ops):
-
-    * ``silu_mul_gemm(x, weight, bias, *, residual=None)`` computes ``silu(x[:, :K]) * x[:, K:]`` as the
-      product's input inside the GEMM (the SwiGLU down projection without its activation kernel), and adds
-      ``residual`` to the output when given; ``LinearMethod.apply_silu_mul`` reaches it.
-    * ``residual_gemm(x, weight, bias, residual)`` returns ``residual + x @ W.T + b`` (the skip connection
-      in the GEMM's epilogue); ``LinearMethod.apply_residual``.
-    * ``rms_norm_gemm(x, weight, bias, eps)`` returns ``(x / rms(x)) @ W.T + b``, the norm's statistics taken
-      while the GEMM reads ``x``; ``LinearMethod.apply_rms_norm``. Registering it also makes the loader fold
-      each RMSNorm's weight into the dense projection that follows it (``fold_norms_wanted``), because the
-      kernel leaves the weight multiply to the folded matrix.
-
-    Raises ValueError when ``device_type`` already has a different function.
-    """
-    fns = (gemm, silu_mul_gemm, residual_gemm, rms_norm_gemm)
-    for (table, what), fn in zip(_TABLES, fns):
-        existing = table.get(device_type)
-        if fn is not None and existing is not None and existing is not fn:
-            raise ValueError(f"a {what} is already registered for {device_type} "
-                             f"({existing.__module__}.{existing.__qualname__})")
-    for (table, _), fn in zip(_TABLES, fns):
-        if fn is not None:
-            table[device_type] = fn
-
-
-def unregister_dense_gemm(device_type: str) -> None:
-    """Forget the functions for ``device_type`` (layers built afterwards use ``F.linear``)."""
-    for table, _ in _TABLES:
-        table.pop(device_type, None)
+# A platform replaces ``F.linear`` for dense weights through the ``register_kernels`` hook (ops
+# ``brigade.plugins.kernels.KERNEL_OPS``): "dense_gemm" (F.linear's contract; the CUDA platform uses it for
+# few-token decode), and the fused variants, which return None for shapes they do not take (the layer then
+# runs the unfused ops):
+#
+# * "silu_mul_gemm" computes ``silu(x[:, :K]) * x[:, K:]`` as the product's input inside the GEMM (the SwiGLU
+#   down projection without its activation kernel), adding ``residual`` when given (``apply_silu_mul``);
+# * "residual_gemm" returns ``residual + x @ W.T + b``, the skip connection in the epilogue (``apply_residual``);
+# * "rms_norm_gemm" returns ``(x / rms(x)) @ W.T + b``, the norm's statistics taken while the GEMM reads ``x``
+#   (``apply_rms_norm``). Its presence also makes the loader fold each RMSNorm's weight into the dense
+#   projection that follows it (``fold_norms_wanted``), because the kernel leaves the weight multiply to the
+#   folded matrix.
+#
+# Each layer binds at construction, in the process that builds the model.
 
 
 def fold_norms_wanted(device_type: str) -> bool:
-    """True when ``device_type`` has an ``rms_norm_gemm``: models built there should fold their RMSNorm
-    weights into the following dense projections (see ``register_dense_gemm``)."""
-    return device_type in _RMS_NORM_GEMMS
+    """True when the active platform has an "rms_norm_gemm" for ``device_type``: models built there should
+    fold their RMSNorm weights into the following dense projections."""
+    return kernel_for("rms_norm_gemm", device_type) is not None
 
 
 def rms_norm_gemm_for_default_device() -> RmsNormGemm | None:
-    """The ``rms_norm_gemm`` registered for ``torch.get_default_device()``'s type, or None."""
-    return _RMS_NORM_GEMMS.get(torch.get_default_device().type)
+    """The "rms_norm_gemm" kernel for ``torch.get_default_device()``'s type, or None."""
+    return kernel_for("rms_norm_gemm")
 
 
 def fold_scale_into_weight(weight: torch.Tensor, scale: torch.Tensor) -> None:
@@ -161,24 +132,23 @@ def fold_scale_into_weight(weight: torch.Tensor, scale: torch.Tensor) -> None:
 
 
 def dense_gemm_for_default_device() -> DenseGemm:
-    """The function registered for ``torch.get_default_device()``'s type, else ``F.linear``."""
-    return _DENSE_GEMMS.get(torch.get_default_device().type, F.linear)
+    """The "dense_gemm" kernel for ``torch.get_default_device()``'s type, else ``F.linear``."""
+    return kernel_for("dense_gemm") or F.linear
 
 
 class UnquantizedLinearMethod(LinearMethod):
     """A dense ``[sum(output_sizes), input_size]`` weight in the model dtype, applied with ``F.linear`` or the
-    platform's registered dense GEMM (``register_dense_gemm``)."""
+    platform's "dense_gemm" kernel (and its fused variants, when registered)."""
 
     def create_weights(self, layer: nn.Module, *, input_size: int, output_sizes: list[int],
                        dtype: torch.dtype) -> None:
         weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=dtype), requires_grad=False)
         set_weight_attrs(weight, {"output_dim": 0})
         layer.register_parameter("weight", weight)
-        device_type = torch.get_default_device().type
         self.gemm = dense_gemm_for_default_device()
-        self.silu_mul_gemm = _SILU_MUL_GEMMS.get(device_type)
-        self.residual_gemm = _RESIDUAL_GEMMS.get(device_type)
-        self.rms_norm_gemm = _RMS_NORM_GEMMS.get(device_type)
+        self.silu_mul_gemm = kernel_for("silu_mul_gemm")
+        self.residual_gemm = kernel_for("residual_gemm")
+        self.rms_norm_gemm = kernel_for("rms_norm_gemm")
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return self.gemm(x, layer.weight, bias)

@@ -3,8 +3,8 @@
 The cos/sin table is built once for every position up to ``max_position`` and indexed by each token's
 absolute position, so the model never needs to know how a batch is laid out.
 
-A ``CustomOp``: ``forward_native`` is the reference; a platform may register a fused kernel with
-``RotaryEmbedding.register_impl(device_type, fn)`` (see ``custom_op``). A kernel reads
+A ``CustomOp``: ``forward_native`` is the reference; a platform may register a fused kernel through
+the ``register_kernels`` hook (op ``"rotary_embedding"``, see ``custom_op``). A kernel reads
 ``layer.cos_sin_cache`` ([max_position, rotary_dim] fp32, cos in the first half of the last dimension,
 sin in the second), ``layer.head_size``, ``layer.rotary_dim`` and ``layer.is_neox_style``, and may
 rotate ``query`` and ``key`` in place.
@@ -108,6 +108,8 @@ class RotaryEmbedding(CustomOp):
     position ``0 <= p < max_position``. Neox style (Llama, Mistral, Qwen2) pairs channel ``i`` with
     ``i + rotary_dim / 2``; GPT-J style pairs ``2i`` with ``2i + 1``.
     """
+
+    op_name = "rotary_embedding"
 
     def __init__(self, head_size: int, rotary_dim: int, max_position: int, rope: RopeParameters, *,
                  is_neox_style: bool = True):
