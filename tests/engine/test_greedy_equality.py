@@ -58,7 +58,7 @@ CONFIGS = {
     "preemption": {"num_gpu_blocks_override": 24, "block_size": 16, "max_model_len": 368},
     "no_prefix_caching": {"enable_prefix_caching": False},
     # Overlapped (async) scheduling, the GPU default, with steps that sample nothing (two requests' prompt
-    # chunks only): such a step's output is ready at once (a crash before session 10).
+    # chunks only): such a step's output is ready at once.
     "overlapped_chunks": {"async_scheduling": True, "max_num_batched_tokens": 16, "max_num_seqs": 2},
 }
 

@@ -167,8 +167,8 @@ class DecodeGraphs:
                 self.graphs[size, bucket] = graph
             # The LM head runs after the replay, outside the graph (a variant without programmatic dependent
             # launch, with the head's own tile): compile it for this many rows now, not under the first step of
-            # this size while serving (bench 5, Llama-3.1-8B shape: one compile while serving without this in
-            # session 11's call EE, none with it in call EF).
+            # this size while serving (the serve benchmark at the Llama-3.1-8B shape: one compile while serving
+            # without this, none with it).
             self.model.compute_logits(self.hidden[size, self.buckets[size][-1]])
         torch.cuda.synchronize(self.device)
         logger.info("captured %d %s CUDA graphs (batch sizes %d..%d) in %.1f s, %.2f GiB", len(self.graphs),
