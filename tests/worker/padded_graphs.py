@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from brigade.worker.cuda_graph import MixedGraphs
+from brigade.worker.mixed_graph import MixedGraphs
 from brigade.worker.graph_dispatch import GraphDispatch, StepPlan
 from brigade.worker.input_batch import StepInputs
 from brigade.worker.model_runner import ModelRunner

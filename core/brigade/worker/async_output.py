@@ -1,4 +1,4 @@
-"""A step's output before its samples reach the host, and the samples of steps still in flight (book ch. 4, 5:
+"""A step's output before its samples reach the host, and the samples of steps still in flight (vLLM v1's
 asynchronous scheduling).
 
 With overlap the runner returns as soon as a step's work is queued on the device: a ``SampledTokens`` whose

@@ -1,4 +1,4 @@
-"""DraftVerifier: speculative decoding's verification of a step's draft tokens (book ch. 12).
+"""DraftVerifier: speculative decoding's verification of a step's draft tokens.
 
 A request with k drafts ran [last token, d1..dk] and has 1 + k logits rows (``build_step_inputs``); the
 rejection sampler keeps the drafts the target model accepts and emits one more token. Never overlapped: the

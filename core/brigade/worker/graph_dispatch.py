@@ -1,4 +1,4 @@
-"""GraphDispatch: which CUDA graph, if any, runs a step, and the capture of every kind (book ch. 10).
+"""GraphDispatch: which CUDA graph, if any, runs a step, and the capture of every kind.
 
 Three kinds of graph (``cuda_graph``): decode graphs (one token a request), speculative verification graphs
 (1 + k tokens a request, padded) and mixed-step graphs (any mix of up to 512 tokens, cudagraph_mode FULL).
@@ -13,7 +13,8 @@ import torch
 
 from brigade.attention.backend import AttentionBackend
 from brigade.config import BrigadeConfig
-from brigade.worker.cuda_graph import DecodeGraphs, MixedGraphs, default_capture_sizes, default_mixed_sizes
+from brigade.worker.cuda_graph import DecodeGraphs, default_capture_sizes
+from brigade.worker.mixed_graph import MixedGraphs, default_mixed_sizes
 from brigade.worker.input_batch import StepInputs
 from brigade.worker.request_states import StepBatch
 

@@ -1,4 +1,5 @@
-"""The model runner's per-request state and the flat inputs it builds for one step (book ch. 5).
+"""The model runner's per-request state and the flat inputs it builds for one step (vLLM v1's
+flattened batch).
 
 Requests are laid out back to back in the token dimension, decodes (one new token) first, so the
 attention metadata can split decode and prefill work by a single count.

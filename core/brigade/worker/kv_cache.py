@@ -1,4 +1,4 @@
-"""KVCacheSpec: the shape, size and layout of the runner's paged KV cache (book ch. 5).
+"""KVCacheSpec: the shape, size and layout of the runner's paged KV cache.
 
 One tensor per layer, laid out as the attention backend asks (``AttentionBackend.kv_cache_shape``). The
 worker sizes the pool from ``bytes_per_block``; KV connectors share blocks only between equal ``layout``s.

@@ -1,4 +1,4 @@
-"""The KV connector's load before a step's forward pass (book ch. 9).
+"""The KV connector's load before a step's forward pass (vLLM v1's KV connector API).
 
 With ``--kv-transfer-config`` the runner holds the worker-role connector: before the forward pass it loads
 what the step's ``kv_connector_metadata`` names into the KV cache, after it the runner has it save. A load

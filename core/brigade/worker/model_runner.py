@@ -1,4 +1,4 @@
-"""ModelRunner: turns a SchedulerOutput into one forward pass and one sampling call (book ch. 5).
+"""ModelRunner: turns a SchedulerOutput into one forward pass and one sampling call.
 
 A step reads as ``execute_model``: update the request states from the scheduler's diffs
 (``request_states``), plan the step (which CUDA graph, if any: ``graph_dispatch``), build its inputs
@@ -66,7 +66,7 @@ class ModelRunner:
             self._init_lora(lora_config)
 
     def _init_lora(self, lora_config) -> None:
-        """Give the model's projections LoRA slots and load the --lora-modules adapters (book ch. 12)."""
+        """Give the model's projections LoRA slots and load the --lora-modules adapters."""
         from brigade.lora.manager import LoRAManager
         from brigade.lora.request import lora_module_requests
 
@@ -143,7 +143,7 @@ class ModelRunner:
 
         With ``overlap`` it returns as soon as the work is queued on the device: a SampledTokens whose ``get()``
         waits for the tokens (a ReadyOutput when nothing was sampled). The next step may then be prepared and
-        launched first; its inputs take those tokens straight from the device (book ch. 4, 5: asynchronous
+        launched first; its inputs take those tokens straight from the device (vLLM v1's asynchronous
         scheduling).
 
         A scheduled request on a LoRA adapter whose evicted host weights cannot be read again is left out of

@@ -1,4 +1,4 @@
-"""Prompt logprobs: the logprobs of the prompt tokens a step's chunks predict (book ch. 7).
+"""Prompt logprobs: the logprobs of the prompt tokens a step's chunks predict.
 
 The hidden state at position p scores prompt token p + 1; a chunk covering positions [c, c + n) yields rows
 for tokens c + 1 .. min(c + n, num_prompt_tokens - 1). Column 0 is the prompt token (its rank from the raw

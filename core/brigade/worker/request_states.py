@@ -1,4 +1,4 @@
-"""RequestStates: the runner's copy of every scheduled request, kept in step with the scheduler (book ch. 5).
+"""RequestStates: the runner's copy of every scheduled request, kept in step with the scheduler.
 
 The scheduler sends diffs (``SchedulerOutput``: new requests whole, running ones as new blocks and a computed
 count, finished and preempted ids); the runner applies them here before planning a step, and applies the

@@ -1,4 +1,4 @@
-"""StepSampler: one token per sampling request of a step, with the step's grammar masks (book ch. 6, 7).
+"""StepSampler: one token per sampling request of a step, with the step's grammar masks.
 
 The ``Sampler`` runs the built-in logits processors and those plugins register
 (``register_logits_processors``); a row a plugin's processor fails on is reported, not raised, so its

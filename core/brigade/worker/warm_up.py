@@ -1,5 +1,5 @@
 """Start-up steps outside serving: the profiling step that sizes the KV pool, and the warm-ups that compile
-kernels before the first request (book ch. 5, 10).
+kernels before the first request.
 
 Each runs on a throwaway KV cache just large enough for it; the real cache is untouched.
 """

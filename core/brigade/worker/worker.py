@@ -1,4 +1,4 @@
-"""Worker: one device's process-side owner of a model runner (book ch. 5).
+"""Worker: one device's process-side owner of a model runner.
 
 It sets up the device, loads the model, sizes the KV pool from a memory budget, and runs steps.
 """
