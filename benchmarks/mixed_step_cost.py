@@ -55,7 +55,6 @@ def main() -> None:
     runner = llm.engine.core.executor.worker.model_runner
     gen = torch.Generator().manual_seed(0)
     vocab = runner.hf_config.vocab_size
-    head_size, num_kv_heads, num_layers = runner._kv_shape()
     rows = []
     combos = [(c, d, p) for c in (int(x) for x in args.context.split(","))
               for d in (int(x) for x in args.decodes.split(",")) for p in (int(x) for x in args.prefills.split(","))]
@@ -71,8 +70,7 @@ def main() -> None:
             first += blocks
         scheduled = [length - computed for length, computed in requests]
         inputs = build_step_inputs(states, scheduled, block_size=runner.block_size, device=runner.device)
-        shape = runner.attn_backend.kv_cache_shape(first, runner.block_size, num_kv_heads, head_size)
-        kv = [torch.zeros(shape, dtype=runner.dtype, device=runner.device) for _ in range(num_layers)]
+        kv = runner.kv_cache.allocate(first, runner.device)
         ctx = AttentionContext(metadata=inputs.metadata, kv_caches=kv)
 
         def step():
@@ -89,7 +87,7 @@ def main() -> None:
             # The engine's own mixed-step graph (MixedGraphs: padded sizes, one varlen attention kernel),
             # on the runner's KV cache, when captured (cudagraph_mode FULL).
             engine_graph = None
-            mixed = runner.mixed_graphs
+            mixed = runner.graphs.mixed
             if mixed is not None and mixed.can_run(len(inputs.input_ids), len(states)):
                 staged = build_step_inputs(states, scheduled, block_size=runner.block_size,
                                            device=runner.device, transfer=mixed.transfer)

@@ -160,7 +160,7 @@ def profile_batch(llm, args, batch_size: int) -> dict:
     result = analyze(kernels, num_layers)
     result["between_graphs"] = boundary(device_ops)
     result["batch_size"] = batch_size
-    graphs = llm.engine.core.executor.worker.model_runner.cuda_graphs
+    graphs = llm.engine.core.executor.worker.model_runner.graphs.decode
     graph_size = min((size for size, _ in graphs.graphs if size >= batch_size), default=batch_size)
     result["graph_replay_us"] = replay_times(graphs, graph_size)
     result["env"] = {k: v for k, v in os.environ.items() if k.startswith("BRIGADE_CUDA")}

@@ -8,9 +8,15 @@ prefill and prefix caching. Skips on machines without CUDA (CI has none).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from tiny_llama import tiny_llama_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "worker"))
+from padded_graphs import pad_steps  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -58,8 +64,9 @@ def test_engine_greedy_equals_transformers_on_gpu(tiny_llama, kwargs):
               **{"max_model_len": 512, **kwargs})
     assert llm.engine.core.overlap == kwargs.get("async_scheduling", True)
     runner = llm.engine.core.executor.worker.model_runner
+    dispatch = pad_steps(runner)  # counts the steps run in a mixed graph's layout (its switches stay off)
     assert runner.attn_backend.name == "triton"
-    assert (runner.cuda_graphs is not None) == (not kwargs.get("enforce_eager", False))
+    assert (runner.graphs.decode is not None) == (not kwargs.get("enforce_eager", False))
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     # A second pass hits the prefix cache and must not change anything.
@@ -72,9 +79,10 @@ def test_engine_greedy_equals_transformers_on_gpu(tiny_llama, kwargs):
     # Mixed steps (prefills and chunks with decodes) of up to 512 tokens replay mixed-step graphs (FULL mode):
     # the prefix-cached pass and the chunked configurations have such steps.
     full = not kwargs.get("enforce_eager") and kwargs.get("cudagraph_mode") != "FULL_DECODE_ONLY"
-    assert (runner.mixed_graphs is not None) == full
+    assert (runner.graphs.mixed is not None) == full
     if full:
-        assert runner.mixed_graphs.num_replays > 0 and runner.num_padded_mixed_steps == runner.mixed_graphs.num_replays
+        mixed = runner.graphs.mixed
+        assert mixed.num_replays > 0 and dispatch.num_padded_mixed_steps == mixed.num_replays
     if "num_gpu_blocks_override" in kwargs:
         assert llm.engine.core.scheduler.num_preemptions_total > 0
     del llm
@@ -95,7 +103,7 @@ def test_short_context_graphs_give_the_same_tokens(tiny_llama, monkeypatch, env)
     short_graph_lens.cache_clear()
     try:
         llm = LLM(path, dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.3, max_model_len=512)
-        graphs = llm.engine.core.executor.worker.model_runner.cuda_graphs
+        graphs = llm.engine.core.executor.worker.model_runner.graphs.decode
         assert (1, 64) in graphs.graphs and (1, 512) in graphs.graphs
         params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
         for p, ref in zip(prompts, expected):  # one at a time: batch-1 graphs, both buckets

@@ -17,7 +17,9 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "lora"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "worker"))
 from lora_utils import merged_lora, write_adapter  # noqa: E402
+from padded_graphs import pad_steps  # noqa: E402
 from tiny_llama import tiny_llama_config  # noqa: E402
 
 NUM_NEW = 48
@@ -118,18 +120,19 @@ def test_ngram_speculation_equals_transformers(tiny, eager):
     spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
     llm = LLM(path, dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.3, max_model_len=512,
               speculative_config=spec, enforce_eager=eager)
+    runner = llm.engine.core.executor.worker.model_runner
+    dispatch = pad_steps(runner)  # counts the verification steps run padded (its switches stay off)
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     for i, (got, ref) in enumerate(zip(_tokens(outputs), expected[None])):
         assert got == ref, f"prompt {i} differs from transformers under speculation"
     for i, p in enumerate(prompts):  # batch 1 as well
         assert _tokens(llm.generate([p], params, use_tqdm=False))[0] == expected[None][i], i
-    runner = llm.engine.core.executor.worker.model_runner
     if eager:
-        assert runner.spec_graphs is None
+        assert runner.graphs.verify is None
     else:  # verification steps replayed their CUDA graphs (1 + k tokens a request, padded)
-        assert runner.spec_graphs is not None and runner.spec_graphs.num_replays > 0
-        assert runner.num_padded_spec_steps == runner.spec_graphs.num_replays
+        assert runner.graphs.verify is not None and runner.graphs.verify.num_replays > 0
+        assert dispatch.num_padded_spec_steps == runner.graphs.verify.num_replays
     totals = llm.engine.core.scheduler.spec_totals
     assert totals["num_draft_tokens"] > 0, "no drafts were proposed: the test tests nothing"
     assert 0 < totals["num_accepted_tokens"] < totals["num_draft_tokens"], totals  # both accepted and rejected

@@ -6,9 +6,15 @@ prefill, preemption and prefix caching; every KV block must be back in the pool 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from brigade import LLM, SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "worker"))
+from padded_graphs import pad_steps  # noqa: E402
 
 MAX_NEW_TOKENS = 48
 
@@ -52,7 +58,7 @@ CONFIGS = {
     "preemption": {"num_gpu_blocks_override": 24, "block_size": 16, "max_model_len": 368},
     "no_prefix_caching": {"enable_prefix_caching": False},
     # Overlapped (async) scheduling, the GPU default, with steps that sample nothing (two requests' prompt
-    # chunks only): such a step's output is ready at once (it once crashed).
+    # chunks only): such a step's output is ready at once.
     "overlapped_chunks": {"async_scheduling": True, "max_num_batched_tokens": 16, "max_num_seqs": 2},
 }
 
@@ -96,12 +102,13 @@ def test_prefix_cache_hits_do_not_change_outputs(smollm2_path, prompt_token_ids,
 def test_mixed_graph_layout_gives_the_same_tokens(smollm2_path, prompt_token_ids, expected, monkeypatch):
     """The layout mixed-step CUDA graphs replay (``MixedGraphs``: token rows padded to 8, 16 or 32 with slot -1,
     requests padded with query length 0, logits gathered inside the forward), run eagerly here through the
-    runner's ``pad_mixed_steps`` with every step in it (chunked prefills of up to 32 tokens mixed with decodes,
-    then prefix-cache hits on a second pass): greedy tokens and logprobs equal transformers'."""
+    ``pad_mixed_steps`` of a test ``GraphDispatch`` (tests/worker/padded_graphs.py) with every step in it
+    (chunked prefills of up to 32 tokens mixed with decodes, then prefix-cache hits on a second pass): greedy
+    tokens and logprobs equal transformers'."""
     llm = LLM(str(smollm2_path), dtype="float32", max_model_len=512, max_num_batched_tokens=32, max_num_seqs=8,
               mixed_capture_sizes=[8, 16, 32])
-    runner = llm.engine.core.executor.worker.model_runner
-    runner.pad_mixed_steps = True
+    dispatch = pad_steps(llm.engine.core.executor.worker.model_runner)
+    dispatch.pad_mixed_steps = True
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, logprobs=0)
     for attempt in range(2):
         outputs = llm.generate(prompt_token_ids, params, use_tqdm=False)
@@ -110,18 +117,18 @@ def test_mixed_graph_layout_gives_the_same_tokens(smollm2_path, prompt_token_ids
             got = [next(iter(pos.values())).logprob for pos in out.outputs[0].logprobs]
             assert got == pytest.approx(ref.logprobs, abs=1e-4), f"prompt {i} logprobs, pass {attempt}"
     assert outputs[-1].num_cached_tokens > 0, "the second pass should hit the prefix cache"
-    graphs = runner.pad_mixed_steps_graphs
+    graphs = dispatch.pad_mixed_steps_graphs
     assert graphs is not None and graphs.max_reqs == 8
     # Every step fits (at most 32 tokens), so every step ran padded: at least one per generated token.
-    assert runner.num_padded_mixed_steps >= 2 * MAX_NEW_TOKENS
+    assert dispatch.num_padded_mixed_steps >= 2 * MAX_NEW_TOKENS
     # Steps with a context longer than the backend's mixed_graph_max_context run eagerly.
-    monkeypatch.setattr(runner.attn_backend, "mixed_graph_max_context", 20)
+    monkeypatch.setattr(dispatch.attn_backend, "mixed_graph_max_context", 20)
     short, long = prompt_token_ids[0], prompt_token_ids[7]
     assert len(short) + 4 <= 20 < len(long)
-    before = runner.num_padded_mixed_steps
+    before = dispatch.num_padded_mixed_steps
     llm.generate([long], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
-    assert runner.num_padded_mixed_steps == before
+    assert dispatch.num_padded_mixed_steps == before
     out = llm.generate([short], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
-    assert runner.num_padded_mixed_steps > before and out[0].outputs[0].token_ids == expected[0].token_ids[:4]
+    assert dispatch.num_padded_mixed_steps > before and out[0].outputs[0].token_ids == expected[0].token_ids[:4]
     stats = llm.get_kv_cache_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"], "KV blocks leaked"

@@ -7,10 +7,15 @@ prefill, a prefix-cache hit (cached tokens are recomputed for such requests) and
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 
 from brigade import LLM, SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "worker"))
+from padded_graphs import pad_steps  # noqa: E402
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog. " * 3 + "Then the dog",
            "Water boils at one hundred degrees Celsius at sea level, but at altitude"]
@@ -61,19 +66,19 @@ def test_prompt_logprobs_match_transformers_through_chunks_preemption_and_cache(
 
 def test_prompt_logprobs_through_the_mixed_graph_layout(llm, hf_reference):
     """Steps with prompt logprobs may replay mixed-step CUDA graphs (which end with the hidden states the prompt
-    tokens are scored from); that padded layout, run eagerly here through the runner's ``pad_mixed_steps``,
-    scores every prompt token as transformers does."""
+    tokens are scored from); that padded layout, run eagerly here through the ``pad_mixed_steps`` of a test
+    ``GraphDispatch`` (tests/worker/padded_graphs.py), scores every prompt token as transformers does."""
     tok = hf_reference.tokenizer
     prompts = [tok.encode(p) for p in PROMPTS]
     references = [hf_reference.prompt_logprobs(p) for p in prompts]
-    runner = llm.engine.core.executor.worker.model_runner
-    runner.pad_mixed_steps = True
+    dispatch = pad_steps(llm.engine.core.executor.worker.model_runner)
+    dispatch.pad_mixed_steps = True
     try:
-        before = runner.num_padded_mixed_steps
+        before = dispatch.num_padded_mixed_steps
         outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True,
                                                        prompt_logprobs=2), use_tqdm=False)
     finally:
-        runner.pad_mixed_steps = False
+        dispatch.pad_mixed_steps = False
     for output, reference in zip(outputs, references):
         check_against_reference(output, reference, 2)
-    assert runner.num_padded_mixed_steps - before >= 4, "the mixed layout was not used"
+    assert dispatch.num_padded_mixed_steps - before >= 4, "the mixed layout was not used"

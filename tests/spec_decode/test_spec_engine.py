@@ -5,10 +5,16 @@ outputs; seeded random sampling is reproducible. Engines are module-scoped (one 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from brigade import LLM, SamplingParams
 from brigade.sampling_params import StructuredOutputsParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "worker"))
+from padded_graphs import pad_steps  # noqa: E402
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
 MAX_NEW = 24
@@ -75,19 +81,20 @@ def test_greedy_equals_transformers_and_no_speculation(spec_llm, base_llm, promp
 
 def test_padded_verification_steps_give_the_same_tokens(spec_llm, base_llm, prompts, expected):
     """The layout the GPU's verification CUDA graphs replay (every request padded to 1 + k query tokens,
-    padding after its real tokens, writing no KV), run eagerly here through the runner's ``pad_spec_steps``:
-    greedy tokens and logprobs equal transformers' and the unpadded path's, in batches and at batch 1."""
-    runner = spec_llm.engine.core.executor.worker.model_runner
+    padding after its real tokens, writing no KV), run eagerly here through the ``pad_spec_steps`` of a test
+    ``GraphDispatch`` (tests/worker/padded_graphs.py): greedy tokens and logprobs equal transformers' and the
+    unpadded path's, in batches and at batch 1."""
+    dispatch = pad_steps(spec_llm.engine.core.executor.worker.model_runner)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=2)
     unpadded = spec_llm.generate(prompts, params, use_tqdm=False)
-    runner.pad_spec_steps = True
+    dispatch.pad_spec_steps = True
     try:
-        before, padded_steps = spec_counts(spec_llm), runner.num_padded_spec_steps
+        before, padded_steps = spec_counts(spec_llm), dispatch.num_padded_spec_steps
         outs = spec_llm.generate(prompts, params, use_tqdm=False)
         single = [spec_llm.generate([p], params, use_tqdm=False)[0] for p in prompts[:2]]
         counts = delta(spec_counts(spec_llm), before)
     finally:
-        runner.pad_spec_steps = False
+        dispatch.pad_spec_steps = False
     for i, (out, ref, plain) in enumerate(zip(outs, expected, unpadded)):
         assert out.outputs[0].token_ids == ref.token_ids == plain.outputs[0].token_ids, f"prompt {i}"
         got = [next(iter(pos.values())).logprob for pos in out.outputs[0].logprobs]
@@ -95,7 +102,7 @@ def test_padded_verification_steps_give_the_same_tokens(spec_llm, base_llm, prom
     for i, out in enumerate(single):
         assert out.outputs[0].token_ids == expected[i].token_ids, f"prompt {i} alone"
     assert 0 < counts["num_accepted_tokens"] < counts["num_draft_tokens"], counts
-    assert runner.num_padded_spec_steps - padded_steps >= counts["num_drafts"] // len(prompts), \
+    assert dispatch.num_padded_spec_steps - padded_steps >= counts["num_drafts"] // len(prompts), \
         "the padded layout was not used"
     assert_no_leak(spec_llm)
 
@@ -104,22 +111,22 @@ def test_mixed_graph_layout_runs_verification_steps(spec_llm, prompts, expected)
     """Verification steps that no verification graph takes (on a GPU: more than 32 requests) replay mixed-step
     graphs instead; that padded layout (token rows padded with slot -1, padding requests of query length 0, the
     1 + k logits rows of each drafted request gathered inside the forward), run eagerly here through the
-    runner's ``pad_mixed_steps``: greedy tokens and logprobs equal transformers'."""
-    runner = spec_llm.engine.core.executor.worker.model_runner
+    ``pad_mixed_steps`` of a test ``GraphDispatch``: greedy tokens and logprobs equal transformers'."""
+    dispatch = pad_steps(spec_llm.engine.core.executor.worker.model_runner)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=2)
-    runner.pad_mixed_steps = True
+    dispatch.pad_mixed_steps = True
     try:
-        before, padded_steps = spec_counts(spec_llm), runner.num_padded_mixed_steps
+        before, padded_steps = spec_counts(spec_llm), dispatch.num_padded_mixed_steps
         outs = spec_llm.generate(prompts, params, use_tqdm=False)
         counts = delta(spec_counts(spec_llm), before)
     finally:
-        runner.pad_mixed_steps = False
+        dispatch.pad_mixed_steps = False
     for i, (out, ref) in enumerate(zip(outs, expected)):
         assert out.outputs[0].token_ids == ref.token_ids, f"prompt {i}"
         got = [next(iter(pos.values())).logprob for pos in out.outputs[0].logprobs]
         assert got == pytest.approx(ref.logprobs, abs=1e-4), f"prompt {i}"
     assert 0 < counts["num_accepted_tokens"] < counts["num_draft_tokens"], counts
-    assert runner.num_padded_mixed_steps - padded_steps >= counts["num_drafts"] // len(prompts), \
+    assert dispatch.num_padded_mixed_steps - padded_steps >= counts["num_drafts"] // len(prompts), \
         "the mixed layout was not used"
     assert_no_leak(spec_llm)
 

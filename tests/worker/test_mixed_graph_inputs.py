@@ -12,7 +12,7 @@ import torch
 from brigade.config import CompilationConfig, ConfigError, config_from_kwargs
 from brigade.sample.metadata import SamplingRequestState
 from brigade.sampling_params import SamplingParams
-from brigade.worker.cuda_graph import MixedGraphs, default_mixed_sizes
+from brigade.worker.mixed_graph import MixedGraphs, default_mixed_sizes
 from brigade.worker.input_batch import CachedRequestState, HostToDevice, build_step_inputs
 
 CPU = torch.device("cpu")

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,6 +154,34 @@ def _load_adapter(name: str, path: str, hf_config: Any, *, max_rank: int) -> LoR
         return LoRAError(f"LoRA adapter {name!r} ({path}): {reason}")
 
     cfg = _read_config(name, path)
+    rank, alpha = _rank_and_alpha(cfg, max_rank, fail)
+    shapes = target_shapes(hf_config)
+    targets, pattern = _target_modules(cfg, shapes, fail)
+    scaling = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
+    try:
+        tensors = load_file(os.path.join(path, WEIGHTS_FILE), device="cpu")
+    except (OSError, SafetensorError) as exc:
+        raise fail(f"cannot read {WEIGHTS_FILE}: {exc}") from None
+    checker = _TensorChecker(rank=rank, num_layers=hf_config.num_hidden_layers, shapes=shapes, targets=targets,
+                             pattern=pattern, fail=fail)
+    halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        layer, module, half = checker(key, tensor)
+        halves.setdefault((layer, module), {})[half] = tensor.to(torch.float32)
+    if not halves:
+        raise fail(f"{WEIGHTS_FILE} holds no LoRA weights")
+    weights = {}
+    for (layer, module), pair in sorted(halves.items()):
+        if set(pair) != {"A", "B"}:
+            missing = "lora_B" if "A" in pair else "lora_A"
+            raise fail(f"layer {layer} {module} has no {missing} weight")
+        weights[layer, module] = (pair["A"], pair["B"])
+    return LoRAAdapter(name=name, path=path, rank=rank, scaling=float(scaling), weights=weights)
+
+
+def _rank_and_alpha(cfg: dict[str, Any], max_rank: int, fail: Callable[[str], LoRAError]) -> tuple[int, float]:
+    """``r`` and ``lora_alpha`` of adapter_config.json, checked, after refusing what this module cannot serve
+    (a peft_type other than LORA, biases, ``_UNSUPPORTED_OPTIONS``)."""
     peft_type = cfg.get("peft_type", "LORA")
     if peft_type != "LORA":
         raise fail(f"adapter_config.json peft_type is {_short(repr(peft_type), 60)}; only LORA adapters are served")
@@ -170,13 +199,19 @@ def _load_adapter(name: str, path: str, hf_config: Any, *, max_rank: int) -> LoR
     for option in _UNSUPPORTED_OPTIONS:
         if cfg.get(option):
             raise fail(f"{option} is not supported (got {cfg[option]!r})")
-    shapes = target_shapes(hf_config)
+    return rank, alpha
+
+
+def _target_modules(cfg: dict[str, Any], shapes: dict[str, tuple[int, int]],
+                    fail: Callable[[str], LoRAError]) -> tuple[list[str] | None, re.Pattern | None]:
+    """adapter_config.json's ``target_modules`` as (a list of projection names, or None for any) and (a regex
+    the module's full name must match, or None). PEFT: a string is "all-linear" or such a regex."""
     targets = cfg.get("target_modules")
     if not (targets is None or isinstance(targets, str)
             or (isinstance(targets, list) and all(isinstance(t, str) for t in targets))):
         raise fail("adapter_config.json 'target_modules' must be a list of module names or a string (\"all-linear\" "
                    f"or a regular expression), got {_short(repr(targets), 60)}")
-    pattern = None  # PEFT: a string is "all-linear" or a regex the module's full name must match
+    pattern = None
     if isinstance(targets, str):
         if targets not in shapes:
             try:
@@ -190,44 +225,50 @@ def _load_adapter(name: str, path: str, hf_config: Any, *, max_rank: int) -> LoR
         if module not in shapes:
             raise fail(f"target module {module!r} is not a projection of this model that LoRA can adapt "
                        f"(supported: {', '.join(shapes)})")
-    scaling = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
-    try:
-        tensors = load_file(os.path.join(path, WEIGHTS_FILE), device="cpu")
-    except (OSError, SafetensorError) as exc:
-        raise fail(f"cannot read {WEIGHTS_FILE}: {exc}") from None
-    num_layers = hf_config.num_hidden_layers
-    halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    for key, tensor in tensors.items():
+    return targets, pattern
+
+
+@dataclass
+class _TensorChecker:
+    """Checks one tensor of adapter_model.safetensors against the config and the model."""
+
+    rank: int
+    num_layers: int
+    shapes: dict[str, tuple[int, int]]  # projection -> (in_features, out_features)
+    targets: list[str] | None
+    pattern: re.Pattern | None
+    fail: Callable[[str], LoRAError]
+
+    def __call__(self, key: str, tensor: torch.Tensor) -> tuple[int, str, str]:
+        """(layer, projection, "A" or "B") of a valid tensor.
+
+        Raises:
+            LoRAError: a name that is no lora_A/lora_B weight of an adaptable projection, a layer the model
+                lacks, a module outside ``target_modules``, a non-float dtype, NaN or infinite values, a shape
+                other than [r, in] (A) or [out, r] (B).
+        """
+        fail, shapes = self.fail, self.shapes
         match = _TENSOR_NAME.match(key)
         if match is None or SUPPORTED_MODULES.get(match.group(3)) != match.group(2):
             raise fail(f"tensor {key!r} is not a lora_A/lora_B weight of a projection LoRA can adapt here "
                        f"({', '.join(shapes)})")
         layer, module, half = int(match.group(1)), match.group(3), match.group(4)
-        if layer >= num_layers:
-            raise fail(f"tensor {key!r} is for layer {layer}, but the model has {num_layers} layers")
-        if targets is not None and module not in targets:
-            raise fail(f"tensor {key!r} adapts {module}, which is not in target_modules {targets}")
-        if pattern is not None and not pattern.fullmatch(f"model.layers.{layer}.{match.group(2)}.{module}"):
-            raise fail(f"tensor {key!r} adapts a module that target_modules {pattern.pattern!r} does not match")
+        if layer >= self.num_layers:
+            raise fail(f"tensor {key!r} is for layer {layer}, but the model has {self.num_layers} layers")
+        if self.targets is not None and module not in self.targets:
+            raise fail(f"tensor {key!r} adapts {module}, which is not in target_modules {self.targets}")
+        if self.pattern is not None and not self.pattern.fullmatch(f"model.layers.{layer}.{match.group(2)}.{module}"):
+            raise fail(f"tensor {key!r} adapts a module that target_modules {self.pattern.pattern!r} does not match")
         if tensor.dtype not in FLOAT_DTYPES:
             raise fail(f"tensor {key!r} is {tensor.dtype}; LoRA weights must be float32, float16 or bfloat16")
         if not torch.isfinite(tensor).all():
             raise fail(f"tensor {key!r} holds NaN or infinite values")
         in_f, out_f = shapes[module]
-        expected = (rank, in_f) if half == "A" else (out_f, rank)
+        expected = (self.rank, in_f) if half == "A" else (out_f, self.rank)
         if tuple(tensor.shape) != expected:
             raise fail(f"tensor {key!r} has shape {list(tensor.shape)}, expected {list(expected)} "
-                       f"(rank {rank}, {module} maps {in_f} -> {out_f})")
-        halves.setdefault((layer, module), {})[half] = tensor.to(torch.float32)
-    if not halves:
-        raise fail(f"{WEIGHTS_FILE} holds no LoRA weights")
-    weights = {}
-    for (layer, module), pair in sorted(halves.items()):
-        if set(pair) != {"A", "B"}:
-            missing = "lora_B" if "A" in pair else "lora_A"
-            raise fail(f"layer {layer} {module} has no {missing} weight")
-        weights[layer, module] = (pair["A"], pair["B"])
-    return LoRAAdapter(name=name, path=path, rank=rank, scaling=float(scaling), weights=weights)
+                       f"(rank {self.rank}, {module} maps {in_f} -> {out_f})")
+        return layer, module, half
 
 
 def check_adapters(lora_config: Any, hf_config: Any) -> None:

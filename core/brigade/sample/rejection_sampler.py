@@ -30,7 +30,7 @@ import torch
 
 from brigade.sample.logprobs import LogprobsTensors, gather_logprobs
 from brigade.sample.metadata import SamplingMetadata
-from brigade.sample.sampler import Sampler
+from brigade.sample.sampler import Sampler, TargetLogits
 from brigade.sample.topk_topp import random_sample
 
 _NEG_INF = float("-inf")
@@ -72,63 +72,83 @@ class RejectionSampler:
         Raises:
             ValueError: when R does not match the drafts.
         """
-        starts, row = [], 0
-        for drafts in draft_token_ids:
-            starts.append(row)
-            row += len(drafts) + 1
-        if row != logits.shape[0] or row != metadata.num_rows:
-            raise ValueError(f"{logits.shape[0]} logits rows and {metadata.num_rows} metadata rows for drafts "
-                             f"that need {row}")
+        starts = _row_starts(draft_token_ids, logits.shape[0], metadata.num_rows)
         target = self.sampler.target_logits(logits, metadata)
         greedy = target.greedy.tolist() if target.greedy is not None else None
         greedy_req = [metadata.params[s].greedy for s in starts]
-
-        # Acceptance: greedy requests compare with the argmax; random ones draw u < p_j(d_j).
-        p_draft: list[float] = []
-        if target.warped is not None:
-            rows = [s + j for s, d, g in zip(starts, draft_token_ids, greedy_req) if not g for j in range(len(d))]
-            ids = [t for d, g in zip(draft_token_ids, greedy_req) if not g for t in d]
-            if rows:
-                probs = target.warped[rows].softmax(dim=-1)  # [D, V]
-                p_draft = probs.gather(1, torch.tensor(ids, device=probs.device)[:, None]).squeeze(1).tolist()
-        num_accepted, next_p = [], 0
-        for start, drafts, is_greedy in zip(starts, draft_token_ids, greedy_req):
-            k = len(drafts)
-            accepted = 0
-            if is_greedy:
-                while accepted < k and drafts[accepted] == greedy[start + accepted]:
-                    accepted += 1
-            elif k:
-                generator = metadata.generators.get(start)
-                uniform = torch.rand(k, generator=generator, device=generator.device if generator else
-                                     target.warped.device).tolist()
-                while accepted < k and uniform[accepted] < p_draft[next_p + accepted]:
-                    accepted += 1
-                next_p += k
-            num_accepted.append(accepted)
-
-        # The last token of each request: greedy -> argmax at its row; random -> a draw from p at the first
-        # rejected row with the rejected draft removed, or from p_{k+1} (the bonus row) when all were accepted.
-        final_rows = [s + a for s, a in zip(starts, num_accepted)]
-        final = [greedy[r] if g else -1 for r, g in zip(final_rows, greedy_req)] if greedy is not None \
-            else [-1] * len(starts)
-        random_reqs = [i for i, g in enumerate(greedy_req) if not g]
-        if random_reqs:
-            rows = [final_rows[i] for i in random_reqs]
-            warped = target.warped[rows]  # advanced indexing: a copy, the draw may modify it
-            for n, i in enumerate(random_reqs):
-                if num_accepted[i] < len(draft_token_ids[i]):
-                    warped[n, draft_token_ids[i][num_accepted[i]]] = _NEG_INF
-            generators = {n: metadata.generators[starts[i]] for n, i in enumerate(random_reqs)
-                          if starts[i] in metadata.generators}
-            # p_j(d_j) == 1 cannot be rejected, so a residual with no mass left never reaches the draw.
-            for n, tok in enumerate(random_sample(warped, generators).tolist()):
-                final[random_reqs[n]] = tok
+        num_accepted = _num_accepted(target, metadata, starts, draft_token_ids, greedy_req, greedy)
+        final = _final_tokens(target, metadata, starts, draft_token_ids, greedy_req, greedy, num_accepted)
         token_ids = [drafts[:a] + [f] for drafts, a, f in zip(draft_token_ids, num_accepted, final)]
-
         logprobs = None
         if target.raw_logprobs is not None:
             rows = [s + j for s, t in zip(starts, token_ids) for j in range(len(t))]
             flat = torch.tensor([t for ts in token_ids for t in ts], device=target.raw_logprobs.device)
             logprobs = gather_logprobs(target.raw_logprobs[rows], metadata.max_num_logprobs, flat)
         return RejectionSamplerOutput(token_ids=token_ids, logprobs=logprobs)
+
+
+def _row_starts(draft_token_ids: list[list[int]], num_logits: int, num_metadata_rows: int) -> list[int]:
+    """The first row of each request (1 + k rows a request with k drafts).
+
+    Raises:
+        ValueError: when the logits or metadata rows do not match the drafts.
+    """
+    starts, row = [], 0
+    for drafts in draft_token_ids:
+        starts.append(row)
+        row += len(drafts) + 1
+    if row != num_logits or row != num_metadata_rows:
+        raise ValueError(f"{num_logits} logits rows and {num_metadata_rows} metadata rows for drafts that need {row}")
+    return starts
+
+
+def _num_accepted(target: TargetLogits, metadata: SamplingMetadata, starts: list[int],
+                  draft_token_ids: list[list[int]], greedy_req: list[bool], greedy: list[int] | None) -> list[int]:
+    """Per request, how many of its drafts are accepted: greedy requests compare with the argmax; random ones
+    draw u < p_j(d_j) (the request's generator, when seeded)."""
+    p_draft: list[float] = []
+    if target.warped is not None:
+        rows = [s + j for s, d, g in zip(starts, draft_token_ids, greedy_req) if not g for j in range(len(d))]
+        ids = [t for d, g in zip(draft_token_ids, greedy_req) if not g for t in d]
+        if rows:
+            probs = target.warped[rows].softmax(dim=-1)  # [D, V]
+            p_draft = probs.gather(1, torch.tensor(ids, device=probs.device)[:, None]).squeeze(1).tolist()
+    num_accepted, next_p = [], 0
+    for start, drafts, is_greedy in zip(starts, draft_token_ids, greedy_req):
+        k = len(drafts)
+        accepted = 0
+        if is_greedy:
+            while accepted < k and drafts[accepted] == greedy[start + accepted]:
+                accepted += 1
+        elif k:
+            generator = metadata.generators.get(start)
+            uniform = torch.rand(k, generator=generator, device=generator.device if generator else
+                                 target.warped.device).tolist()
+            while accepted < k and uniform[accepted] < p_draft[next_p + accepted]:
+                accepted += 1
+            next_p += k
+        num_accepted.append(accepted)
+    return num_accepted
+
+
+def _final_tokens(target: TargetLogits, metadata: SamplingMetadata, starts: list[int],
+                  draft_token_ids: list[list[int]], greedy_req: list[bool], greedy: list[int] | None,
+                  num_accepted: list[int]) -> list[int]:
+    """The last token of each request: greedy -> argmax at its row; random -> a draw from p at the first
+    rejected row with the rejected draft removed, or from p_{k+1} (the bonus row) when all were accepted."""
+    final_rows = [s + a for s, a in zip(starts, num_accepted)]
+    final = [greedy[r] if g else -1 for r, g in zip(final_rows, greedy_req)] if greedy is not None \
+        else [-1] * len(starts)
+    random_reqs = [i for i, g in enumerate(greedy_req) if not g]
+    if random_reqs:
+        rows = [final_rows[i] for i in random_reqs]
+        warped = target.warped[rows]  # advanced indexing: a copy, the draw may modify it
+        for n, i in enumerate(random_reqs):
+            if num_accepted[i] < len(draft_token_ids[i]):
+                warped[n, draft_token_ids[i][num_accepted[i]]] = _NEG_INF
+        generators = {n: metadata.generators[starts[i]] for n, i in enumerate(random_reqs)
+                      if starts[i] in metadata.generators}
+        # p_j(d_j) == 1 cannot be rejected, so a residual with no mass left never reaches the draw.
+        for n, tok in enumerate(random_sample(warped, generators).tolist()):
+            final[random_reqs[n]] = tok
+    return final

@@ -1,4 +1,5 @@
-"""The model runner's per-request state and the flat inputs it builds for one step.
+"""The model runner's per-request state and the flat inputs it builds for one step (vLLM v1's
+flattened batch).
 
 Requests are laid out back to back in the token dimension, decodes (one new token) first, so the
 attention metadata can split decode and prefill work by a single count.
@@ -6,7 +7,7 @@ attention metadata can split decode and prefill work by a single count.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -81,84 +82,123 @@ def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int]
             the real tokens' context and causal masks are unchanged. Every request's real query must fit.
     Returns:
         StepInputs with slot_mapping[t] = block_ids[pos // block_size] * block_size + pos % block_size.
+    Raises:
+        ValueError: a request has more query tokens than ``uniform_query_len``.
     """
-    num_reqs = len(states)
-    query_lens = np.asarray(num_scheduled, dtype=np.int32)
-    computed = np.fromiter((s.num_computed_tokens for s in states), dtype=np.int32, count=num_reqs)
-    seq_lens = computed + query_lens
-    query_start = np.zeros(num_reqs + 1, dtype=np.int32)
-    np.cumsum(query_lens, out=query_start[1:])
-    num_tokens = int(query_start[-1])
-
-    # Positions: for request r, computed[r] .. seq_lens[r]-1, concatenated.
-    req_of_token = np.repeat(np.arange(num_reqs), query_lens)
-    positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(query_start[:-1], query_lens) \
-        + np.repeat(computed, query_lens)
-
-    max_blocks = max(len(s.block_ids) for s in states)
-    block_table = np.zeros((num_reqs, max_blocks), dtype=np.int32)
-    for r, s in enumerate(states):
-        block_table[r, :len(s.block_ids)] = s.block_ids
-    slot_mapping = block_table[req_of_token, positions // block_size].astype(np.int64) * block_size \
-        + positions % block_size
-
-    input_ids = np.zeros(num_tokens, dtype=np.int64)
-    pending_rows: list[int] = []
-    pending_req_ids: list[str] = []
-    for r, s in enumerate(states):
-        start = int(query_start[r])
-        drafts = spec_token_ids[r] if spec_token_ids is not None else ()
-        known = s.token_ids[int(computed[r]):int(seq_lens[r]) - len(drafts)]
-        input_ids[start:start + len(known)] = known
-        if drafts:
-            input_ids[start + len(known):start + len(known) + len(drafts)] = drafts
-        if len(known) + len(drafts) < int(query_lens[r]):  # the last input is the sample of the step in flight
-            pending_rows.append(start + len(known))
-            pending_req_ids.append(s.req_id)
-
-    sampling = [r for r, s in enumerate(states) if int(seq_lens[r]) >= s.num_tokens]
-    logits_indices = query_start[1:][sampling] - 1
-    if spec_token_ids is not None and any(spec_token_ids[r] for r in sampling):
-        logits_indices = np.concatenate([np.arange(end - len(spec_token_ids[r]), end + 1)
-                                         for r, end in zip(sampling, logits_indices.tolist())])
+    step = _HostStep.lay_out(states, num_scheduled, block_size)
+    step.fill_input_ids(states, spec_token_ids)
+    sampling = step.fill_logits_indices(states, spec_token_ids)
     if uniform_query_len is not None:
-        q = uniform_query_len
-        if int(query_lens.max()) > q:
-            raise ValueError(f"a request has {int(query_lens.max())} query tokens, more than the uniform {q}")
-        # Row t of request r moves from query_start[r] + j to r * q + j.
-        new_row = np.repeat(np.arange(num_reqs) * q - query_start[:-1], query_lens) + np.arange(num_tokens)
-        num_tokens = num_reqs * q
-        padded_ids, padded_slots = np.zeros(num_tokens, dtype=np.int64), np.full(num_tokens, -1, dtype=np.int64)
-        padded_ids[new_row], padded_slots[new_row] = input_ids, slot_mapping
-        input_ids, slot_mapping = padded_ids, padded_slots
-        positions = (np.repeat(computed, q) + np.tile(np.arange(q), num_reqs)).astype(np.int64)
-        logits_indices = new_row[logits_indices]
-        pending_rows = [int(new_row[row]) for row in pending_rows]
-        query_lens = np.full(num_reqs, q, dtype=np.int32)
-        query_start = np.arange(num_reqs + 1, dtype=np.int32) * q
-        seq_lens = computed + query_lens
-        width = -(-int(seq_lens.max()) // block_size)  # padding positions may reach past the allocated blocks
-        if width > block_table.shape[1]:
-            block_table = np.pad(block_table, ((0, 0), (0, width - block_table.shape[1])))
-    is_prefill = query_lens != 1
-    num_decodes = int(np.argmax(is_prefill)) if is_prefill.any() else num_reqs
-
-    if transfer is None:
-        transfer = HostToDevice(device)
-    dev = transfer({"input_ids": input_ids, "positions": positions, "slot_mapping": slot_mapping,
-                    "logits_indices": logits_indices.astype(np.int64), "query_start_loc": query_start,
-                    "seq_lens": seq_lens, "block_table": block_table})
-    ids_d, pos_d, slots_d, logits_d = dev["input_ids"], dev["positions"], dev["slot_mapping"], dev["logits_indices"]
-    qsl_d, seq_d, bt_d = dev["query_start_loc"], dev["seq_lens"], dev["block_table"]
+        step.pad_to_uniform(uniform_query_len, block_size)
+    is_prefill = step.query_lens != 1
+    num_decodes = int(np.argmax(is_prefill)) if is_prefill.any() else len(states)
+    dev = (transfer or HostToDevice(device))(step.arrays())
     metadata = AttentionMetadata(
-        num_reqs=num_reqs, num_actual_tokens=num_tokens, max_query_len=int(query_lens.max()),
-        max_seq_len=int(seq_lens.max()), num_decodes=num_decodes,
-        query_start_loc=qsl_d, seq_lens=seq_d, block_table=bt_d, slot_mapping=slots_d,
-        query_start_loc_cpu=torch.from_numpy(query_start), seq_lens_cpu=torch.from_numpy(seq_lens))
-    return StepInputs(input_ids=ids_d, positions=pos_d, metadata=metadata, logits_indices=logits_d,
-                      req_ids=[s.req_id for s in states],
+        num_reqs=len(states), num_actual_tokens=step.num_tokens, max_query_len=int(step.query_lens.max()),
+        max_seq_len=int(step.seq_lens.max()), num_decodes=num_decodes,
+        query_start_loc=dev["query_start_loc"], seq_lens=dev["seq_lens"], block_table=dev["block_table"],
+        slot_mapping=dev["slot_mapping"], query_start_loc_cpu=torch.from_numpy(step.query_start),
+        seq_lens_cpu=torch.from_numpy(step.seq_lens))
+    return StepInputs(input_ids=dev["input_ids"], positions=dev["positions"], metadata=metadata,
+                      logits_indices=dev["logits_indices"], req_ids=[s.req_id for s in states],
                       sampling_req_ids=[states[r].req_id for r in sampling],
-                      pending_rows=pending_rows, pending_req_ids=pending_req_ids)
+                      pending_rows=step.pending_rows, pending_req_ids=step.pending_req_ids)
+
+
+@dataclass
+class _HostStep:
+    """A step's host arrays while ``build_step_inputs`` lays them out (numpy, token rows request after
+    request)."""
+
+    query_lens: np.ndarray  # [num_reqs] int32
+    computed: np.ndarray  # [num_reqs] int32, tokens already in the KV cache
+    seq_lens: np.ndarray  # [num_reqs] int32, computed + query
+    query_start: np.ndarray  # [num_reqs + 1] int32
+    positions: np.ndarray  # [num_tokens] int64
+    block_table: np.ndarray  # [num_reqs, max_blocks] int32
+    slot_mapping: np.ndarray  # [num_tokens] int64
+    input_ids: np.ndarray | None = None  # [num_tokens] int64
+    logits_indices: np.ndarray | None = None  # [num_logits] int64
+    pending_rows: list[int] = field(default_factory=list)
+    pending_req_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.positions)
+
+    @classmethod
+    def lay_out(cls, states: list[CachedRequestState], num_scheduled: list[int], block_size: int) -> _HostStep:
+        """Positions (request r: computed[r] .. seq_lens[r] - 1, concatenated), block table and slots."""
+        num_reqs = len(states)
+        query_lens = np.asarray(num_scheduled, dtype=np.int32)
+        computed = np.fromiter((s.num_computed_tokens for s in states), dtype=np.int32, count=num_reqs)
+        query_start = np.zeros(num_reqs + 1, dtype=np.int32)
+        np.cumsum(query_lens, out=query_start[1:])
+        num_tokens = int(query_start[-1])
+        req_of_token = np.repeat(np.arange(num_reqs), query_lens)
+        positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(query_start[:-1], query_lens) \
+            + np.repeat(computed, query_lens)
+        block_table = np.zeros((num_reqs, max(len(s.block_ids) for s in states)), dtype=np.int32)
+        for r, s in enumerate(states):
+            block_table[r, :len(s.block_ids)] = s.block_ids
+        slot_mapping = block_table[req_of_token, positions // block_size].astype(np.int64) * block_size \
+            + positions % block_size
+        return cls(query_lens=query_lens, computed=computed, seq_lens=computed + query_lens, query_start=query_start,
+                   positions=positions, block_table=block_table, slot_mapping=slot_mapping)
+
+    def fill_input_ids(self, states: list[CachedRequestState], spec_token_ids: list[list[int]] | None) -> None:
+        """Each request's known tokens then its drafts; a last input that is the sample of the step in flight
+        stays 0 and is named in ``pending_rows``."""
+        self.input_ids = np.zeros(self.num_tokens, dtype=np.int64)
+        for r, s in enumerate(states):
+            start = int(self.query_start[r])
+            drafts = spec_token_ids[r] if spec_token_ids is not None else ()
+            known = s.token_ids[int(self.computed[r]):int(self.seq_lens[r]) - len(drafts)]
+            self.input_ids[start:start + len(known)] = known
+            if drafts:
+                self.input_ids[start + len(known):start + len(known) + len(drafts)] = drafts
+            if len(known) + len(drafts) < int(self.query_lens[r]):
+                self.pending_rows.append(start + len(known))
+                self.pending_req_ids.append(s.req_id)
+
+    def fill_logits_indices(self, states: list[CachedRequestState],
+                            spec_token_ids: list[list[int]] | None) -> list[int]:
+        """The last row of each request that reaches its end (and with drafts, its 1 + k last rows); returns
+        those requests' indices."""
+        sampling = [r for r, s in enumerate(states) if int(self.seq_lens[r]) >= s.num_tokens]
+        logits_indices = self.query_start[1:][sampling] - 1
+        if spec_token_ids is not None and any(spec_token_ids[r] for r in sampling):
+            logits_indices = np.concatenate([np.arange(end - len(spec_token_ids[r]), end + 1)
+                                             for r, end in zip(sampling, logits_indices.tolist())])
+        self.logits_indices = logits_indices.astype(np.int64)
+        return sampling
+
+    def pad_to_uniform(self, q: int, block_size: int) -> None:
+        """Pad every request to ``q`` query tokens (``build_step_inputs(uniform_query_len=)``)."""
+        num_reqs = len(self.query_lens)
+        if int(self.query_lens.max()) > q:
+            raise ValueError(f"a request has {int(self.query_lens.max())} query tokens, more than the uniform {q}")
+        # Row t of request r moves from query_start[r] + j to r * q + j.
+        new_row = np.repeat(np.arange(num_reqs) * q - self.query_start[:-1], self.query_lens) \
+            + np.arange(self.num_tokens)
+        padded_ids, padded_slots = np.zeros(num_reqs * q, dtype=np.int64), np.full(num_reqs * q, -1, dtype=np.int64)
+        padded_ids[new_row], padded_slots[new_row] = self.input_ids, self.slot_mapping
+        self.input_ids, self.slot_mapping = padded_ids, padded_slots
+        self.positions = (np.repeat(self.computed, q) + np.tile(np.arange(q), num_reqs)).astype(np.int64)
+        self.logits_indices = new_row[self.logits_indices]
+        self.pending_rows = [int(new_row[row]) for row in self.pending_rows]
+        self.query_lens = np.full(num_reqs, q, dtype=np.int32)
+        self.query_start = np.arange(num_reqs + 1, dtype=np.int32) * q
+        self.seq_lens = self.computed + self.query_lens
+        width = -(-int(self.seq_lens.max()) // block_size)  # padding positions may reach past the allocated blocks
+        if width > self.block_table.shape[1]:
+            self.block_table = np.pad(self.block_table, ((0, 0), (0, width - self.block_table.shape[1])))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays a ``Transfer`` moves, by name."""
+        return {"input_ids": self.input_ids, "positions": self.positions, "slot_mapping": self.slot_mapping,
+                "logits_indices": self.logits_indices.astype(np.int64), "query_start_loc": self.query_start,
+                "seq_lens": self.seq_lens, "block_table": self.block_table}
 
 
 class HostToDevice:
@@ -171,7 +211,7 @@ class HostToDevice:
     Each array starts at a multiple of ``ALIGN_BYTES`` in its buffer. Triton specializes a kernel on
     whether each pointer is 16-byte aligned, so offsets that followed the step's token and request counts
     compiled new kernel variants in the middle of serving (an inter-token stall of about a second for every
-    running request, seen in the serve benchmark on an H200).
+    running request, seen in the H200 serve benchmark).
     """
 
     ALIGN_BYTES = 64
