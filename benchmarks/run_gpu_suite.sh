@@ -28,7 +28,8 @@ Usage: benchmarks/run_gpu_suite.sh [options]
   --no-setup         skip benchmarks/gpu_setup.sh (wheels and editable installs already done on this machine)
   --dry-run          print the commands, run nothing
   -h, --help         this help
-Environment: PORT (bench 5's server port, default 8000); <NAME>_TIMEOUT overrides a step's time limit in
+Environment: PORT (bench 5's server port, default 8000); SERVE_RATES (bench 5's RATE:PROMPTS list, default
+"16:500 4:100 inf:500"); <NAME>_TIMEOUT overrides a step's time limit in
 seconds, e.g. LATENCY_TIMEOUT=300 (names upper-cased, '-' as '_').
 EOF
 }
@@ -90,7 +91,7 @@ echo "results:    $out_dir"
 if [ "$quick" = 1 ]; then
   LAT_ITERS=2 N2=100 N3=100 N4=4 SERVE="16:100 4:20 inf:100"
 else
-  LAT_ITERS=5 N2=1000 N3=1000 N4=64 SERVE="16:500 4:100 inf:500"
+  LAT_ITERS=5 N2=1000 N3=1000 N4=64 SERVE=${SERVE_RATES:-"16:500 4:100 inf:500"}
 fi
 PORT=${PORT:-8000}
 steps_file="$out_dir/steps_$tag.tsv"   # one file per part, so that two parts merge into one folder
