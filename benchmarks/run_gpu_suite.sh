@@ -29,7 +29,7 @@ Usage: benchmarks/run_gpu_suite.sh [options]
   --dry-run          print the commands, run nothing
   -h, --help         this help
 Environment: PORT (bench 5's server port, default 8000); SERVE_RATES (bench 5's RATE:PROMPTS list, default
-"16:500 4:100 inf:500"); <NAME>_TIMEOUT overrides a step's time limit in
+"16:500 4:100 inf:500"); LATENCY_HF_PEER (none skips bench 1's HF peer); <NAME>_TIMEOUT overrides a step's time limit in
 seconds, e.g. LATENCY_TIMEOUT=300 (names upper-cased, '-' as '_').
 EOF
 }
@@ -121,7 +121,7 @@ bench_limits() {
 
 bench_latency() {
   step latency 240 brigade bench latency $M $C --max-model-len 2048 --max-num-seqs 1 --batch-size 1 \
-    --input-len 128 --output-len 256 --num-iters-warmup 1 --num-iters $LAT_ITERS --hf-peer generate \
+    --input-len 128 --output-len 256 --num-iters-warmup 1 --num-iters $LAT_ITERS --hf-peer "${LATENCY_HF_PEER:-generate}" \
     --output-json "$out_dir/latency.json"
 }
 
