@@ -106,6 +106,20 @@ def test_bad_adapters_fail_in_one_line(tmp_path, smollm2_config, breakage, needl
     assert message.startswith(f"LoRA adapter 'bad' ({path}): ") and needle in message and "\n" not in message
 
 
+@pytest.mark.parametrize("field,value", [
+    ("bias", "b" * 5000), ("use_dora", "d" * 5000), ("target_modules", ["q_proj", "m" * 5000]),
+    ("target_modules", "(" + "r" * 5000),
+])
+def test_errors_echo_no_config_value_longer_than_200_characters(tmp_path, smollm2_config, field, value):
+    path = write_adapter(tmp_path / "long", smollm2_config, seed=0, rank=8, targets=("q_proj", "v_proj"), layers=[0])
+    edit_config(path, **{field: value})
+    with pytest.raises(LoRAError) as info:
+        load_adapter("long", str(path), smollm2_config, max_rank=16)
+    message = str(info.value)
+    assert message.startswith("LoRA adapter 'long'") and len(message) < 700, message[:300]
+    assert not any(run * 201 in message for run in "bdmr")
+
+
 def test_a_missing_folder(tmp_path, smollm2_config):
     with pytest.raises(LoRAError, match=r"LoRA adapter 'x' \(.*nowhere\): not a folder"):
         load_adapter("x", str(tmp_path / "nowhere"), smollm2_config, max_rank=16)

@@ -106,9 +106,10 @@ def _read_config(name: str, path: str) -> dict[str, Any]:
     return cfg
 
 
-def _short(exc: BaseException, limit: int = 200) -> str:
-    """An exception's message, cut to ``limit`` characters (a hostile file can make it megabytes long)."""
-    text = str(exc)
+def _short(value: object, limit: int = 200) -> str:
+    """An exception's message or a config value, cut to ``limit`` characters (a hostile file can make it megabytes
+    long; runtime loading echoes no config value longer than that)."""
+    text = str(value)
     return text if len(text) <= limit else text[:limit] + "..."
 
 
@@ -161,7 +162,7 @@ def _load_adapter(name: str, path: str, hf_config: Any, *, max_rank: int) -> LoR
     try:
         tensors = load_file(os.path.join(path, WEIGHTS_FILE), device="cpu")
     except (OSError, SafetensorError) as exc:
-        raise fail(f"cannot read {WEIGHTS_FILE}: {exc}") from None
+        raise fail(f"cannot read {WEIGHTS_FILE}: {_short(exc)}") from None
     checker = _TensorChecker(rank=rank, num_layers=hf_config.num_hidden_layers, shapes=shapes, targets=targets,
                              pattern=pattern, fail=fail)
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
@@ -195,10 +196,10 @@ def _rank_and_alpha(cfg: dict[str, Any], max_rank: int, fail: Callable[[str], Lo
         raise fail(f"rank {rank} is above --max-lora-rank {max_rank}; raise --max-lora-rank to at least {rank}")
     bias = cfg.get("bias", "none")
     if bias not in (None, "none"):
-        raise fail(f"bias {bias!r} is not supported (only 'none': the adapter must not train biases)")
+        raise fail(f"bias {_short(repr(bias))} is not supported (only 'none': the adapter must not train biases)")
     for option in _UNSUPPORTED_OPTIONS:
         if cfg.get(option):
-            raise fail(f"{option} is not supported (got {cfg[option]!r})")
+            raise fail(f"{option} is not supported (got {_short(repr(cfg[option]))})")
     return rank, alpha
 
 
@@ -217,13 +218,14 @@ def _target_modules(cfg: dict[str, Any], shapes: dict[str, tuple[int, int]],
             try:
                 pattern = None if targets == "all-linear" else re.compile(targets)
             except re.error as exc:
-                raise fail(f"target_modules {targets!r} is not a valid regular expression: {exc}") from None
+                raise fail(f"target_modules {_short(repr(targets))} is not a valid regular expression: "
+                           f"{_short(exc)}") from None
             targets = None
         else:
             targets = [targets]
     for module in targets or []:
         if module not in shapes:
-            raise fail(f"target module {module!r} is not a projection of this model that LoRA can adapt "
+            raise fail(f"target module {_short(repr(module))} is not a projection of this model that LoRA can adapt "
                        f"(supported: {', '.join(shapes)})")
     return targets, pattern
 
@@ -256,9 +258,10 @@ class _TensorChecker:
         if layer >= self.num_layers:
             raise fail(f"tensor {key!r} is for layer {layer}, but the model has {self.num_layers} layers")
         if self.targets is not None and module not in self.targets:
-            raise fail(f"tensor {key!r} adapts {module}, which is not in target_modules {self.targets}")
+            raise fail(f"tensor {key!r} adapts {module}, which is not in target_modules {_short(repr(self.targets))}")
         if self.pattern is not None and not self.pattern.fullmatch(f"model.layers.{layer}.{match.group(2)}.{module}"):
-            raise fail(f"tensor {key!r} adapts a module that target_modules {self.pattern.pattern!r} does not match")
+            raise fail(f"tensor {key!r} adapts a module that target_modules {_short(repr(self.pattern.pattern))} "
+                       "does not match")
         if tensor.dtype not in FLOAT_DTYPES:
             raise fail(f"tensor {key!r} is {tensor.dtype}; LoRA weights must be float32, float16 or bfloat16")
         if not torch.isfinite(tensor).all():
