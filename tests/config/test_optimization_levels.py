@@ -7,7 +7,8 @@ import pytest
 
 import brigade.config
 from brigade.config import CompilationConfig, config_from_kwargs
-from brigade.worker.cuda_graph import default_capture_sizes, default_mixed_sizes
+from brigade.worker.cuda_graph import default_capture_sizes
+from brigade.worker.mixed_graph import default_mixed_sizes
 
 
 @pytest.mark.parametrize("level,mode", [(0, "NONE"), (1, "NONE"), (2, "FULL"), (3, "FULL")])
