@@ -94,3 +94,11 @@ class RemoteServer:
                 self.proc.wait(timeout=10)
         self.log.close()
         os.unlink(self.log.name)
+
+
+def error_of(response: httpx.Response, status: int) -> dict:
+    """The ``error`` object of an OpenAI-shaped error response, after checking its status and its four keys."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    return error

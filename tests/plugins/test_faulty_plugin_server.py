@@ -15,7 +15,7 @@ import subprocess
 import httpx
 import pytest
 from plugin_env import FIXTURES, PluginVenv, make_venv
-from remote_server import RemoteServer, find_free_port
+from remote_server import RemoteServer, error_of, find_free_port
 
 MODEL = "smollm2"
 SERVE_ARGS = ["--served-model-name", MODEL, "--max-model-len", "256", "--num-gpu-blocks-override", "64",
@@ -46,13 +46,6 @@ def server(venv, smollm2_path):
 def http(server):
     with httpx.Client(base_url=server.base_url, timeout=120) as c:
         yield c
-
-
-def error_of(response: httpx.Response, status: int) -> dict:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}, error
-    return error
 
 
 def completion(**fields) -> dict:

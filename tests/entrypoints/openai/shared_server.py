@@ -41,13 +41,6 @@ def tokenize(http: httpx.Client, **fields) -> list[int]:
     return response.json()["tokens"]
 
 
-def error_of(response: httpx.Response, status: int) -> dict:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}, error
-    return error
-
-
 def completion(**fields) -> dict:
     return {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 2, "temperature": 0, **fields}
 

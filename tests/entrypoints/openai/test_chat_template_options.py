@@ -6,7 +6,8 @@ invalid_request_error in OpenAI's shape naming the field."""
 from __future__ import annotations
 
 import pytest
-from shared_server import CONTINUED, MODEL, QUESTION, assert_400, chat_body, error_of, tokenize
+from remote_server import error_of
+from shared_server import CONTINUED, MODEL, QUESTION, assert_400, chat_body, tokenize
 
 
 @pytest.mark.parametrize("key", ["tools", "tokenize", "chat_template", "messages", "conversation", "return_dict",
