@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # test.sh: set up (scripts/setup.sh), then run the whole test suite with pytest.
-# Extra arguments go to pytest (e.g. ./scripts/test.sh -x tests/core runs only that folder). The suite runs in one
-# process: with two pytest-xdist workers (-n 2 --dist loadfile, installed) each worker's engines, servers and
-# transformers references outgrew CI's 24 GB, so -n 2 is only for a bigger machine.
+# Extra arguments go to pytest (e.g. ./scripts/test.sh -x tests/core runs only that folder). The suite runs on
+# pytest-xdist workers, one per core up to TEST_WORKERS (default 2), a test file at a time (--dist loadfile, so a
+# module's shared server serves all its tests), each worker and every process it starts with one compute thread
+# (OMP_NUM_THREADS=1: two workers' thread pools on two cores would fight over them). TEST_WORKERS=0 runs in one
+# process.
 # Exits with pytest's code, except that "no tests collected" (5) counts as a failure.
 set -euo pipefail
 
@@ -23,7 +25,14 @@ for arg in "$@"; do
     fi
 done
 
+WORKERS="${TEST_WORKERS:-2}"
+CORES="$(nproc 2>/dev/null || echo 1)"
+(( WORKERS > CORES )) && WORKERS=$CORES
 PYTEST_ARGS=(-q --durations=10)
+if (( WORKERS > 1 )); then
+    PYTEST_ARGS+=(-n "$WORKERS" --dist loadfile)
+    export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+fi
 echo "[test] .venv/bin/python -m pytest ${PYTEST_ARGS[*]} ${TARGETS[*]} $*"
 set +e
 "$ROOT/.venv/bin/python" -m pytest "${PYTEST_ARGS[@]}" "${TARGETS[@]}" "$@"

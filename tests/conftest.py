@@ -8,6 +8,9 @@ their own fixtures in their own ``conftest.py``.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import importlib.util
 import socket
 from dataclasses import dataclass
@@ -131,6 +134,27 @@ class HFReference:
 def hf_reference(smollm2_path: Path) -> HFReference:
     """Session-wide transformers fp32 reference on the SmolLM2 files (loaded once, results cached)."""
     return HFReference(smollm2_path)
+
+
+@pytest.fixture(autouse=True)
+def release_frozen_engines():
+    """After a test that built an in-process engine, give its memory back.
+
+    An EngineCore freezes its process's start-up heap (``brigade.utils.freeze_gc_heap``), so the cyclic garbage
+    of an in-process ``LLM`` dropped at the end of a test (its tokenizer's and config's objects, a few hundred MB
+    on SmolLM2) would stay frozen for the rest of the test process. Unfreezing, collecting and handing the free
+    heap back to the OS keeps each pytest-xdist worker near its baseline.
+    """
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
+        gc.collect()
+        if _LIBC is not None:
+            _LIBC.malloc_trim(0)
+
+
+_LIBC_NAME = ctypes.util.find_library("c")
+_LIBC = ctypes.CDLL(_LIBC_NAME) if _LIBC_NAME and hasattr(ctypes.CDLL(_LIBC_NAME), "malloc_trim") else None
 
 
 @pytest.fixture
