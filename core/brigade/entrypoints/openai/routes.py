@@ -123,16 +123,18 @@ def mount_generation_routes(app: FastAPI, completion: OpenAIServingCompletion, c
         return json_response(result)
 
 
-def mount_io_processor(app: FastAPI, engine: AsyncLLM, config: BrigadeConfig) -> None:
-    """Serve POST /pooling through the selected IO-processor plugin, if the model has one."""
-    from brigade.entrypoints.openai.serving_io_processor import io_processor_router
+def mount_io_processor(app: FastAPI, engine: AsyncLLM, config: BrigadeConfig, **serving_kwargs) -> None:
+    """Serve POST /pooling through the selected IO-processor plugin, if the model has one.
+
+    ``serving_kwargs``: the OpenAIServing arguments the other routes get (tokenizer thread, drain, ...)."""
+    from brigade.entrypoints.openai.serving_io_processor import OpenAIServingIOProcessor, io_processor_router
     from brigade.plugins import registries
     from brigade.plugins.io_processor import get_io_processor
 
     processor = get_io_processor(config.model_config, registries, engine.hf_config)
     if processor is not None:
         logger.info("IO processor %s serves POST /pooling", type(processor).__name__)
-        app.include_router(io_processor_router(engine, processor))
+        app.include_router(io_processor_router(OpenAIServingIOProcessor(engine, processor, **serving_kwargs)))
 
 
 def mount_endpoint_plugins(app: FastAPI) -> list[str]:
