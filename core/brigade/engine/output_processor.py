@@ -152,6 +152,7 @@ class OutputProcessor:
         stats, self._aborted_stats = self._aborted_stats, IterationStats()
         touched: dict[str, tuple[ParentState, SequenceState]] = {}
         to_abort: list[str] = []
+        failed: set[str] = set()  # requests failed here: their error output is sent
         for out in outputs:
             seq = self.sequences.get(out.request_id)
             if seq is None:
@@ -160,6 +161,7 @@ class OutputProcessor:
                 self._update_sequence(seq, out, now, stats)
             except Exception as exc:  # this request's bug (its tokenizer's decoder, say); the others go on
                 to_abort.extend(self._fail_request(seq.parent, exc, now, stats))
+                failed.add(seq.parent.request_id)
                 continue
             if out.finish_reason is None and seq.finish_reason is not None:
                 to_abort.append(out.request_id)  # a stop string ended it here
@@ -169,7 +171,7 @@ class OutputProcessor:
             touched[seq.parent.request_id + f"/{seq.index}"] = (seq.parent, seq)
         request_outputs = []
         for parent, seq in touched.values():
-            if parent.request_id not in self.parents:
+            if parent.request_id in failed:
                 continue  # failed later in this step: its error output was sent
             output = self._maybe_output(parent, seq)
             if output is not None:
