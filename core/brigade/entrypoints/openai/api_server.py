@@ -3,7 +3,7 @@
 The API server process only parses, renders chat templates, tokenizes and streams; the EngineCore runs
 in its own process behind AsyncLLM, so no route ever waits on model work. Routes (``routes``; docs/server.md):
 /v1/completions, /v1/chat/completions, /v1/models and /v1/models/{id}, and /health, /version, /tokenize,
-/detokenize, /metrics; /pooling with an IO processor. The API key is checked on /v1/* and /pooling. With
+/detokenize, /metrics; /tokenizer_info with ``--enable-tokenizer-info-endpoint``; /pooling with an IO processor. The API key is checked on /v1/* and /pooling. With
 ``--enable-lora`` and BRIGADE_ALLOW_RUNTIME_LORA_UPDATING, also vLLM's /v1/load_lora_adapter and
 /v1/unload_lora_adapter (``runtime_lora``). Endpoint plugins the operator allowed
 are mounted last. CORS preflights are answered with vLLM's defaults (any origin, method and header; no credentials).
@@ -88,6 +88,8 @@ class ServerSettings:
     """CORS ``--allow-credentials``."""
     fastapi_docs: bool = True
     """Serve /docs, /redoc and /openapi.json (off with vLLM's ``--disable-fastapi-docs``)."""
+    tokenizer_info_endpoint: bool = False
+    """Serve GET /tokenizer_info (vLLM's ``--enable-tokenizer-info-endpoint``)."""
 
 
 GUARDED_PATHS = ("/pooling",)
@@ -165,7 +167,8 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     app.state.drain = drain
     mount_system_routes(app, engine, stat_logger)
     mount_model_routes(app, engine, config, adapters)
-    mount_generation_routes(app, completion, chat, OpenAIServingTokenization(chat))
+    mount_generation_routes(app, completion, chat, OpenAIServingTokenization(chat),
+                            tokenizer_info=settings.tokenizer_info_endpoint)
     schemas = [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest]
     if runtime_lora_updating(config):
         mount_runtime_lora(app, engine)

@@ -100,8 +100,9 @@ def mount_model_routes(app: FastAPI, engine: AsyncLLM, config: BrigadeConfig,
 
 
 def mount_generation_routes(app: FastAPI, completion: OpenAIServingCompletion, chat: OpenAIServingChat,
-                            tokenization: OpenAIServingTokenization) -> None:
-    """POST /v1/completions, /v1/chat/completions, /tokenize and /detokenize, each body parsed by its model."""
+                            tokenization: OpenAIServingTokenization, *, tokenizer_info: bool = False) -> None:
+    """POST /v1/completions, /v1/chat/completions, /tokenize and /detokenize, each body parsed by its model; with
+    ``tokenizer_info`` (``--enable-tokenizer-info-endpoint``), GET /tokenizer_info too."""
 
     @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(raw_request: Request) -> Response:
@@ -121,6 +122,11 @@ def mount_generation_routes(app: FastAPI, completion: OpenAIServingCompletion, c
     async def detokenize(raw_request: Request) -> Response:
         result = await tokenization.detokenize(await parse_request(raw_request, DetokenizeRequest))
         return json_response(result)
+
+    if tokenizer_info:
+        @app.get("/tokenizer_info")
+        async def get_tokenizer_info() -> Response:
+            return JSONResponse(tokenization.tokenizer_info())
 
 
 def mount_io_processor(app: FastAPI, engine: AsyncLLM, config: BrigadeConfig, **serving_kwargs) -> None:
