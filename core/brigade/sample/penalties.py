@@ -11,7 +11,7 @@ from itertools import chain
 
 import torch
 
-__all__ = ["Penalties", "apply_penalties", "build_token_counts", "build_padded_token_ids"]
+__all__ = ["Penalties", "add_counts", "apply_penalties", "build_token_counts", "build_padded_token_ids"]
 
 
 @dataclass(slots=True)
@@ -47,6 +47,19 @@ def build_token_counts(token_ids: list[list[int]], *, vocab_size: int, device: t
     ones = torch.ones(flat.numel(), dtype=torch.int32, device=device)
     counts.index_put_((rows.to(device), flat.to(device)), ones, accumulate=True)
     return counts
+
+
+def add_counts(counts: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
+    """Count one more token in each of ``rows``: ``counts[r, token_ids[r]] += 1`` for r in rows, on the device
+    (the tokens of a step still in flight under overlapped scheduling, never read on the host).
+
+    Args:
+        counts: [B, V] int32, updated in place.
+        rows: [R] int64 row indices, on ``counts``' device, each at most once.
+        token_ids: [B] int64, per row its token (read only at ``rows``).
+    """
+    ones = torch.ones(rows.numel(), dtype=counts.dtype, device=counts.device)
+    counts.index_put_((rows, token_ids[rows]), ones, accumulate=True)
 
 
 def build_padded_token_ids(token_ids: list[list[int]], *, pad_id: int, device: torch.device) -> torch.Tensor:
