@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from brigade.sample.transfer import to_device
 from brigade.sampling_params import InvalidParamError, SamplingParams
 
 if TYPE_CHECKING:
@@ -91,8 +92,8 @@ class AllowedTokenIdsLogitsProcessor(LogitsProcessor):
         self.forbidden = torch.ones(len(rows), metadata.vocab_size, dtype=torch.bool)
         for j, row in enumerate(rows):
             self.forbidden[j, metadata.params[row].allowed_token_ids] = False
-        self.forbidden = self.forbidden.to(device)
-        self.row_index = torch.tensor(rows, dtype=torch.int64).to(device)
+        self.forbidden = to_device(self.forbidden, device)
+        self.row_index = to_device(torch.tensor(rows, dtype=torch.int64), device)
 
     @classmethod
     def needs(cls, params: SamplingParams) -> bool:
@@ -143,12 +144,12 @@ class BadWordsLogitsProcessor(LogitsProcessor):
                     for values, value in zip(pending, (row, word[-2], word[-1])):
                         values.append(value)
         device = metadata.device
-        self.rows_index = torch.tensor(rows, dtype=torch.int64).to(device)
-        self.cols_index = torch.tensor(cols, dtype=torch.int64).to(device)
+        self.rows_index = to_device(torch.tensor(rows, dtype=torch.int64), device)
+        self.cols_index = to_device(torch.tensor(cols, dtype=torch.int64), device)
         self.pending = None
         if pending[0]:
             assert metadata.pending_token_ids is not None  # built for every row that reads its output tokens
-            self.pending = tuple(torch.tensor(v, dtype=torch.int64).to(device) for v in pending)
+            self.pending = tuple(to_device(torch.tensor(v, dtype=torch.int64), device) for v in pending)
 
     @classmethod
     def needs(cls, params: SamplingParams) -> bool:
@@ -191,9 +192,9 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
                 cols.append(int(token_id))
                 values.append(float(bias))
         device = metadata.device
-        self.index = (torch.tensor(rows, dtype=torch.int64).to(device),
-                      torch.tensor(cols, dtype=torch.int64).to(device))
-        self.values = torch.tensor(values, dtype=torch.float32).to(device)
+        self.index = (to_device(torch.tensor(rows, dtype=torch.int64), device),
+                      to_device(torch.tensor(cols, dtype=torch.int64), device))
+        self.values = to_device(torch.tensor(values, dtype=torch.float32), device)
 
     @classmethod
     def needs(cls, params: SamplingParams) -> bool:
@@ -234,8 +235,8 @@ class MinTokensLogitsProcessor(LogitsProcessor):
                 stop_ids = params.all_stop_token_ids(metadata.eos_token_ids[row])
                 rows.extend([row] * len(stop_ids))
                 cols.extend(sorted(stop_ids))
-        self.rows_index = torch.tensor(rows, dtype=torch.int64).to(metadata.device)
-        self.cols_index = torch.tensor(cols, dtype=torch.int64).to(metadata.device)
+        self.rows_index = to_device(torch.tensor(rows, dtype=torch.int64), metadata.device)
+        self.cols_index = to_device(torch.tensor(cols, dtype=torch.int64), metadata.device)
 
     @classmethod
     def needs(cls, params: SamplingParams) -> bool:
@@ -263,8 +264,8 @@ class MinPLogitsProcessor(LogitsProcessor):
         super().__init__(metadata)
         min_p = metadata.min_p
         if min_p is None:  # the metadata skipped it (no random row uses min_p): rebuild for this step
-            min_p = torch.tensor([p.min_p if self.needs(p) else 0.0 for p in metadata.params],
-                                 dtype=torch.float32).to(metadata.device)
+            min_p = to_device(torch.tensor([p.min_p if self.needs(p) else 0.0 for p in metadata.params],
+                                 dtype=torch.float32), metadata.device)
         self.min_p = min_p.unsqueeze(1)  # [B, 1]
 
     @classmethod

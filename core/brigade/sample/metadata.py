@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from brigade.sample.penalties import Penalties, add_counts, build_padded_token_ids, build_token_counts
+from brigade.sample.transfer import to_device
 from brigade.sampling_params import SamplingParams
 
 __all__ = ["PendingTokens", "SamplingRequestState", "SamplingMetadata", "build_sampling_metadata",
@@ -134,12 +135,7 @@ def build_sampling_metadata(reqs: list[SamplingRequestState], *, vocab_size: int
     random_params = [p for p, g in zip(params, greedy) if not g]
 
     def row_tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-        host = torch.tensor(values, dtype=dtype)
-        if device.type == "cuda":
-            # A pageable host-to-device copy waits for the whole stream; a pinned one does not, which keeps
-            # overlapped scheduling overlapped.
-            return host.pin_memory().to(device, non_blocking=True)
-        return host.to(device)
+        return to_device(torch.tensor(values, dtype=dtype), device)  # pinned on CUDA: keeps overlap overlapped
 
     temperature = None
     if any(p.temperature != 1.0 for p in random_params):
@@ -181,10 +177,8 @@ def _pending_rows(pending: PendingTokens | None, params: list[SamplingParams], n
     num_pending = [int(r is not None) for r in pending.rows]
     if not any(n and reads_output_tokens(p) for n, p in zip(num_pending, params)):
         return num_pending, None
-    index = torch.tensor([0 if r is None else r for r in pending.rows], dtype=torch.int64)
-    if device.type == "cuda":
-        index = index.pin_memory()
-    return num_pending, pending.token_ids[index.to(device, non_blocking=True)]
+    index = to_device(torch.tensor([0 if r is None else r for r in pending.rows], dtype=torch.int64), device)
+    return num_pending, pending.token_ids[index]
 
 
 def _maybe_build_penalties(reqs: list[SamplingRequestState], *, vocab_size: int, device: torch.device,
@@ -198,16 +192,16 @@ def _maybe_build_penalties(reqs: list[SamplingRequestState], *, vocab_size: int,
         return None
     presence = frequency = repetition = prompt_ids = None
     if use_additive:
-        presence = torch.tensor([p.presence_penalty for p in params], dtype=torch.float32).to(device)
-        frequency = torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32).to(device)
+        presence = to_device(torch.tensor([p.presence_penalty for p in params], dtype=torch.float32), device)
+        frequency = to_device(torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32), device)
     if use_repetition:
-        repetition = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32).to(device)
+        repetition = to_device(torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32), device)
         prompt_ids = build_padded_token_ids([r.prompt_token_ids for r in reqs], pad_id=vocab_size,
                                             device=device)
     counts = build_token_counts([r.output_token_ids for r in reqs], vocab_size=vocab_size, device=device)
     if pending_token_ids is not None:
         rows = [row for row, n in enumerate(num_pending) if n]
-        add_counts(counts, torch.tensor(rows, dtype=torch.int64).to(device), pending_token_ids)
+        add_counts(counts, to_device(torch.tensor(rows, dtype=torch.int64), device), pending_token_ids)
     return Penalties(presence_penalties=presence, frequency_penalties=frequency,
                      repetition_penalties=repetition, prompt_token_ids=prompt_ids,
                      output_token_counts=counts)

@@ -11,6 +11,8 @@ from itertools import chain
 
 import torch
 
+from brigade.sample.transfer import to_device
+
 __all__ = ["Penalties", "add_counts", "apply_penalties", "build_token_counts", "build_padded_token_ids"]
 
 
@@ -45,7 +47,7 @@ def build_token_counts(token_ids: list[list[int]], *, vocab_size: int, device: t
     flat = torch.tensor(list(chain.from_iterable(token_ids)), dtype=torch.int64)
     rows = torch.repeat_interleave(torch.arange(len(token_ids)), torch.tensor(lengths))
     ones = torch.ones(flat.numel(), dtype=torch.int32, device=device)
-    counts.index_put_((rows.to(device), flat.to(device)), ones, accumulate=True)
+    counts.index_put_((to_device(rows, device), to_device(flat, device)), ones, accumulate=True)
     return counts
 
 
@@ -71,7 +73,7 @@ def build_padded_token_ids(token_ids: list[list[int]], *, pad_id: int, device: t
     padded = [ids + [pad_id] * (max_len - len(ids)) for ids in token_ids]
     if max_len == 0:
         padded = [[pad_id] for _ in token_ids]
-    return torch.tensor(padded, dtype=torch.int64).to(device)
+    return to_device(torch.tensor(padded, dtype=torch.int64), device)
 
 
 def apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
