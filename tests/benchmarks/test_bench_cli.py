@@ -149,7 +149,7 @@ def test_throughput_repeats_interleave_rounds_and_report_medians(smollm2_path, t
     out = tmp_path / "repeats.json"
     proc = run_bench("throughput", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25", "--max-model-len", "2048",
                      "--num-prompts", "3", "--input-len", "8", "--output-len", "4", "--hf-peer", "generate",
-                     "--repeats", "3", "--output-json", str(out))
+                     "--repeats", "3", "--repetition-penalty-fraction", "0.34", "--output-json", str(out))
     assert "median of 3 interleaved rounds" in proc.stdout
     record = load(out)
     rounds = {name: record["results"][name]["rounds"] for name in ("brigade", "hf_generate")}
@@ -163,6 +163,9 @@ def test_throughput_repeats_interleave_rounds_and_report_medians(smollm2_path, t
                               for b, h in zip(rounds["brigade"], rounds["hf_generate"]))
     assert record["ratios"]["brigade/hf_generate/output_tokens_per_s"] == pytest.approx(per_round_ratios[1])
     assert record["config"]["benchmark"]["repeats"] == 3
+    # one of the three requests sampled with the default penalty, and still gave exactly its tokens
+    assert (record["config"]["benchmark"]["repetition_penalty_fraction"],
+            record["config"]["benchmark"]["repetition_penalty"]) == (0.34, 1.1)
 
 
 def test_serve_accepts_an_openai_base_url_ending_in_v1(smollm2_path, tmp_path, free_port):

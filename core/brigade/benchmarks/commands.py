@@ -132,6 +132,8 @@ def run_throughput(args: argparse.Namespace) -> int:
              "num_prompts": args.num_prompts, "seed": seed, "num_prompt_tokens": num_prompt,
              "num_output_tokens": num_output, "sampling": _SAMPLING, "hf_peer": args.hf_peer,
              "hf_batch_size": args.hf_batch_size or len(requests), "repeats": args.repeats,
+             "repetition_penalty_fraction": args.repetition_penalty_fraction,
+             "repetition_penalty": args.repetition_penalty if args.repetition_penalty_fraction else None,
              "warmup": "2 short requests, untimed"}
     record = rec.build_record("throughput", device=rec.device_info(platform.device_type, platform.name),
                               benchmark_config=bench, engine_config=comparison.engine_config, results=results,

@@ -121,7 +121,9 @@ def run_comparison(config, args, platform, seed: int, *, load_peer_model: Callab
     try:
         warm_up_brigade(llm, warm)
         for r in range(repeats):
-            figures = run_brigade_throughput(llm, request_sets[r], synchronize=platform.synchronize)
+            figures = run_brigade_throughput(llm, request_sets[r], synchronize=platform.synchronize,
+                                             repetition_penalty=args.repetition_penalty,
+                                             repetition_penalty_fraction=args.repetition_penalty_fraction)
             rounds[r]["brigade"] = {**figures.as_dict(), "load_average_after": rec.load_average()}
             if not modes:
                 continue

@@ -64,19 +64,30 @@ def warmup_requests(requests: list[SampleRequest], *, vocab_size: int, seed: int
                            seed=seed + WARMUP_SEED_OFFSET)
 
 
-def run_brigade_throughput(llm, requests: list[SampleRequest], *,
-                           synchronize: Callable[[], None]) -> ThroughputFigures:
+def penalized_rows(num_requests: int, fraction: float) -> list[bool]:
+    """Which of ``num_requests`` requests use the repetition penalty so that ``fraction`` of them do, spread
+    evenly (request i does when floor((i + 1) * fraction) > floor(i * fraction))."""
+    return [int((i + 1) * fraction) > int(i * fraction) for i in range(num_requests)]
+
+
+def run_brigade_throughput(llm, requests: list[SampleRequest], *, synchronize: Callable[[], None],
+                           repetition_penalty: float = 1.0,
+                           repetition_penalty_fraction: float = 0.0) -> ThroughputFigures:
     """Time one ``llm.generate`` over all requests (submitted together, continuous batching).
 
     Args:
         llm: a ``brigade.LLM``.
         requests: the request set; each generates exactly its ``output_len`` tokens (ignore_eos).
         synchronize: the platform's device synchronize, called before the clock starts and after it stops.
+        repetition_penalty, repetition_penalty_fraction: that share of the requests (``penalized_rows``) sample
+            with that penalty: what one request's feature costs the whole batch.
     Raises:
         RuntimeError: a request came back with a token count other than the one asked.
     """
     prompts = [r.prompt_token_ids for r in requests]
-    params = [bench_sampling_params(r.output_len) for r in requests]
+    penalized = penalized_rows(len(requests), repetition_penalty_fraction)
+    params = [bench_sampling_params(r.output_len, **({"repetition_penalty": repetition_penalty} if p else {}))
+              for r, p in zip(requests, penalized)]
     synchronize()
     start, cpu_start = time.perf_counter(), time.process_time()
     outputs = llm.generate(prompts, params, use_tqdm=False)

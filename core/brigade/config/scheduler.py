@@ -25,8 +25,9 @@ class SchedulerConfig:
     arrival, is preempted first)."""
     async_scheduling: bool | None = None
     """Schedule and launch step N+1 before step N's tokens reach the host, hiding host work behind the
-    device. None turns it on for GPUs. Requests whose sampling reads earlier outputs on the host
-    (penalties, bad words, min_tokens, grammars) still run step by step."""
+    device. None turns it on for GPUs. Penalties, bad words and min_tokens read the token still in flight on
+    the device, so they keep it on; while a request with a grammar runs, steps run one at a time (its matcher
+    needs the previous token on the host before the next bitmask)."""
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from brigade.interfaces import LogprobsLists
+from brigade.interfaces import LogprobsLists, SchedulerOutput
 
 
 class PromptLogprobsLedger:
@@ -29,3 +29,20 @@ class PromptLogprobsLedger:
     def forget(self, request_id: str) -> None:
         """The request finished."""
         self.num_sent.pop(request_id, None)
+
+
+def scheduled_num_computed(scheduler_output: SchedulerOutput, request_id: str) -> int:
+    """The request's computed tokens when ``scheduler_output`` was planned (before that step ran). A linear scan of
+    the step's requests: called only for the few requests that asked for prompt logprobs, in their prefill.
+
+    Raises:
+        KeyError: the request is not in the step.
+    """
+    for new in scheduler_output.scheduled_new_reqs:
+        if new.req_id == request_id:
+            return new.num_computed_tokens
+    cached = scheduler_output.scheduled_cached_reqs
+    for req_id, num_computed in zip(cached.req_ids, cached.num_computed_tokens):
+        if req_id == request_id:
+            return num_computed
+    raise KeyError(f"request {request_id} is not in the step")

@@ -75,12 +75,11 @@ class Request:
         self.num_output_placeholders = 0
         # Draft tokens proposed for the next step (speculative decoding); not part of all_token_ids.
         self.spec_token_ids: list[int] = []
-        # Whether this request may be scheduled before its previous token is known: its sampling must not
-        # read earlier output tokens on the host (penalties, bad words, min_tokens, grammars do).
-        p = sampling_params
-        self.overlap_safe = (p.presence_penalty == 0 and p.frequency_penalty == 0 and p.repetition_penalty == 1
-                             and not p.bad_words and p.min_tokens == 0 and p.structured_outputs is None
-                             and p.prompt_logprobs is None)
+        # Whether this request may be scheduled before its previous token is known. Penalties, bad words and
+        # min_tokens read the in-flight token on the device (sample.metadata.PendingTokens), prompt logprobs
+        # need nothing of it; a grammar must advance its matcher on the host with that token before the next
+        # step's bitmask exists, so it turns overlap off while it runs.
+        self.overlap_safe = sampling_params.structured_outputs is None
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest, max_model_len: int) -> Request:

@@ -24,7 +24,7 @@ from brigade.core.external_kv import ExternalKV
 from brigade.core.grammar_gate import VIOLATION_REASON, GrammarGate, GrammarVerdict
 from brigade.core.kv_cache_manager import KVCacheManager
 from brigade.core.lora_admission import LoRAAdmission
-from brigade.core.prompt_logprobs import PromptLogprobsLedger
+from brigade.core.prompt_logprobs import PromptLogprobsLedger, scheduled_num_computed
 from brigade.core.request import Request, RequestStatus
 from brigade.core.request_queue import make_request_queue
 from brigade.core.spec_drafts import SpecDrafts
@@ -358,8 +358,9 @@ class Scheduler:
         lists = runner_output.prompt_logprobs.get(request.request_id) if request is not None else None
         if lists is None:
             return None
-        num_scheduled = scheduler_output.num_scheduled_tokens[request.request_id]
-        first_token = request.num_computed_tokens - num_scheduled + 1  # the token of the first row
+        # From the step's own plan, not the request's live count: under overlapped scheduling the next step was
+        # scheduled (and the count advanced) before this one's output is read.
+        first_token = scheduled_num_computed(scheduler_output, request.request_id) + 1  # the token of the first row
         return self.prompt_logprobs.take_new(request.request_id, first_token, lists)
 
     def _maybe_advance_grammar(self, request: Request, token_ids: list[int]) -> None:

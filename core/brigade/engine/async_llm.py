@@ -81,7 +81,8 @@ class AsyncLLM:
             InvalidParamError: bad input (before anything is queued), or an adapter the engine does not serve.
             EngineDeadError: the engine died before or while serving the request.
             EngineRequestError: this request failed in the engine (a plugin's logits processor raised on it,
-                the message names it); the engine goes on serving the others.
+                the message names it) or in the front end (its output could not be detokenized or checked for
+                stop strings); the engine goes on serving the others.
             ValueError: a request with this id is already in flight.
         """
         await self.check_health()
@@ -112,10 +113,11 @@ class AsyncLLM:
                 output: RequestOutput = await q.get()
                 failed = [c for c in output.outputs if c.finish_reason == "error"]
                 if failed:
-                    finished = True
+                    finished = output.finished  # the request's other sequences, if any still run, are aborted
                     if self.errored or not isinstance(failed[0].stop_reason, str):
                         raise EngineDeadError(self.dead_error or "the engine failed")
-                    # This request failed in the engine (a plugin's logits processor raised); the engine lives.
+                    # This request failed (a plugin's logits processor raised in the engine, or detokenizing its
+                    # output raised here); the engine lives.
                     raise EngineRequestError(failed[0].stop_reason)
                 finished = output.finished
                 yield output

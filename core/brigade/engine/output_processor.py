@@ -2,11 +2,15 @@
 
 Per sequence it detokenizes, applies stop strings (asking the engine to abort the sequence when one
 matches), converts logprobs, and records timing. Per request it joins the n sequences back together
-according to the request's output kind.
+according to the request's output kind. An exception while doing so for one sequence (its tokenizer's decoder
+raising, say) fails that request only, as the engine fails a request whose logits processor raised: every one of
+its sequences finishes with finish_reason "error" and the message as stop_reason, the engine is asked to abort
+them, and the other requests go on.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +19,8 @@ from brigade.engine.detokenizer import IncrementalDetokenizer
 from brigade.interfaces import (CompletionOutput, EngineCoreOutput, FinishedRequestStats, FinishReason, IterationStats,
                                 Logprob, LogprobsLists, RequestOutput, SampleLogprobs)
 from brigade.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -140,16 +146,23 @@ class OutputProcessor:
         return ids
 
     def process_outputs(self, outputs: list[EngineCoreOutput], timestamp: float | None = None) -> ProcessedOutputs:
-        """Apply one step's engine outputs. Stop strings end sequences here; their ids come back to abort."""
+        """Apply one step's engine outputs. Stop strings end sequences here; their ids come back to abort, with
+        those of a request that failed here (``_fail_request``)."""
         now = time.time() if timestamp is None else timestamp
         stats, self._aborted_stats = self._aborted_stats, IterationStats()
         touched: dict[str, tuple[ParentState, SequenceState]] = {}
         to_abort: list[str] = []
+        failed: set[str] = set()  # requests failed here: their error output is sent
         for out in outputs:
             seq = self.sequences.get(out.request_id)
             if seq is None:
-                continue  # aborted by the front end meanwhile
-            self._update_sequence(seq, out, now, stats)
+                continue  # aborted by the front end (or failed here) meanwhile
+            try:
+                self._update_sequence(seq, out, now, stats)
+            except Exception as exc:  # this request's bug (its tokenizer's decoder, say); the others go on
+                to_abort.extend(self._fail_request(seq.parent, exc, now, stats))
+                failed.add(seq.parent.request_id)
+                continue
             if out.finish_reason is None and seq.finish_reason is not None:
                 to_abort.append(out.request_id)  # a stop string ended it here
             if seq.finish_reason is not None:
@@ -158,6 +171,8 @@ class OutputProcessor:
             touched[seq.parent.request_id + f"/{seq.index}"] = (seq.parent, seq)
         request_outputs = []
         for parent, seq in touched.values():
+            if parent.request_id in failed:
+                continue  # failed later in this step: its error output was sent
             output = self._maybe_output(parent, seq)
             if output is not None:
                 parent.sink(output)
@@ -165,6 +180,28 @@ class OutputProcessor:
             if parent.finished:
                 self.parents.pop(parent.request_id, None)
         return ProcessedOutputs(request_outputs, to_abort, stats)
+
+    def _fail_request(self, parent: ParentState, exc: Exception, now: float, stats: IterationStats) -> list[str]:
+        """Finish every unfinished sequence of ``parent`` with finish_reason "error" (the message, naming ``exc``,
+        as stop_reason), send its sink the final output and forget it. The caller's generate() raises
+        EngineRequestError with the message, as for a logits processor that failed in the engine.
+
+        Returns:
+            the engine ids of its sequences, to abort (an id the engine already finished is ignored there).
+        """
+        message = (f"request {parent.request_id} failed while its output was detokenized or checked for stop "
+                   f"strings: {type(exc).__name__}: {exc}")
+        logger.error("%s; the other requests go on", message, exc_info=exc)
+        for seq in parent.sequences:
+            if seq.finish_reason is None:
+                seq.finish_reason, seq.stop_reason = str(FinishReason.ERROR), message
+                self._record_finished(seq, now, stats)
+        engine_ids = self.engine_ids(parent.request_id)
+        for engine_id in engine_ids:
+            del self.sequences[engine_id]
+        self.parents.pop(parent.request_id, None)
+        parent.sink(self._make_output(parent, None))
+        return engine_ids
 
     def _update_sequence(self, seq: SequenceState, out: EngineCoreOutput, now: float, stats: IterationStats) -> None:
         if out.new_token_ids:

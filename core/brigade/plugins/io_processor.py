@@ -40,7 +40,8 @@ class IOProcessor(ABC):
         """Validate the plugin-specific body and build the prompts and sampling params.
 
         Raises:
-            ValueError: the body is malformed; the server answers 400 with the message.
+            InvalidParamError: a field's value is wrong; the server answers 400 naming its ``param``.
+            ValueError: the body is malformed; the server answers 400 with the message, naming ``data``.
         """
 
     @abstractmethod

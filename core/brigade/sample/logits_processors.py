@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from brigade.sample.transfer import to_device
 from brigade.sampling_params import InvalidParamError, SamplingParams
 
 if TYPE_CHECKING:
@@ -91,8 +92,8 @@ class AllowedTokenIdsLogitsProcessor(LogitsProcessor):
         self.forbidden = torch.ones(len(rows), metadata.vocab_size, dtype=torch.bool)
         for j, row in enumerate(rows):
             self.forbidden[j, metadata.params[row].allowed_token_ids] = False
-        self.forbidden = self.forbidden.to(device)
-        self.row_index = torch.tensor(rows, dtype=torch.int64).to(device)
+        self.forbidden = to_device(self.forbidden, device)
+        self.row_index = to_device(torch.tensor(rows, dtype=torch.int64), device)
 
     @classmethod
     def needs(cls, params: SamplingParams) -> bool:
@@ -112,7 +113,10 @@ class BadWordsLogitsProcessor(LogitsProcessor):
     """Forbid completing any bad word (vLLM semantics over ``params.bad_words_token_ids``).
 
     A one-token bad word is always masked. A word of n > 1 tokens has its last token masked when the
-    row's last n-1 output tokens equal its first n-1 tokens.
+    row's last n-1 output tokens equal its first n-1 tokens. Under overlapped scheduling the last of those may
+    be the row's pending token, still on the device (``SamplingMetadata.pending_token_ids``): the host checks
+    the n-2 tokens before it, and the device compares the pending token with the word's (n-1)-th, so the mask
+    is the one a step at a time would give, without waiting for the token.
     """
 
     name = "bad_words"
@@ -122,15 +126,30 @@ class BadWordsLogitsProcessor(LogitsProcessor):
         super().__init__(metadata)
         rows: list[int] = []
         cols: list[int] = []
+        # Words whose match hangs on the pending token: (row, token it must equal, token to mask).
+        pending: tuple[list[int], list[int], list[int]] = ([], [], [])
         for row in self.rows():
             output = metadata.output_token_ids[row]
+            has_pending = metadata.num_pending[row] > 0
             for word in metadata.params[row].bad_words_token_ids or ():
                 prefix_len = len(word) - 1
-                if prefix_len == 0 or (len(output) >= prefix_len and output[-prefix_len:] == word[:-1]):
+                if prefix_len == 0:
                     rows.append(row)
                     cols.append(word[-1])
-        self.rows_index = torch.tensor(rows, dtype=torch.int64).to(metadata.device)
-        self.cols_index = torch.tensor(cols, dtype=torch.int64).to(metadata.device)
+                elif not has_pending:
+                    if len(output) >= prefix_len and output[-prefix_len:] == word[:-1]:
+                        rows.append(row)
+                        cols.append(word[-1])
+                elif len(output) >= prefix_len - 1 and (prefix_len == 1 or output[-(prefix_len - 1):] == word[:-2]):
+                    for values, value in zip(pending, (row, word[-2], word[-1])):
+                        values.append(value)
+        device = metadata.device
+        self.rows_index = to_device(torch.tensor(rows, dtype=torch.int64), device)
+        self.cols_index = to_device(torch.tensor(cols, dtype=torch.int64), device)
+        self.pending = None
+        if pending[0]:
+            assert metadata.pending_token_ids is not None  # built for every row that reads its output tokens
+            self.pending = tuple(to_device(torch.tensor(v, dtype=torch.int64), device) for v in pending)
 
     @classmethod
     def needs(cls, params: SamplingParams) -> bool:
@@ -148,6 +167,12 @@ class BadWordsLogitsProcessor(LogitsProcessor):
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         logits[self.rows_index, self.cols_index] = _NEG_INF
+        if self.pending is not None:
+            rows, must_equal, masked = self.pending
+            matched = (self.metadata.pending_token_ids[rows] == must_equal).to(torch.int32)  # [W], on the device
+            hits = torch.zeros_like(logits, dtype=torch.int32)
+            hits.index_put_((rows, masked), matched, accumulate=True)  # a token two words mask is counted twice
+            logits.masked_fill_(hits > 0, _NEG_INF)
         return logits
 
 
@@ -167,9 +192,9 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
                 cols.append(int(token_id))
                 values.append(float(bias))
         device = metadata.device
-        self.index = (torch.tensor(rows, dtype=torch.int64).to(device),
-                      torch.tensor(cols, dtype=torch.int64).to(device))
-        self.values = torch.tensor(values, dtype=torch.float32).to(device)
+        self.index = (to_device(torch.tensor(rows, dtype=torch.int64), device),
+                      to_device(torch.tensor(cols, dtype=torch.int64), device))
+        self.values = to_device(torch.tensor(values, dtype=torch.float32), device)
 
     @classmethod
     def needs(cls, params: SamplingParams) -> bool:
@@ -195,7 +220,8 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
 
 
 class MinTokensLogitsProcessor(LogitsProcessor):
-    """Mask EOS and ``stop_token_ids`` while the row has fewer than ``min_tokens`` output tokens."""
+    """Mask EOS and ``stop_token_ids`` while the row has fewer than ``min_tokens`` output tokens (its pending
+    token, under overlapped scheduling, counted: only how many there are matters, not their values)."""
 
     name = "min_tokens"
 
@@ -205,12 +231,12 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         cols: list[int] = []
         for row in self.rows():
             params = metadata.params[row]
-            if len(metadata.output_token_ids[row]) < params.min_tokens:
+            if len(metadata.output_token_ids[row]) + metadata.num_pending[row] < params.min_tokens:
                 stop_ids = params.all_stop_token_ids(metadata.eos_token_ids[row])
                 rows.extend([row] * len(stop_ids))
                 cols.extend(sorted(stop_ids))
-        self.rows_index = torch.tensor(rows, dtype=torch.int64).to(metadata.device)
-        self.cols_index = torch.tensor(cols, dtype=torch.int64).to(metadata.device)
+        self.rows_index = to_device(torch.tensor(rows, dtype=torch.int64), metadata.device)
+        self.cols_index = to_device(torch.tensor(cols, dtype=torch.int64), metadata.device)
 
     @classmethod
     def needs(cls, params: SamplingParams) -> bool:
@@ -238,8 +264,8 @@ class MinPLogitsProcessor(LogitsProcessor):
         super().__init__(metadata)
         min_p = metadata.min_p
         if min_p is None:  # the metadata skipped it (no random row uses min_p): rebuild for this step
-            min_p = torch.tensor([p.min_p if self.needs(p) else 0.0 for p in metadata.params],
-                                 dtype=torch.float32).to(metadata.device)
+            min_p = to_device(torch.tensor([p.min_p if self.needs(p) else 0.0 for p in metadata.params],
+                                 dtype=torch.float32), metadata.device)
         self.min_p = min_p.unsqueeze(1)  # [B, 1]
 
     @classmethod

@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from brigade.sample.penalties import Penalties, build_padded_token_ids, build_token_counts
+from brigade.sample.penalties import Penalties, add_counts, build_padded_token_ids, build_token_counts
+from brigade.sample.transfer import to_device
 from brigade.sampling_params import SamplingParams
 
-__all__ = ["SamplingRequestState", "SamplingMetadata", "build_sampling_metadata"]
+__all__ = ["PendingTokens", "SamplingRequestState", "SamplingMetadata", "build_sampling_metadata",
+           "reads_output_tokens"]
 
 
 @dataclass(slots=True)
@@ -37,6 +39,27 @@ class SamplingRequestState:
 
 
 @dataclass(slots=True)
+class PendingTokens:
+    """The tokens of the step still in flight (overlapped scheduling): sampled, still on the device, not yet in
+    the rows' ``output_token_ids``. At most one per row, since one step is in flight at a time.
+
+    Attributes:
+        token_ids: [N] int64 on the sampling device, the last step's samples.
+        rows: per row of the batch, the index of its pending token in ``token_ids``, or None when it has none.
+    """
+
+    token_ids: torch.Tensor
+    rows: list[int | None]
+
+
+def reads_output_tokens(params: SamplingParams) -> bool:
+    """Whether sampling a row with these params reads its earlier output tokens (penalties, bad words of several
+    tokens, min_tokens): under overlapped scheduling it then needs the in-flight token (PendingTokens)."""
+    return (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0 or params.repetition_penalty != 1.0
+            or params.min_tokens > 0 or any(len(w) > 1 for w in params.bad_words_token_ids or ()))
+
+
+@dataclass(slots=True)
 class SamplingMetadata:
     """Batched sampling state for one step; B rows in the order of the logits.
 
@@ -54,6 +77,10 @@ class SamplingMetadata:
         penalties: penalty tensors, or None when no row uses a penalty.
         params: the rows' SamplingParams, for logits processors to build their state from.
         output_token_ids: the rows' live output id lists (bad words and min_tokens read them).
+        num_pending: per row, 1 when a token of the step in flight is not yet in its ``output_token_ids``, else 0;
+            min_tokens counts it, and the penalties and bad words read its value in ``pending_token_ids``.
+        pending_token_ids: [B] int64 on the device, each row's pending token (0 where ``num_pending`` is 0), or
+            None when no row has one or no row reads its output tokens.
         eos_token_ids: the rows' EOS id (or None).
         vocab_size: V, the logits' last dimension.
         device: where the logits live.
@@ -75,6 +102,8 @@ class SamplingMetadata:
     penalties: Penalties | None
     params: list[SamplingParams]
     output_token_ids: list[list[int]]
+    num_pending: list[int]
+    pending_token_ids: torch.Tensor | None
     eos_token_ids: list[int | None]
     vocab_size: int
     device: torch.device
@@ -87,14 +116,15 @@ class SamplingMetadata:
         return len(self.params)
 
 
-def build_sampling_metadata(reqs: list[SamplingRequestState], *, vocab_size: int,
-                            device: torch.device) -> SamplingMetadata:
+def build_sampling_metadata(reqs: list[SamplingRequestState], *, vocab_size: int, device: torch.device,
+                            pending: PendingTokens | None = None) -> SamplingMetadata:
     """Batch the rows' sampling parameters into tensors on ``device``.
 
     Args:
         reqs: one state per row, in the order of the logits' rows.
         vocab_size: V, the width of the logits.
         device: the logits' device; generators of seeded rows must live there too.
+        pending: the in-flight step's tokens of the rows (overlapped scheduling), or None when there is none.
 
     Returns: a SamplingMetadata whose unused features are None (no tensor built).
     """
@@ -105,12 +135,7 @@ def build_sampling_metadata(reqs: list[SamplingRequestState], *, vocab_size: int
     random_params = [p for p, g in zip(params, greedy) if not g]
 
     def row_tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-        host = torch.tensor(values, dtype=dtype)
-        if device.type == "cuda":
-            # A pageable host-to-device copy waits for the whole stream; a pinned one does not, which keeps
-            # overlapped scheduling overlapped.
-            return host.pin_memory().to(device, non_blocking=True)
-        return host.to(device)
+        return to_device(torch.tensor(values, dtype=dtype), device)  # pinned on CUDA: keeps overlap overlapped
 
     temperature = None
     if any(p.temperature != 1.0 for p in random_params):
@@ -131,18 +156,35 @@ def build_sampling_metadata(reqs: list[SamplingRequestState], *, vocab_size: int
                   if r.generator is not None and not g}
     asked = [p.logprobs for p in params if p.logprobs is not None]
     max_num_logprobs = max(asked) if asked else None
+    num_pending, pending_token_ids = _pending_rows(pending, params, len(reqs), device)
 
     return SamplingMetadata(
         temperature=temperature, all_greedy=all_greedy, all_random=all_random, is_greedy=is_greedy,
         top_p=top_p, top_k=top_k, min_p=min_p, generators=generators, max_num_logprobs=max_num_logprobs,
-        penalties=_maybe_build_penalties(reqs, vocab_size=vocab_size, device=device),
-        params=params, output_token_ids=[r.output_token_ids for r in reqs],
-        eos_token_ids=[r.eos_token_id for r in reqs], vocab_size=vocab_size, device=device)
+        penalties=_maybe_build_penalties(reqs, vocab_size=vocab_size, device=device, num_pending=num_pending,
+                                         pending_token_ids=pending_token_ids),
+        params=params, output_token_ids=[r.output_token_ids for r in reqs], num_pending=num_pending,
+        pending_token_ids=pending_token_ids, eos_token_ids=[r.eos_token_id for r in reqs], vocab_size=vocab_size,
+        device=device)
 
 
-def _maybe_build_penalties(reqs: list[SamplingRequestState], *, vocab_size: int,
-                           device: torch.device) -> Penalties | None:
-    """Build the penalty tensors only if some row uses a penalty; only the kinds that are used."""
+def _pending_rows(pending: PendingTokens | None, params: list[SamplingParams], num_rows: int,
+                  device: torch.device) -> tuple[list[int], torch.Tensor | None]:
+    """(num_pending per row, the rows' pending tokens gathered on the device or None). The gather is one small
+    index copy and one device gather, no host sync; it is skipped when no row reads its output tokens."""
+    if pending is None or not any(r is not None for r in pending.rows):
+        return [0] * num_rows, None
+    num_pending = [int(r is not None) for r in pending.rows]
+    if not any(n and reads_output_tokens(p) for n, p in zip(num_pending, params)):
+        return num_pending, None
+    index = to_device(torch.tensor([0 if r is None else r for r in pending.rows], dtype=torch.int64), device)
+    return num_pending, pending.token_ids[index]
+
+
+def _maybe_build_penalties(reqs: list[SamplingRequestState], *, vocab_size: int, device: torch.device,
+                           num_pending: list[int], pending_token_ids: torch.Tensor | None) -> Penalties | None:
+    """Build the penalty tensors only if some row uses a penalty; only the kinds that are used. The output
+    token counts include each row's pending token (overlapped scheduling), counted on the device."""
     params = [r.params for r in reqs]
     use_additive = any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params)
     use_repetition = any(p.repetition_penalty != 1.0 for p in params)
@@ -150,13 +192,16 @@ def _maybe_build_penalties(reqs: list[SamplingRequestState], *, vocab_size: int,
         return None
     presence = frequency = repetition = prompt_ids = None
     if use_additive:
-        presence = torch.tensor([p.presence_penalty for p in params], dtype=torch.float32).to(device)
-        frequency = torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32).to(device)
+        presence = to_device(torch.tensor([p.presence_penalty for p in params], dtype=torch.float32), device)
+        frequency = to_device(torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32), device)
     if use_repetition:
-        repetition = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32).to(device)
+        repetition = to_device(torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32), device)
         prompt_ids = build_padded_token_ids([r.prompt_token_ids for r in reqs], pad_id=vocab_size,
                                             device=device)
     counts = build_token_counts([r.output_token_ids for r in reqs], vocab_size=vocab_size, device=device)
+    if pending_token_ids is not None:
+        rows = [row for row, n in enumerate(num_pending) if n]
+        add_counts(counts, to_device(torch.tensor(rows, dtype=torch.int64), device), pending_token_ids)
     return Penalties(presence_penalties=presence, frequency_penalties=frequency,
                      repetition_penalties=repetition, prompt_token_ids=prompt_ids,
                      output_token_counts=counts)

@@ -11,7 +11,9 @@ from itertools import chain
 
 import torch
 
-__all__ = ["Penalties", "apply_penalties", "build_token_counts", "build_padded_token_ids"]
+from brigade.sample.transfer import to_device
+
+__all__ = ["Penalties", "add_counts", "apply_penalties", "build_token_counts", "build_padded_token_ids"]
 
 
 @dataclass(slots=True)
@@ -45,8 +47,21 @@ def build_token_counts(token_ids: list[list[int]], *, vocab_size: int, device: t
     flat = torch.tensor(list(chain.from_iterable(token_ids)), dtype=torch.int64)
     rows = torch.repeat_interleave(torch.arange(len(token_ids)), torch.tensor(lengths))
     ones = torch.ones(flat.numel(), dtype=torch.int32, device=device)
-    counts.index_put_((rows.to(device), flat.to(device)), ones, accumulate=True)
+    counts.index_put_((to_device(rows, device), to_device(flat, device)), ones, accumulate=True)
     return counts
+
+
+def add_counts(counts: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
+    """Count one more token in each of ``rows``: ``counts[r, token_ids[r]] += 1`` for r in rows, on the device
+    (the tokens of a step still in flight under overlapped scheduling, never read on the host).
+
+    Args:
+        counts: [B, V] int32, updated in place.
+        rows: [R] int64 row indices, on ``counts``' device, each at most once.
+        token_ids: [B] int64, per row its token (read only at ``rows``).
+    """
+    ones = torch.ones(rows.numel(), dtype=counts.dtype, device=counts.device)
+    counts.index_put_((rows, token_ids[rows]), ones, accumulate=True)
 
 
 def build_padded_token_ids(token_ids: list[list[int]], *, pad_id: int, device: torch.device) -> torch.Tensor:
@@ -58,7 +73,7 @@ def build_padded_token_ids(token_ids: list[list[int]], *, pad_id: int, device: t
     padded = [ids + [pad_id] * (max_len - len(ids)) for ids in token_ids]
     if max_len == 0:
         padded = [[pad_id] for _ in token_ids]
-    return torch.tensor(padded, dtype=torch.int64).to(device)
+    return to_device(torch.tensor(padded, dtype=torch.int64), device)
 
 
 def apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:

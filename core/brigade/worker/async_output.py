@@ -15,6 +15,7 @@ from collections import deque
 import torch
 
 from brigade.interfaces import LogprobsLists, ModelRunnerOutput
+from brigade.sample.metadata import PendingTokens
 from brigade.sample.sampler import SamplerOutput
 from brigade.worker.input_batch import StepInputs
 from brigade.worker.request_states import RequestStates
@@ -115,6 +116,15 @@ class InFlightSamples:
                                [requests[rid].sampling.params.logprobs for rid in sampling_req_ids], output)
         self.unapplied.append(result)
         return result
+
+    def pending_for(self, req_ids: list[str], requests: RequestStates) -> PendingTokens | None:
+        """The rows' tokens of the step in flight, for sampling that reads earlier output tokens (penalties,
+        bad words, min_tokens); None when no row of ``req_ids`` has one. A request has at most one pending token
+        (one step is in flight at a time), and it is in ``last``."""
+        if self.last is None or not self.unapplied:  # every sampled token is in the states already
+            return None
+        rows = [self.rows.get(rid) if requests[rid].num_pending else None for rid in req_ids]
+        return PendingTokens(self.last, rows) if any(r is not None for r in rows) else None
 
     def forget_last(self) -> None:
         """No step reads the last samples any more (a verification step emitted its tokens on the host)."""

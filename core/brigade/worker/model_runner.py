@@ -233,7 +233,8 @@ class ModelRunner:
             output.failures.update({rid: RequestFailure(why, ran=True) for rid, why in verified.errors.items()})
             return ReadyOutput(output)
         rows = [self.requests[rid].sampling for rid in sampling_req_ids]
-        samples, errors = self.sample(logits, rows, sampling_req_ids, scheduler_output)
+        samples, errors = self.sample(logits, rows, sampling_req_ids, scheduler_output,
+                                      self.in_flight.pending_for(sampling_req_ids, self.requests))
         output.failures.update({rid: RequestFailure(why, ran=True) for rid, why in errors.items()})
         return self.in_flight.launch(samples, self.requests, batch.req_ids, sampling_req_ids, output)
 

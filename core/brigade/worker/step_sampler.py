@@ -12,7 +12,7 @@ import torch
 
 from brigade.interfaces import SchedulerOutput
 from brigade.plugins import registries
-from brigade.sample.metadata import SamplingRequestState, build_sampling_metadata
+from brigade.sample.metadata import PendingTokens, SamplingRequestState, build_sampling_metadata
 from brigade.sample.sampler import Sampler, SamplerOutput
 
 
@@ -53,10 +53,12 @@ class StepSampler:
         self.device = device
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRequestState], req_ids: list[str],
-                 scheduler_output: SchedulerOutput) -> tuple[SamplerOutput, dict[str, str]]:
-        """Sample ``logits`` ([len(rows), vocab]) with each row's sampling state; returns the samples (left on
-        the device) and the requests a plugin's logits processor failed on (id -> the error line)."""
-        metadata = build_sampling_metadata(rows, vocab_size=logits.shape[-1], device=self.device)
+                 scheduler_output: SchedulerOutput, pending: PendingTokens | None = None
+                 ) -> tuple[SamplerOutput, dict[str, str]]:
+        """Sample ``logits`` ([len(rows), vocab]) with each row's sampling state (and its token of the step in
+        flight, ``pending``); returns the samples (left on the device) and the requests a plugin's logits
+        processor failed on (id -> the error line)."""
+        metadata = build_sampling_metadata(rows, vocab_size=logits.shape[-1], device=self.device, pending=pending)
         metadata.grammar_bitmask = grammar_bitmask(scheduler_output, req_ids, self.device)
         out = self.sampler(logits, metadata)
         return out, row_errors(req_ids, metadata.processor_errors)

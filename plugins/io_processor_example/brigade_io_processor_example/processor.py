@@ -8,10 +8,10 @@ from typing import Any
 
 from brigade.interfaces import RequestOutput
 from brigade.plugins.io_processor import IOProcessor, IOProcessorRequest
-from brigade.sampling_params import SamplingParams
+from brigade.sampling_params import InvalidParamError, SamplingParams
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-_PARAM_FIELDS = {"max_tokens": int, "temperature": float, "top_p": float, "seed": int}
+_PARAM_FIELDS = ("max_tokens", "temperature", "top_p", "seed")
 
 
 def split_sentences(text: str) -> list[str]:
@@ -44,9 +44,11 @@ class StructuredTextProcessor(IOProcessor):
         params = data.get("params", {})
         if not isinstance(params, dict) or set(params) - set(_PARAM_FIELDS):
             raise ValueError(f'"params" may hold only {sorted(_PARAM_FIELDS)}')
-        kwargs = {k: _PARAM_FIELDS[k](v) for k, v in params.items()}
-        kwargs.setdefault("max_tokens", 64)
-        return IOProcessorRequest(prompts=list(texts), sampling_params=SamplingParams(**kwargs))
+        try:  # SamplingParams checks each value's type and range (no coercion: "5" or [1] is refused)
+            sampling_params = SamplingParams(**{"max_tokens": 64, **params})
+        except InvalidParamError as exc:
+            raise InvalidParamError(f"params.{exc.param}: {exc}", param=f"params.{exc.param}") from None
+        return IOProcessorRequest(prompts=list(texts), sampling_params=sampling_params)
 
     def post_process(self, request: IOProcessorRequest, outputs: list[RequestOutput]) -> dict[str, Any]:
         if len(outputs) != len(request.prompts):

@@ -93,6 +93,22 @@ def _seconds(text: str) -> float:
     return _positive_float(text, "seconds")
 
 
+def _fraction(text: str) -> float:
+    """argparse type: a share in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a share between 0 and 1, e.g. 0.1, got {text!r}")
+    return value
+
+
+def _penalty(text: str) -> float:
+    """argparse type: a repetition penalty (positive; 1 is none)."""
+    return _positive_float(text, "(1 is no penalty)")
+
+
 def _base_url(text: str) -> str:
     """argparse type: the server's root URL, ``http(s)://HOST[:PORT]``. A trailing ``/v1`` (the usual OpenAI
     base URL) is dropped, as the benchmark adds ``/v1/...`` itself; any other path is refused."""
@@ -170,6 +186,11 @@ def _add_throughput_parser(commands, plugin_choices: Mapping[str, Sequence[str]]
     t.add_argument("--repeats", type=_positive_int, default=1,
                    help="alternate Brigade and the peers for this many rounds (fresh prompts each) and report "
                         "medians; both stay loaded, so on a GPU lower --gpu-memory-utilization (default 1)")
+    t.add_argument("--repetition-penalty-fraction", type=_fraction, default=0.0, metavar="FRACTION",
+                   help="share of Brigade's requests that sample with --repetition-penalty, spread evenly over the "
+                        "set (default 0): what one request's penalty costs the whole batch")
+    t.add_argument("--repetition-penalty", type=_penalty, default=1.1,
+                   help="the penalty those requests use (default %(default)s)")
     _add_output_args(t)
     _add_engine_args(t, plugin_choices)
     t.set_defaults(run=_one_line_config_errors(_run_throughput, t))

@@ -102,6 +102,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         h.add_argument(flag, type=_json_string_list(flag), default=["*"], metavar="JSON",
                        help=f'CORS: the {what} browsers may use, a JSON list of strings (default ["*"])')
     h.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (cookies, auth)")
+    h.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                   help="serve GET /tokenizer_info (vLLM's): the tokenizer's class, its config and the chat template, "
+                        "which lm-eval's remote tokenizer reads; off by default, as it may expose the chat template")
     h.add_argument("--disable-fastapi-docs", action="store_true",
                    help="do not serve /docs, /redoc and /openapi.json (FastAPI's pages load their scripts from "
                         "cdn.jsdelivr.net, so they are blank without internet access; /openapi.json is local)")
@@ -158,7 +161,8 @@ def settings_from_args(args: argparse.Namespace):
                           shutdown_timeout_s=args.shutdown_timeout,
                           allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,
                           allowed_headers=args.allowed_headers, allow_credentials=args.allow_credentials,
-                          fastapi_docs=not args.disable_fastapi_docs, **stats)
+                          fastapi_docs=not args.disable_fastapi_docs,
+                          tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint, **stats)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,9 +2,10 @@
 
 The API server process only parses, renders chat templates, tokenizes and streams; the EngineCore runs
 in its own process behind AsyncLLM, so no route ever waits on model work. Routes (``routes``; docs/server.md):
-/v1/completions, /v1/chat/completions, /v1/models and /v1/models/{id} (API key checked on /v1/*), and /health,
-/version, /tokenize, /detokenize, /metrics. With ``--enable-lora`` and BRIGADE_ALLOW_RUNTIME_LORA_UPDATING, also
-vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (``runtime_lora``). Endpoint plugins the operator allowed
+/v1/completions, /v1/chat/completions, /v1/models and /v1/models/{id}, and /health, /version, /tokenize,
+/detokenize, /metrics; /tokenizer_info with ``--enable-tokenizer-info-endpoint``; /pooling with an IO processor. The API key is checked on /v1/* and /pooling. With
+``--enable-lora`` and BRIGADE_ALLOW_RUNTIME_LORA_UPDATING, also vLLM's /v1/load_lora_adapter and
+/v1/unload_lora_adapter (``runtime_lora``). Endpoint plugins the operator allowed
 are mounted last. CORS preflights are answered with vLLM's defaults (any origin, method and header; no credentials).
 """
 
@@ -87,10 +88,16 @@ class ServerSettings:
     """CORS ``--allow-credentials``."""
     fastapi_docs: bool = True
     """Serve /docs, /redoc and /openapi.json (off with vLLM's ``--disable-fastapi-docs``)."""
+    tokenizer_info_endpoint: bool = False
+    """Serve GET /tokenizer_info (vLLM's ``--enable-tokenizer-info-endpoint``)."""
+
+
+GUARDED_PATHS = ("/pooling",)
+"""Paths outside /v1 that --api-key guards too: they run model work (docs/server.md, "API key")."""
 
 
 class APIKeyMiddleware:
-    """Pure ASGI middleware: 401 in OpenAI's shape for /v1/* without the right Bearer key.
+    """Pure ASGI middleware: 401 in OpenAI's shape for /v1/* and GUARDED_PATHS without the right Bearer key.
 
     Pure ASGI (not BaseHTTPMiddleware) so streaming bodies and disconnect messages pass through untouched.
     The scheme is case-insensitive (RFC 7235: ``bearer`` works, as in vLLM). The key is compared through the
@@ -107,7 +114,7 @@ class APIKeyMiddleware:
         return hmac.compare_digest(digest, self.expected_digest) and scheme.lower() == b"bearer"
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and _guarded(scope["path"]):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not self._authorized(given):
                 error = OpenAIError.unauthorized()
@@ -116,6 +123,11 @@ class APIKeyMiddleware:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _guarded(path: str) -> bool:
+    """Whether ``path`` needs the API key: /v1/* (as in vLLM) and GUARDED_PATHS."""
+    return path.startswith("/v1") or path in GUARDED_PATHS
 
 
 def _plugin_stat_loggers(config: BrigadeConfig) -> list[StatLoggerBase]:
@@ -155,12 +167,13 @@ def build_app(engine: AsyncLLM, config: BrigadeConfig, settings: ServerSettings)
     app.state.drain = drain
     mount_system_routes(app, engine, stat_logger)
     mount_model_routes(app, engine, config, adapters)
-    mount_generation_routes(app, completion, chat, OpenAIServingTokenization(chat))
+    mount_generation_routes(app, completion, chat, OpenAIServingTokenization(chat),
+                            tokenizer_info=settings.tokenizer_info_endpoint)
     schemas = [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest]
     if runtime_lora_updating(config):
         mount_runtime_lora(app, engine)
         schemas += [LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest]
-    mount_io_processor(app, engine, config)
+    mount_io_processor(app, engine, config, **common)
     mount_endpoint_plugins(app)
     install_request_schemas(app, schemas)
     return app

@@ -100,8 +100,9 @@ def mount_model_routes(app: FastAPI, engine: AsyncLLM, config: BrigadeConfig,
 
 
 def mount_generation_routes(app: FastAPI, completion: OpenAIServingCompletion, chat: OpenAIServingChat,
-                            tokenization: OpenAIServingTokenization) -> None:
-    """POST /v1/completions, /v1/chat/completions, /tokenize and /detokenize, each body parsed by its model."""
+                            tokenization: OpenAIServingTokenization, *, tokenizer_info: bool = False) -> None:
+    """POST /v1/completions, /v1/chat/completions, /tokenize and /detokenize, each body parsed by its model; with
+    ``tokenizer_info`` (``--enable-tokenizer-info-endpoint``), GET /tokenizer_info too."""
 
     @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(raw_request: Request) -> Response:
@@ -122,17 +123,24 @@ def mount_generation_routes(app: FastAPI, completion: OpenAIServingCompletion, c
         result = await tokenization.detokenize(await parse_request(raw_request, DetokenizeRequest))
         return json_response(result)
 
+    if tokenizer_info:
+        @app.get("/tokenizer_info")
+        async def get_tokenizer_info() -> Response:
+            return JSONResponse(tokenization.tokenizer_info())
 
-def mount_io_processor(app: FastAPI, engine: AsyncLLM, config: BrigadeConfig) -> None:
-    """Serve POST /pooling through the selected IO-processor plugin, if the model has one."""
-    from brigade.entrypoints.openai.serving_io_processor import io_processor_router
+
+def mount_io_processor(app: FastAPI, engine: AsyncLLM, config: BrigadeConfig, **serving_kwargs) -> None:
+    """Serve POST /pooling through the selected IO-processor plugin, if the model has one.
+
+    ``serving_kwargs``: the OpenAIServing arguments the other routes get (tokenizer thread, drain, ...)."""
+    from brigade.entrypoints.openai.serving_io_processor import OpenAIServingIOProcessor, io_processor_router
     from brigade.plugins import registries
     from brigade.plugins.io_processor import get_io_processor
 
     processor = get_io_processor(config.model_config, registries, engine.hf_config)
     if processor is not None:
         logger.info("IO processor %s serves POST /pooling", type(processor).__name__)
-        app.include_router(io_processor_router(engine, processor))
+        app.include_router(io_processor_router(OpenAIServingIOProcessor(engine, processor, **serving_kwargs)))
 
 
 def mount_endpoint_plugins(app: FastAPI) -> list[str]:

@@ -1,6 +1,10 @@
-"""POST /tokenize and POST /detokenize: the server's tokenizer and chat template, as vLLM exposes them."""
+"""POST /tokenize, POST /detokenize and GET /tokenizer_info: the server's tokenizer and chat template, as vLLM
+exposes them."""
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 from brigade.entrypoints.openai.chat_template import refuse_request_chat_template
 from brigade.entrypoints.openai.errors import OpenAIError
@@ -46,3 +50,41 @@ class OpenAIServingTokenization:
         self.chat.require_tokenizer("/detokenize", "tokens", "it cannot turn ids into text")
         text = await self.chat.run_tokenizer(self.chat.tokenizer.decode, request.tokens)
         return DetokenizeResponse(prompt=text)
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        """vLLM's /tokenizer_info body: the tokenizer's init kwargs (its tokenizer_config.json as loaded: special
+        tokens as their text, ``model_max_length``, ``added_tokens_decoder`` ...) less the fields that name files,
+        plus ``tokenizer_class`` (the loaded class's name) and ``chat_template`` (the template chat requests are
+        rendered with: ``--chat-template`` if given, else the tokenizer's; absent when there is none).
+
+        Raises:
+            OpenAIError: 400 on a server without a tokenizer.
+        """
+        self.chat.require_tokenizer("/tokenizer_info", None, "this server only takes and returns token ids")
+        tokenizer = self.chat.tokenizer
+        config = {key: _json_value(value) for key, value in (getattr(tokenizer, "init_kwargs", None) or {}).items()
+                  if not key.endswith("_file")}  # vocab_file, merges_file, tokenizer_file: paths on the server
+        config["tokenizer_class"] = type(tokenizer).__name__
+        template = self.chat.chat_template or getattr(tokenizer, "chat_template", None)
+        if isinstance(template, str) and template:
+            config["chat_template"] = template
+        else:
+            config.pop("chat_template", None)
+        return config
+
+
+def _json_value(value: Any) -> Any:
+    """``value`` as JSON can carry it: an AddedToken as its text (vLLM does the same), containers element-wise,
+    dict keys as strings, anything else that JSON has no type for as its ``str``."""
+    if hasattr(value, "content"):
+        return value.content
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no inf or nan
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
