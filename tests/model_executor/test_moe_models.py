@@ -38,6 +38,16 @@ CASES = {
 SPARSE_LAYERS = {"mixtral": [0, 1, 2], "qwen2-moe": [0, 2], "qwen3-moe": [1]}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: transformers' MoE adds each expert's output with ``index_add_``, whose parallel CPU
+    kernel takes tens of milliseconds per call on a busy two-core machine, against microseconds on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_transformers_through_paged_cache(case, tmp_path, paged_steps_for, save_random_hf_model):
     path = save_random_hf_model(tmp_path / case, CASES[case]())

@@ -133,20 +133,26 @@ def fused_moe_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
     """
     num_tokens, top_k = topk_ids.shape
     num_experts, inter = w2.shape[0], w2.shape[2]
-    out = torch.zeros(num_tokens, x.shape[1], dtype=torch.float32, device=x.device)
     flat_ids = topk_ids.reshape(-1).long()  # [T*k]: assignment a = token * k + slot
     order = torch.argsort(flat_ids, stable=True)  # assignments grouped by expert
     counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
     flat_weights = topk_weights.reshape(-1)
+    # Each assignment's weighted output, then the sum per token. (Not index_add_ into the output: its CPU kernel
+    # measured 45 ms per call on a busy two-core machine, against microseconds for a plain indexed store.)
+    per_assignment = torch.empty(num_tokens * top_k, x.shape[1], dtype=torch.float32, device=x.device)
     start = 0
     for expert, count in enumerate(counts):
         if count == 0:
             continue
         assignments = order[start:start + count]
         start += count
-        tokens = assignments // top_k
-        gate_up = F.linear(x[tokens], w13[expert])  # [n, 2I]
+        gate_up = F.linear(x[assignments // top_k], w13[expert])  # [n, 2I]
         act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = F.linear(act, w2[expert])  # [n, H]
-        out.index_add_(0, tokens, y.float() * flat_weights[assignments, None])
+        per_assignment[assignments] = F.linear(act, w2[expert]).float() * flat_weights[assignments, None]
+    # Add each token's experts in increasing expert id, the order transformers adds them in.
+    by_expert = per_assignment.view(num_tokens, top_k, -1)[
+        torch.arange(num_tokens, device=x.device)[:, None], topk_ids.argsort(dim=1)]  # [T, k, H]
+    out = torch.zeros(num_tokens, x.shape[1], dtype=torch.float32, device=x.device)
+    for slot in range(top_k):
+        out += by_expert[:, slot]
     return out.to(x.dtype)
