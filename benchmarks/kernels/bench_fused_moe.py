@@ -45,7 +45,7 @@ from brigade_cuda.ops.fused_moe import MoETile, fused_moe, pick_tile, tile_key
 # name -> (experts, hidden, intermediate, top_k), from benchmarks/configs/<name>/config.json
 SHAPES = {"mixtral-8x7b": (8, 4096, 14336, 2), "qwen3-30b-a3b": (128, 2048, 768, 8)}
 TUNE_GRID = [MoETile(bm, bn, bk, gm, 4 if bm * bn <= 4096 else 8, st) for bm, bn, bk, gm, st in itertools.product(
-    [16, 32, 64, 128], [64, 128], [64, 128], [1, 8], [3, 4])]
+    [16, 32, 64, 128], [32, 64, 128], [64, 128], [1, 8], [3, 4])]
 DTYPE = torch.bfloat16
 
 

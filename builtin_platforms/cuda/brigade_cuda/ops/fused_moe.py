@@ -230,12 +230,14 @@ def _moe_down_kernel(a_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_ids_ptr, ex
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-def default_tile(num_tokens: int, top_k: int, num_experts: int) -> MoETile:
+def default_tile(num_tokens: int, top_k: int, num_experts: int, inter: int = 0) -> MoETile:
     """The tile for a shape the table lacks: ``BLOCK_M`` grows with the mean tokens per expert, so a decode step
-    (a few tokens per expert) runs blocks of 16 rows, one per active expert, and a long prefill 128-row blocks."""
+    (a few tokens per expert) runs blocks of 16 rows, one per active expert, and a long prefill 128-row blocks.
+    Narrow experts (``inter`` up to 1024) decode with 32 columns per program, so that the few active experts
+    still give the GPU's SMs enough programs."""
     per_expert = num_tokens * top_k / num_experts
     if per_expert <= 16:
-        return MoETile(16, 64, 128, 1, 4, 4)
+        return MoETile(16, 32 if 0 < inter <= 1024 else 64, 128, 1, 4, 4)
     if per_expert <= 64:
         return MoETile(32, 64, 128, 8, 4, 4)
     if per_expert <= 256:
@@ -261,7 +263,7 @@ def pick_tile(num_tokens: int, num_experts: int, hidden: int, inter: int, top_k:
     them), else ``default_tile``."""
     by_tokens = tile_table().get(tile_key(num_experts, hidden, inter, top_k))
     if not by_tokens:
-        return default_tile(num_tokens, top_k, num_experts)
+        return default_tile(num_tokens, top_k, num_experts, inter)
     fitting = [t for t in by_tokens if t >= num_tokens]
     return by_tokens[min(fitting) if fitting else max(by_tokens)]
 
