@@ -18,10 +18,11 @@ _INTERPRETED = r"""
 import torch
 from brigade.model_executor.layers.fused_moe import fused_moe_reference
 from brigade.model_executor.layers.moe_router import select_experts
-from brigade_cuda.ops.fused_moe import MoETile, fused_moe, moe_align_block_size
+from brigade_cuda.ops.fused_moe import MoETile, fused_moe, moe_align_block_size, pick_tile
 
 
 def check(num_tokens, num_experts, top_k, hidden, inter, tile, seed=0):
+    tile = tile or pick_tile(num_tokens, num_experts, hidden, inter, top_k)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(num_tokens, hidden, generator=gen)
     w13 = torch.randn(num_experts, 2 * inter, hidden, generator=gen) / hidden ** 0.5
@@ -37,7 +38,8 @@ def check(num_tokens, num_experts, top_k, hidden, inter, tile, seed=0):
         rows = sorted_ids[block * tile.block_m:(block + 1) * tile.block_m]
         rows = rows[rows < padding].long()
         assert len(rows) and (flat[rows] == expert_ids[block]).all()  # no empty block; one expert per block
-    got = fused_moe(x, w13, w2, weights, ids, tile=tile)
+    got = fused_moe(x, w13, w2, weights, ids, tile=None if tile == pick_tile(num_tokens, num_experts, hidden, inter,
+                                                                              top_k) else tile)
     want = fused_moe_reference(x, w13, w2, weights, ids)
     err = ((got - want).norm() / want.norm()).item()
     assert err < 1e-5, (num_tokens, num_experts, top_k, err)
@@ -48,6 +50,7 @@ check(7, 8, 2, 64, 48, MoETile(16, 32, 32, 1, 4, 1))
 check(37, 6, 3, 40, 24, MoETile(16, 16, 16, 4, 4, 1))  # K and N not multiples of the tile
 check(50, 16, 4, 32, 32, MoETile(32, 32, 16, 2, 4, 1))
 check(3, 32, 8, 32, 16, MoETile(16, 16, 32, 1, 4, 1))  # more experts than assignments
+check(40, 4, 2, 64, 64, None)  # the tile pick_tile chooses (32 rows)
 print("OK")
 """
 

@@ -231,16 +231,17 @@ def _moe_down_kernel(a_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_ids_ptr, ex
 
 
 def default_tile(num_tokens: int, top_k: int, num_experts: int, inter: int = 0) -> MoETile:
-    """The tile for a shape the table lacks: ``BLOCK_M`` grows with the mean tokens per expert, so a decode step
-    (a few tokens per expert) runs blocks of 16 rows, one per active expert, and a long prefill 128-row blocks.
-    Narrow experts (``inter`` up to 1024) decode with 32 columns per program, so that the few active experts
-    still give the GPU's SMs enough programs."""
-    per_expert = num_tokens * top_k / num_experts
-    if per_expert <= 16:
+    """The tile for a shape the table lacks. ``BLOCK_M`` covers twice the mean tokens per expert (routes are
+    uneven), so that up to that many tokens an expert's weights are read once: a decode step runs blocks of 16
+    rows, one per active expert; a long prefill 128-row blocks, where the GEMMs are compute-bound. Narrow experts
+    (``inter`` up to 1024) decode with 32 columns per program, so that the few active experts still give the SMs
+    enough programs. The gate/up kernel holds two accumulators, hence at most 64 columns beside 128 rows."""
+    busiest = 2 * num_tokens * top_k / num_experts
+    if busiest <= 16:
         return MoETile(16, 32 if 0 < inter <= 1024 else 64, 128, 1, 4, 4)
-    if per_expert <= 64:
+    if busiest <= 32:
         return MoETile(32, 64, 128, 8, 4, 4)
-    if per_expert <= 256:
+    if busiest <= 64:
         return MoETile(64, 128, 64, 8, 4, 4)
     return MoETile(128, 64, 64, 8, 8, 4)
 
