@@ -143,7 +143,8 @@ def _config(path, **kwargs) -> BrigadeConfig:
     ("qwen3-moe", {"topk_method": "group_limited_greedy", "n_group": 4}, {},
      "Qwen3Moe: grouped or 'group_limited_greedy' expert selection is not supported"),
     ("qwen2-moe", {"hidden_act": "gelu"}, {}, "Qwen2Moe: experts with activation 'gelu' are not supported"),
-    ("mixtral", {"num_experts_per_tok": 5}, {}, "num_experts_per_tok 5 must be between 1 and the number of experts (4)"),
+    ("mixtral", {"num_experts_per_tok": 5}, {},
+     "num_experts_per_tok 5 must be between 1 and the number of experts (4)"),
     ("qwen2-moe", {}, {"parallel_config": ParallelConfig(tensor_parallel_size=4)}, None),
     ("qwen2-moe", {}, {"lora_config": LoRAConfig()}, "Qwen2Moe: LoRA on mixture-of-experts models is not supported"),
 ])

@@ -31,9 +31,9 @@ _OPS = "brigade_cuda.ops.custom_ops:"
 
 @hookimpl
 def register_kernels(register) -> None:
-    """The fused Triton ops on the ``CustomOp`` seam (the fused mixture-of-experts among them), the skinny GEMM / one-row GEMV with the SiLU-and-mul,
-    residual-add and RMSNorm folds on the dense-GEMM seam, and the fused sampler; the A/B switches of
-    ``brigade_cuda.envs`` (read here, at start-up) leave some of them out."""
+    """The fused Triton ops on the ``CustomOp`` seam (the fused mixture of experts among them), the skinny GEMM /
+    one-row GEMV with the SiLU-and-mul, residual-add and RMSNorm folds on the dense-GEMM seam, and the fused
+    sampler; the A/B switches of ``brigade_cuda.envs`` (read here, at start-up) leave some of them out."""
     from brigade_cuda import envs
 
     register("rms_norm", "cuda", _OPS + "rms_norm_cuda")
