@@ -31,14 +31,15 @@ _OPS = "brigade_cuda.ops.custom_ops:"
 
 @hookimpl
 def register_kernels(register) -> None:
-    """The fused Triton ops on the ``CustomOp`` seam, the skinny GEMM / one-row GEMV with the SiLU-and-mul,
-    residual-add and RMSNorm folds on the dense-GEMM seam, and the fused sampler; the A/B switches of
-    ``brigade_cuda.envs`` (read here, at start-up) leave some of them out."""
+    """The fused Triton ops on the ``CustomOp`` seam (the fused mixture of experts among them), the skinny GEMM /
+    one-row GEMV with the SiLU-and-mul, residual-add and RMSNorm folds on the dense-GEMM seam, and the fused
+    sampler; the A/B switches of ``brigade_cuda.envs`` (read here, at start-up) leave some of them out."""
     from brigade_cuda import envs
 
     register("rms_norm", "cuda", _OPS + "rms_norm_cuda")
     register("silu_and_mul", "cuda", _OPS + "silu_and_mul_cuda")
     register("rotary_embedding", "cuda", _OPS + "rotary_embedding_cuda")
+    register("fused_moe", "cuda", "brigade_cuda.ops.fused_moe:fused_moe_cuda")
     if envs.BRIGADE_CUDA_FUSED_SAMPLER:  # off: the Sampler's tensor ops (A/B)
         register("fused_sampler", "cuda", "brigade_cuda.ops.sampling:fused_sample")
     if envs.BRIGADE_CUDA_SKINNY_GEMM:  # off: cuBLAS for every shape (A/B)

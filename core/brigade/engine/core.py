@@ -24,17 +24,19 @@ logger = logging.getLogger("brigade.engine")
 
 
 def prepare_config(config: BrigadeConfig):
-    """Load plugins, let the platform fill in its choices, and resolve model-dependent limits.
+    """Load plugins, let the platform fill in its choices, resolve model-dependent limits, and let the model's
+    class refuse a config it cannot run (``loader.check_model_config``: one ConfigError line).
 
     Returns the model's HF config. Safe to call in every process that builds an engine.
     """
-    from brigade.model_executor.loader import get_hf_config
+    from brigade.model_executor.loader import check_model_config, get_hf_config
     from brigade.plugins import current_platform, load_plugins
 
     load_plugins("engine")
     current_platform().check_and_update_config(config)
     hf_config = get_hf_config(config.model_config.model, config.model_config.trust_remote_code)
     config.resolve(hf_config)
+    check_model_config(hf_config, config)
     return hf_config
 
 

@@ -72,6 +72,19 @@ def get_model_class(hf_config: Any) -> type[nn.Module]:
                       f"{', '.join(sorted(models.names()))}")
 
 
+def check_model_config(hf_config: Any, config: Any) -> None:
+    """Let the architecture's class refuse a config it cannot run (``BrigadeConfig`` ``config``): a class with a
+    ``check_config(hf_config, config)`` classmethod (the MoE models: router, expert counts against the
+    expert-parallel group, LoRA) raises ConfigError in one line; other classes accept every config.
+
+    Raises:
+        ConfigError: from ``get_model_class`` or the class's check.
+    """
+    check = getattr(get_model_class(hf_config), "check_config", None)
+    if check is not None:
+        check(hf_config, config)
+
+
 # Quantization methods of Brigade's own plugin packages (builtin_quant/), so that a checkpoint whose method is not
 # installed can name the package to install. Only names: the core never imports a plugin.
 QUANT_METHOD_PACKAGES = {"fp8": "brigade-fp8", "awq": "brigade-awq", "gptq": "brigade-gptq"}

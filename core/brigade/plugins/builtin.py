@@ -1,5 +1,5 @@
-"""The core's own plugin: the CPU platform, the reference attention backend, the Llama-family models and
-the built-in logits processors, registered through the same hooks as any outside package.
+"""The core's own plugin: the CPU platform, the reference attention backend, the Llama-family and
+mixture-of-experts models and the built-in logits processors, registered through the same hooks as any outside package.
 
 Everything is registered as a lazy ``"module:Attr"`` path, so loading this plugin imports nothing heavy
 and does not depend on the import order of the core's modules.
@@ -13,6 +13,13 @@ BRIGADE_HOOKSPEC_VERSION = HOOKSPEC_VERSION
 
 LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 """HF architectures served by brigade.model_executor.models.llama (same block, different configs)."""
+
+MOE_FAMILY = {
+    "MixtralForCausalLM": "brigade.model_executor.models.mixtral:MixtralForCausalLM",
+    "Qwen2MoeForCausalLM": "brigade.model_executor.models.qwen_moe:Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM": "brigade.model_executor.models.qwen_moe:Qwen3MoeForCausalLM",
+}
+"""HF mixture-of-experts architectures -> their classes (brigade.model_executor.models.sparse_moe's block)."""
 
 BUILTIN_LOGITS_PROCESSORS = {
     # name -> class in brigade.sample.logits_processors (each class's ``name`` attribute says the same).
@@ -39,6 +46,8 @@ def register_attention_backends(register: RegisterComponent) -> None:
 def register_models(register: RegisterComponent) -> None:
     for architecture in LLAMA_FAMILY:
         register(architecture, "brigade.model_executor.models.llama:LlamaForCausalLM")
+    for architecture, path in MOE_FAMILY.items():
+        register(architecture, path)
 
 
 @hookimpl(trylast=True)

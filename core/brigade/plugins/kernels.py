@@ -33,6 +33,8 @@ KERNEL_OPS: dict[str, str] = {
                      "loader fold each RMSNorm's weight into the following projection",
     "fused_sampler": "impl(logits [B, V], temperature [B] or None, *, greedy) -> ids [B] int64 "
                      "(brigade.sample.fused)",
+    "fused_moe": "FusedMoE: impl(layer, x [T, H], topk_weights [T, k] fp32, topk_ids [T, k]) -> [T, H], "
+                 "the contract of FusedMoE.forward_native",
 }
 """Every op a kernel can be registered for, with its function's contract."""
 

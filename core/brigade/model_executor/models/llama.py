@@ -146,7 +146,10 @@ class LlamaModel(nn.Module):
     rows it scores only, which lets a platform fuse it into the LM head."""
 
     def __init__(self, config: Any, *, dtype: torch.dtype, attn_backend: type[AttentionBackend],
-                 quant_config: QuantizationConfig | None, prefix: str = "model"):
+                 quant_config: QuantizationConfig | None, prefix: str = "model",
+                 layer_cls: type[nn.Module] = LlamaDecoderLayer):
+        """``layer_cls``: the decoder layer, built with ``LlamaDecoderLayer``'s arguments (the MoE models pass
+        theirs)."""
         super().__init__()
         head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         rope = get_rope_parameters(config)
@@ -154,8 +157,8 @@ class LlamaModel(nn.Module):
                                      config.max_position_embeddings, rope, is_neox_style=True)
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList([
-            LlamaDecoderLayer(config, layer_idx=i, rotary_emb=rotary_emb, head_size=head_size, dtype=dtype,
-                              attn_backend=attn_backend, quant_config=quant_config, prefix=f"{prefix}.layers.{i}")
+            layer_cls(config, layer_idx=i, rotary_emb=rotary_emb, head_size=head_size, dtype=dtype,
+                      attn_backend=attn_backend, quant_config=quant_config, prefix=f"{prefix}.layers.{i}")
             for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
 
@@ -179,6 +182,8 @@ class LlamaForCausalLM(nn.Module):
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
     }
+    decoder_layer_cls: ClassVar[type[nn.Module]] = LlamaDecoderLayer
+    """The decoder layer ``LlamaModel`` stacks (subclasses with another block set theirs)."""
 
     def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type[AttentionBackend],
                  quant_config: QuantizationConfig | None = None):
@@ -186,7 +191,8 @@ class LlamaForCausalLM(nn.Module):
         self.config = hf_config
         self.dtype = dtype
         _warn_sliding_window(hf_config)
-        self.model = LlamaModel(hf_config, dtype=dtype, attn_backend=attn_backend, quant_config=quant_config)
+        self.model = LlamaModel(hf_config, dtype=dtype, attn_backend=attn_backend, quant_config=quant_config,
+                                layer_cls=self.decoder_layer_cls)
         self.lm_head = LMHead(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
@@ -236,7 +242,7 @@ class LlamaForCausalLM(nn.Module):
         for hf_name, tensor in weights:
             if _SKIPPED.search(hf_name) or (self.tie_word_embeddings and hf_name == "lm_head.weight"):
                 continue
-            name, shard_id = _to_brigade_name(hf_name)
+            name, shard_id = self.checkpoint_name(hf_name)
             param = params.get(name)
             if param is None:
                 raise ValueError(f"checkpoint tensor {hf_name!r} matches no parameter of {type(self).__name__} "
@@ -253,6 +259,11 @@ class LlamaForCausalLM(nn.Module):
             filled.setdefault(name, set()).add(shard_id)
         _check_complete(params, filled)
         return loaded_names
+
+    def checkpoint_name(self, hf_name: str) -> tuple[str, Any]:
+        """The parameter a checkpoint tensor loads into and its shard id (None for a whole tensor): q/k/v into
+        ``qkv_proj``, gate/up into ``gate_up_proj``. Subclasses map more names (the MoE models' experts)."""
+        return _to_brigade_name(hf_name)
 
 
 def _to_brigade_name(hf_name: str) -> tuple[str, str | int | None]:
@@ -280,9 +291,10 @@ def _check_complete(params: dict[str, nn.Parameter], filled: dict[str, set[str |
 
 
 def _attention_biases(config: Any) -> tuple[bool, bool]:
-    """(q/k/v bias, o_proj bias). Qwen2 configs have no attention_bias but always bias q/k/v."""
-    if getattr(config, "model_type", None) == "qwen2":
-        return True, False
+    """(q/k/v bias, o_proj bias). Qwen2 configs have no attention_bias but bias q/k/v (Qwen2-MoE: unless
+    ``qkv_bias`` is false)."""
+    if getattr(config, "model_type", None) in ("qwen2", "qwen2_moe"):
+        return bool(getattr(config, "qkv_bias", True)), False
     bias = bool(getattr(config, "attention_bias", False))
     return bias, bias
 

@@ -1,0 +1,329 @@
+"""Fused mixture-of-experts in Triton: the experts of a layer in three kernels, whatever the batch.
+
+The mechanism is vLLM's ``fused_moe`` (``moe_align_block_size`` then ``fused_moe_kernel``):
+
+1. ``moe_align_block_size`` sorts the step's ``T * top_k`` (token, expert) assignments by expert and pads each
+   expert's run to a multiple of ``BLOCK_M``, so that every ``BLOCK_M`` rows of the sorted list belong to one
+   expert. One program does it (a histogram with atomics, the padded offsets by a cumulative sum, the expert of
+   each block, then each assignment's slot by an atomic cursor per expert), so a layer pays one launch for it.
+   Padding slots hold ``T * top_k``, which the GEMMs mask.
+2. One grouped GEMM for gate and up: each program takes one block of ``BLOCK_M`` sorted assignments (one expert)
+   and ``BLOCK_N`` columns of the intermediate dimension, gathers the tokens' rows of ``x``, multiplies them by
+   that expert's gate and up rows (two tensor-core accumulators), and writes ``silu(gate) * up`` for each
+   assignment: the activation never goes to memory as ``[gate | up]``.
+3. One grouped GEMM for down, reading those rows, multiplying by the expert's down projection and by each
+   assignment's router weight in the epilogue; then the sum over each token's ``top_k`` rows.
+
+Only blocks that hold assignments run (the others return at once, reading the padded count from device memory),
+so every active expert's weights are read once per ``BLOCK_M`` of its tokens: at decode sizes (a few tokens per
+expert) once per step, which is the decode path; nothing depends on the host, so CUDA graphs capture it.
+
+Tiles (``BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages``) come per shape and token count from
+``moe_tiles.json`` (written by ``benchmarks/kernels/bench_fused_moe.py --tune --write-tiles`` on the GPU) and
+otherwise from ``default_tile``, which sizes ``BLOCK_M`` for the mean tokens per expert.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from brigade_cuda.ops.activation import silu_mul
+
+ALIGN_CHUNK = 1024  # assignments per pass of the align program
+ALIGN_BLOCK_CHUNK = 32  # expert_ids entries per pass
+
+
+class MoETile(NamedTuple):
+    """One launch configuration of the two grouped GEMMs."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+
+@triton.jit(do_not_specialize=["num_assignments", "max_padded", "max_blocks"])
+def _moe_align_kernel(topk_ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, cursor_ptr,
+                      num_assignments, num_experts, max_padded, max_blocks,
+                      BLOCK_M: tl.constexpr, E_POW2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
+    offs = tl.arange(0, CHUNK)
+    e_offs = tl.arange(0, E_POW2)
+    e_ok = e_offs < num_experts
+    ones = tl.full((CHUNK,), 1, tl.int32)
+    # 0. every slot is padding until filled; every expert's count is zero
+    for start in range(0, max_padded, CHUNK):
+        idx = start + offs
+        tl.store(sorted_ids_ptr + idx, tl.zeros((CHUNK,), tl.int32) + num_assignments, mask=idx < max_padded)
+    tl.store(cursor_ptr + e_offs, tl.zeros((E_POW2,), tl.int32), mask=e_ok)
+    tl.debug_barrier()
+    # 1. assignments per expert
+    for start in range(0, num_assignments, CHUNK):
+        idx = start + offs
+        ok = idx < num_assignments
+        ids = tl.load(topk_ids_ptr + idx, mask=ok, other=0).to(tl.int32)
+        tl.atomic_add(cursor_ptr + ids, ones, mask=ok)
+    tl.debug_barrier()
+    # 2. each expert's run padded to BLOCK_M: [starts, ends) in the sorted list; the expert of every block
+    counts = tl.load(cursor_ptr + e_offs, mask=e_ok, other=0, volatile=True)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, 0)
+    starts = ends - padded
+    tl.store(num_post_ptr, tl.sum(padded, 0))
+    b_offs = tl.arange(0, BLOCK_CHUNK)
+    for start in range(0, max_blocks, BLOCK_CHUNK):
+        blocks = start + b_offs
+        before = (ends[None, :] <= (blocks * BLOCK_M)[:, None]) & e_ok[None, :]  # experts wholly before the block
+        expert = tl.minimum(tl.sum(before.to(tl.int32), 1), num_experts - 1)  # past the end: never run
+        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < max_blocks)
+    tl.debug_barrier()  # every thread has read the counts before they become cursors
+    tl.store(cursor_ptr + e_offs, starts, mask=e_ok)
+    tl.debug_barrier()
+    # 3. each assignment to the next free slot of its expert's run
+    for start in range(0, num_assignments, CHUNK):
+        idx = start + offs
+        ok = idx < num_assignments
+        ids = tl.load(topk_ids_ptr + idx, mask=ok, other=0).to(tl.int32)
+        slot = tl.atomic_add(cursor_ptr + ids, ones, mask=ok)
+        tl.store(sorted_ids_ptr + slot, idx, mask=ok)
+
+
+def padded_size(num_assignments: int, num_experts: int, block_m: int) -> int:
+    """Most rows the sorted list can need: each expert that has assignments pads at most ``block_m - 1``;
+    rounded up to ``block_m``."""
+    size = num_assignments + min(num_experts, num_assignments) * (block_m - 1)
+    return triton.cdiv(size, block_m) * block_m
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort the assignments by expert, each expert's run padded to ``block_m`` rows (vLLM's
+    ``moe_align_block_size``).
+
+    Args:
+        topk_ids: [T, k] int32/int64 on CUDA, each in [0, num_experts); assignment ``a = t * k + j``.
+        num_experts: E. block_m: rows per GEMM block.
+
+    Returns:
+        sorted_ids [padded_size] int32: assignments grouped by expert, ``T * k`` in padding slots;
+        expert_ids [padded_size / block_m] int32: the expert of each block;
+        num_post_padded [1] int32: rows in use (device memory; blocks at or past it hold nothing).
+        Within an expert the order is not fixed (atomics); each row is computed the same wherever it lands.
+    """
+    num_assignments = topk_ids.numel()
+    max_padded = padded_size(num_assignments, num_experts, block_m)
+    device = topk_ids.device
+    sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
+    expert_ids = torch.empty(max_padded // block_m, dtype=torch.int32, device=device)
+    num_post = torch.empty(1, dtype=torch.int32, device=device)
+    cursor = torch.empty(num_experts, dtype=torch.int32, device=device)
+    _moe_align_kernel[(1,)](topk_ids.reshape(-1), sorted_ids, expert_ids, num_post, cursor, num_assignments,
+                            num_experts, max_padded, max_padded // block_m, BLOCK_M=block_m,
+                            E_POW2=triton.next_power_of_2(num_experts), CHUNK=ALIGN_CHUNK,
+                            BLOCK_CHUNK=ALIGN_BLOCK_CHUNK, num_warps=8)
+    return sorted_ids, expert_ids, num_post
+
+
+@triton.jit
+def _block_of(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of program ``pid``, GROUP_M row blocks at a time so that neighbours share weight tiles."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr):
+    if IEEE:  # fp32 models: no TF32 rounding of the inputs
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit(do_not_specialize=["num_assignments", "num_pid_m"])
+def _moe_gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+                        num_assignments, num_pid_m, N, K, stride_xm, stride_we, stride_wn, stride_om,
+                        TOP_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """out[a, n] = silu(x[a // TOP_K] . w[e, n]) * (x[a // TOP_K] . w[e, N + n]) for the block's assignments a of
+    expert e; w is [E, 2N, K] (gate rows, then up rows), out [T * TOP_K, N]."""
+    pid_m, pid_n = _block_of(tl.program_id(0), num_pid_m, tl.cdiv(N, BLOCK_N), GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(num_post_ptr):
+        return
+    assign = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))  # [BM]
+    m_ok = assign < num_assignments
+    tokens = (assign // TOP_K).to(tl.int64)
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + tokens[:, None] * stride_xm + offs_k[None, :]  # [BM, BK]
+    wg_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BK, BN]
+    wu_ptrs = wg_ptrs + N * stride_wn
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+            wg = tl.load(wg_ptrs, mask=n_ok[None, :], other=0.0)
+            wu = tl.load(wu_ptrs, mask=n_ok[None, :], other=0.0)
+        else:
+            k_ok = offs_k < K - k * BLOCK_K
+            x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            wg = tl.load(wg_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            wu = tl.load(wu_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc_g = _dot(x, wg, acc_g, IEEE)
+        acc_u = _dot(x, wu, acc_u, IEEE)
+        x_ptrs += BLOCK_K
+        wg_ptrs += BLOCK_K
+        wu_ptrs += BLOCK_K
+    dtype = out_ptr.dtype.element_ty
+    # gate and up rounded to the model dtype first, as the reference's GEMM output is
+    act = silu_mul(acc_g.to(dtype).to(tl.float32), acc_u.to(dtype).to(tl.float32), dtype)
+    out_ptrs = out_ptr + assign[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, act, mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["num_assignments", "num_pid_m"])
+def _moe_down_kernel(a_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+                     num_assignments, num_pid_m, N, K, stride_am, stride_we, stride_wn, stride_om,
+                     EVEN_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """out[a, n] = topk_weights[a] * (a_rows[a] . w[e, n]) for the block's assignments a of expert e; w is
+    [E, N, K], a_rows [T * top_k, K], out [T * top_k, N]."""
+    pid_m, pid_n = _block_of(tl.program_id(0), num_pid_m, tl.cdiv(N, BLOCK_N), GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(num_post_ptr):
+        return
+    assign = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    m_ok = assign < num_assignments
+    rows = assign.to(tl.int64)
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
+    w_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=m_ok[:, None], other=0.0)
+            w = tl.load(w_ptrs, mask=n_ok[None, :], other=0.0)
+        else:
+            k_ok = offs_k < K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = _dot(a, w, acc, IEEE)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    acc *= tl.load(topk_weights_ptr + rows, mask=m_ok, other=0.0)[:, None]
+    out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def default_tile(num_tokens: int, top_k: int, num_experts: int, inter: int = 0) -> MoETile:
+    """The tile for a shape the table lacks. ``BLOCK_M`` covers twice the mean tokens per expert (routes are
+    uneven), so that up to that many tokens an expert's weights are read once: a decode step runs blocks of 16
+    rows, one per active expert; a long prefill 128-row blocks, where the GEMMs are compute-bound. Narrow experts
+    (``inter`` up to 1024) decode with 32 columns per program, so that the few active experts still give the SMs
+    enough programs. The gate/up kernel holds two accumulators, hence at most 64 columns beside 128 rows."""
+    busiest = 2 * num_tokens * top_k / num_experts
+    if busiest <= 16:
+        return MoETile(16, 32 if 0 < inter <= 1024 else 64, 128, 1, 4, 4)
+    if busiest <= 32:
+        return MoETile(32, 64, 128, 8, 4, 4)
+    if busiest <= 64:
+        return MoETile(64, 128, 64, 8, 4, 4)
+    return MoETile(128, 64, 64, 8, 8, 4)
+
+
+def tile_key(num_experts: int, hidden: int, inter: int, top_k: int) -> str:
+    """The table's key of an expert shape: ``"E=8,H=4096,I=14336,k=2"``."""
+    return f"E={num_experts},H={hidden},I={inter},k={top_k}"
+
+
+@functools.cache
+def tile_table(path: str | None = None) -> dict[str, dict[int, MoETile]]:
+    """``moe_tiles.json`` beside this module (or ``path``): shape key -> {token count: tile}; empty if absent."""
+    file = Path(path) if path else Path(__file__).with_name("moe_tiles.json")
+    raw = json.loads(file.read_text()).get("tiles", {}) if file.exists() else {}
+    return {shape: {int(t): MoETile(*tile) for t, tile in by_tokens.items()} for shape, by_tokens in raw.items()}
+
+
+def pick_tile(num_tokens: int, num_experts: int, hidden: int, inter: int, top_k: int) -> MoETile:
+    """The table's tile for the smallest listed token count at or above ``num_tokens`` (the largest one beyond
+    them), else ``default_tile``."""
+    by_tokens = tile_table().get(tile_key(num_experts, hidden, inter, top_k))
+    if not by_tokens:
+        return default_tile(num_tokens, top_k, num_experts, inter)
+    fitting = [t for t in by_tokens if t >= num_tokens]
+    return by_tokens[min(fitting) if fitting else max(by_tokens)]
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, *, tile: MoETile | None = None) -> torch.Tensor:
+    """``sum_j topk_weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))``, ``e = topk_ids[t, j]``.
+
+    Args:
+        x: [T, H] fp16/bf16/fp32 on CUDA, last dimension contiguous.
+        w13: [E, 2I, H] (gate rows, then up rows), x's dtype, contiguous. w2: [E, H, I], contiguous.
+        topk_weights: [T, k] float32. topk_ids: [T, k] int32/int64.
+        tile: a launch configuration (benchmarks); default: ``pick_tile``.
+
+    Returns:
+        [T, H] in x's dtype. The activation between the GEMMs and each expert's weighted output are stored in
+        x's dtype; the sum over the top-k accumulates in fp32 and rounds once.
+    """
+    num_tokens, hidden = x.shape
+    num_experts, two_inter, _ = w13.shape
+    inter, top_k = two_inter // 2, topk_ids.shape[1]
+    if num_tokens == 0:
+        return torch.empty_like(x)
+    tile = tile or pick_tile(num_tokens, num_experts, hidden, inter, top_k)
+    sorted_ids, expert_ids, num_post = moe_align_block_size(topk_ids, num_experts, tile.block_m)
+    num_assignments = num_tokens * top_k
+    num_pid_m = expert_ids.numel()
+    ieee = x.dtype == torch.float32
+    launch = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
+                  num_warps=tile.num_warps, num_stages=tile.num_stages)
+    act = torch.empty(num_assignments, inter, dtype=x.dtype, device=x.device)
+    grid = (num_pid_m * triton.cdiv(inter, tile.block_n),)
+    _moe_gate_up_kernel[grid](x, w13, act, sorted_ids, expert_ids, num_post, num_assignments, num_pid_m, inter,
+                              hidden, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), TOP_K=top_k,
+                              EVEN_K=hidden % tile.block_k == 0, IEEE=ieee, **launch)
+    out = torch.empty(num_assignments, hidden, dtype=x.dtype, device=x.device)
+    grid = (num_pid_m * triton.cdiv(hidden, tile.block_n),)
+    _moe_down_kernel[grid](act, w2, out, topk_weights.reshape(-1).float(), sorted_ids, expert_ids, num_post,
+                           num_assignments, num_pid_m, hidden, inter, act.stride(0), w2.stride(0), w2.stride(1),
+                           out.stride(0), EVEN_K=inter % tile.block_k == 0, IEEE=ieee, **launch)
+    return out if top_k == 1 else out.view(num_tokens, top_k, hidden).sum(dim=1)  # fp32 accumulation
+
+
+def check_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> str | None:
+    """Why ``fused_moe`` cannot take these tensors (one line), or None when it can."""
+    if x.dim() != 2 or x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or x.dtype != w13.dtype:
+        return "needs x [T, H] in fp16/bf16/fp32, the experts' dtype"
+    if x.stride(-1) != 1 or not (w13.is_contiguous() and w2.is_contiguous()):
+        return "needs a contiguous last dimension of x and contiguous expert weights"
+    return None
+
+
+def fused_moe_cuda(layer, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    """``FusedMoE`` on CUDA: same contract as ``FusedMoE.forward_native``; reads ``layer.w13_weight`` and
+    ``layer.w2_weight``. A layout the kernel does not take is made contiguous first (never the reference, whose
+    per-expert count would synchronize with the host inside a CUDA graph)."""
+    w13, w2 = layer.w13_weight, layer.w2_weight
+    if x.dtype != w13.dtype:
+        return layer.forward_native(x, topk_weights, topk_ids)
+    if check_fused_moe(x, w13, w2) is not None:
+        x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
+    return fused_moe(x, w13, w2, topk_weights, topk_ids)

@@ -1,0 +1,61 @@
+"""brigade-cuda's fused MoE kernels on the CPU, so CI checks their logic: ``moe_align_block_size`` (every
+assignment once, each block one expert's, padding marked) and the two grouped GEMMs against
+``fused_moe_reference`` in fp32, under Triton's interpreter (``TRITON_INTERPRET=1``) in a subprocess so the
+interpreter mode stays out of this process. Shapes cover one token, uneven K and N, and more experts than tokens;
+half types and timing run on CUDA (tests/cuda/test_fused_moe_cuda.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+_INTERPRETED = r"""
+import torch
+from brigade.model_executor.layers.fused_moe import fused_moe_reference
+from brigade.model_executor.layers.moe_router import select_experts
+from brigade_cuda.ops.fused_moe import MoETile, fused_moe, moe_align_block_size, pick_tile
+
+
+def check(num_tokens, num_experts, top_k, hidden, inter, tile, seed=0):
+    tile = tile or pick_tile(num_tokens, num_experts, hidden, inter, top_k)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, hidden, generator=gen)
+    w13 = torch.randn(num_experts, 2 * inter, hidden, generator=gen) / hidden ** 0.5
+    w2 = torch.randn(num_experts, hidden, inter, generator=gen) / inter ** 0.5
+    weights, ids = select_experts(torch.randn(num_tokens, num_experts, generator=gen), top_k, True)
+    sorted_ids, expert_ids, num_post = moe_align_block_size(ids, num_experts, tile.block_m)
+    used, padding = int(num_post), num_tokens * top_k
+    assert used % tile.block_m == 0 and (sorted_ids[used:] == padding).all()
+    real = sorted_ids[:used][sorted_ids[:used] < padding]
+    assert sorted(real.tolist()) == list(range(padding))  # every assignment exactly once
+    flat = ids.reshape(-1)
+    for block in range(used // tile.block_m):
+        rows = sorted_ids[block * tile.block_m:(block + 1) * tile.block_m]
+        rows = rows[rows < padding].long()
+        assert len(rows) and (flat[rows] == expert_ids[block]).all()  # no empty block; one expert per block
+    got = fused_moe(x, w13, w2, weights, ids, tile=None if tile == pick_tile(num_tokens, num_experts, hidden, inter,
+                                                                              top_k) else tile)
+    want = fused_moe_reference(x, w13, w2, weights, ids)
+    err = ((got - want).norm() / want.norm()).item()
+    assert err < 1e-5, (num_tokens, num_experts, top_k, err)
+
+
+check(1, 8, 2, 64, 48, MoETile(16, 32, 32, 1, 4, 1))
+check(7, 8, 2, 64, 48, MoETile(16, 32, 32, 1, 4, 1))
+check(37, 6, 3, 40, 24, MoETile(16, 16, 16, 4, 4, 1))  # K and N not multiples of the tile
+check(50, 16, 4, 32, 32, MoETile(32, 32, 16, 2, 4, 1))
+check(3, 32, 8, 32, 16, MoETile(16, 16, 32, 1, 4, 1))  # more experts than assignments
+check(40, 4, 2, 64, 64, None)  # the tile pick_tile chooses (32 rows)
+print("OK")
+"""
+
+
+def test_fused_moe_kernels_match_the_reference_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-4000:]
