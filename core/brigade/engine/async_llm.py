@@ -182,17 +182,25 @@ class AsyncLLM:
         while True:
             outputs = await self.client.get_output()
             if outputs.engine_error is not None:
-                self.dead_error = outputs.engine_error
-                logger.error("engine died: %s", outputs.engine_error)
-                self.output_processor.fail_all(outputs.engine_error)
-                # Nothing runs or waits any more: the gauges say so (else /metrics kept the last step's counts).
-                for engine_index in range(self.client.num_engines):
-                    self._record_stats(SchedulerStats(engine_index=engine_index), IterationStats())
+                self.mark_dead(outputs.engine_error)
                 return
             processed = self.output_processor.process_outputs(outputs.outputs, outputs.timestamp or None)
             if processed.reqs_to_abort:
                 await self.client.abort_requests(processed.reqs_to_abort)
             self._record_stats(outputs.scheduler_stats, processed.iteration_stats)
+
+    def mark_dead(self, reason: str) -> None:
+        """The engine cannot serve any more: fail every request in flight with ``reason`` (an error event on
+        streams, 503 otherwise) and refuse new ones. Idempotent: the first reason stays. Called by the output
+        loop, and by the server's engine watch when it sees a dead process first."""
+        if self.dead_error is not None:
+            return
+        self.dead_error = reason
+        logger.error("engine died: %s", reason)
+        self.output_processor.fail_all(reason)
+        # Nothing runs or waits any more: the gauges say so (else /metrics kept the last step's counts).
+        for engine_index in range(self.client.num_engines):
+            self._record_stats(SchedulerStats(engine_index=engine_index), IterationStats())
 
     def _record_stats(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
         for stat_logger in self.stat_loggers:

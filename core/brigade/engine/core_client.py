@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 
 import msgspec
@@ -30,6 +32,7 @@ logger = logging.getLogger("brigade.engine")
 __all__ = ["AsyncMPClient", "EngineDeadError", "EngineRequestError", "EngineStartupError", "UtilityCallError"]
 
 _LIVENESS_POLL_MS = 1000
+_LIVENESS_CHECK_S = 0.2  # how often the processes are checked while outputs flow (another engine may be busy)
 
 
 class EngineDeadError(RuntimeError):
@@ -73,6 +76,8 @@ class AsyncMPClient:
         self._call_ids = itertools.count()
         self._pending_utility: dict[int, asyncio.Future] = {}
         self.dead = False
+        self.dead_reason: str | None = None  # the first failure: later ones (the engines stopped after it) are not it
+        self._last_liveness_check = time.monotonic()
 
     async def add_request(self, request: EngineCoreRequest) -> None:
         await self.add_requests([request])
@@ -130,8 +135,13 @@ class AsyncMPClient:
     async def get_output(self) -> EngineCoreOutputs:
         """Wait for the next step's outputs of any engine. Returns an ``engine_error`` message (and marks the
         client dead) once any engine failed or its process is gone; the error names the engine when there are
-        several."""
+        several. The processes are checked whenever no output came for a second, and every 0.2 s while outputs
+        flow: with data parallelism the live engines keep sending while a dead one is silent."""
         while True:
+            exited = self._maybe_check_liveness()
+            if exited is not None and not await self.output_socket.poll(0):  # its last words first, if any
+                self._mark_dead(exited)
+                return EngineCoreOutputs(engine_error=exited)
             if await self.output_socket.poll(_LIVENESS_POLL_MS):
                 outputs = self.decoder.decode(await self.output_socket.recv())
                 if outputs.utility_call_id is not None:
@@ -143,10 +153,15 @@ class AsyncMPClient:
                     return outputs
                 self.balancer.report(outputs)
                 return outputs
-            exited = self.engines.exited()
-            if exited is not None:
-                self._mark_dead(exited)
-                return EngineCoreOutputs(engine_error=exited)
+            self._last_liveness_check = -math.inf  # a second of silence: check now
+
+    def _maybe_check_liveness(self) -> str | None:
+        """``EngineProcs.exited()``, at most every ``_LIVENESS_CHECK_S``; None between checks."""
+        now = time.monotonic()
+        if now - self._last_liveness_check < _LIVENESS_CHECK_S:
+            return None
+        self._last_liveness_check = now
+        return self.engines.exited()
 
     def _answer_utility(self, outputs: EngineCoreOutputs) -> None:
         future = self._pending_utility.pop(outputs.utility_call_id, None)
@@ -157,11 +172,13 @@ class AsyncMPClient:
                 future.set_result(msgspec.msgpack.decode(outputs.utility_result))
 
     def exited(self) -> str | None:
-        """Why an engine process stopped, or None while all run (``EngineProcs.exited``)."""
-        return self.engines.exited()
+        """Why the engines stopped serving (the first failure seen), else why an engine process stopped
+        (``EngineProcs.exited``), or None while all run."""
+        return self.dead_reason or self.engines.exited()
 
     def _mark_dead(self, message: str) -> None:
         self.dead = True
+        self.dead_reason = self.dead_reason or message
         if self.num_engines > 1:
             logger.error("%s; stopping the other engines", message)
             self.engines.stop_all()

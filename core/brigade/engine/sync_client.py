@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import shutil
 import tempfile
+import time
 import weakref
 
 import msgspec
@@ -27,6 +29,7 @@ from brigade.interfaces import (EngineCoreOutput, EngineCoreOutputs, EngineCoreR
 from brigade.lora.adapter import LoRAError
 
 _LIVENESS_POLL_MS = 1000
+_LIVENESS_CHECK_S = 0.2
 
 
 def _close(engines: EngineProcs | None, sockets: list, ctx: zmq.Context, directory: str) -> None:
@@ -69,6 +72,7 @@ class SyncMPClient:
         self.balancer = LoadBalancer(self.num_engines)
         self._call_ids = itertools.count()
         self._held: collections.deque[EngineCoreOutputs] = collections.deque()
+        self._last_liveness_check = time.monotonic()
 
     def add_requests(self, requests: list[EngineCoreRequest]) -> list[EngineCoreOutput]:
         """Send requests (the children of one ``n > 1`` request) to the least-loaded engine, all to the same one.
@@ -97,7 +101,14 @@ class SyncMPClient:
                 return outputs
 
     def _receive(self) -> EngineCoreOutputs:
+        """The next message of any engine; checks the processes every 0.2 s even while other engines send."""
         while True:
+            if time.monotonic() - self._last_liveness_check >= _LIVENESS_CHECK_S:
+                self._last_liveness_check = time.monotonic()
+                exited = self.engines.exited()
+                if exited is not None and not self.output_socket.poll(0):  # its last words first, if any
+                    self.engines.stop_all()
+                    raise EngineDeadError(exited)
             if self.output_socket.poll(_LIVENESS_POLL_MS):
                 outputs = self.decoder.decode(self.output_socket.recv())
                 if outputs.engine_error is not None:
@@ -107,10 +118,7 @@ class SyncMPClient:
                 if outputs.utility_call_id is None:
                     self.balancer.report(outputs)
                 return outputs
-            exited = self.engines.exited()
-            if exited is not None:
-                self.engines.stop_all()
-                raise EngineDeadError(exited)
+            self._last_liveness_check = -math.inf  # a second of silence: check now
 
     def call_utility(self, method: UtilityMethod, lora_request=None):
         """Call a control method in every engine and merge the answers (``merge_utility_results``).

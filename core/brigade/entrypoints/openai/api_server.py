@@ -250,6 +250,7 @@ async def _stop_when_engine_dies(engine: AsyncLLM, server: uvicorn.Server) -> st
         await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
         reason = engine.death_reason()
         if reason is not None:
+            engine.mark_dead(reason)  # requests in flight fail with the cause, not with the shutdown's cut
             logger.error("the engine died (%s); shutting the API server down so that its supervisor can restart "
                          "it (%s=1 keeps it up, answering 503)", reason, KEEP_ALIVE_ENV)
             server.should_exit = True
