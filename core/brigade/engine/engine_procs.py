@@ -47,12 +47,26 @@ class EngineProcs:
         parallel = config.parallel_config
         self.num_engines = parallel.data_parallel_size
         placements = plan_placements(config, current_platform())
-        mp = multiprocessing.get_context("spawn")
         self.procs: list[multiprocessing.process.BaseProcess] = []
+        try:
+            pipes = self._start(config, placements, input_addresses, output_address)
+            logger.info("dp=%d tp=%d pp=%d: %s", self.num_engines, parallel.tensor_parallel_size,
+                        parallel.pipeline_parallel_size,
+                        "; ".join(f"engine {p.index} (pid {proc.pid}) on {p.description}"
+                                  for p, proc in zip(placements, self.procs)))
+            self.num_blocks = self._wait_ready(pipes)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self, config: BrigadeConfig, placements: list, input_addresses: list[str],
+               output_address: str) -> list:
+        """Spawn one process per placement, each with its own config copy; returns their ready pipes."""
+        mp = multiprocessing.get_context("spawn")
         pipes = []
         for placement, input_address in zip(placements, input_addresses):
-            engine_config = dataclasses.replace(
-                config, parallel_config=dataclasses.replace(parallel, data_parallel_rank=placement.index))
+            engine_config = dataclasses.replace(config, parallel_config=dataclasses.replace(
+                config.parallel_config, data_parallel_rank=placement.index))
             parent_conn, child_conn = mp.Pipe(duplex=False)
             proc = mp.Process(target=run_engine_core, name=f"BrigadeEngineCore-{placement.index}", daemon=True,
                               args=(engine_config, input_address, output_address, child_conn))
@@ -61,15 +75,7 @@ class EngineProcs:
             child_conn.close()
             self.procs.append(proc)
             pipes.append(parent_conn)
-        logger.info("dp=%d tp=%d pp=%d: %s", self.num_engines, parallel.tensor_parallel_size,
-                    parallel.pipeline_parallel_size,
-                    "; ".join(f"engine {p.index} (pid {proc.pid}) on {p.description}"
-                              for p, proc in zip(placements, self.procs)))
-        try:
-            self.num_blocks = self._wait_ready(pipes)
-        except BaseException:
-            self.shutdown()
-            raise
+        return pipes
 
     def _wait_ready(self, pipes: list) -> list[int]:
         """Each engine's KV blocks once all are ready; waits on all pipes at once, so the first failure ends it."""

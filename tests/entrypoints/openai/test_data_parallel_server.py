@@ -98,46 +98,43 @@ def test_an_abort_reaches_the_engine_that_owns_the_request(server):
     wait_idle(server, 5)
 
 
-def test_killing_one_engine_fails_all_requests_and_stops_the_server(smollm2_path):
-    server = RemoteServer(smollm2_path, ENGINE_ARGS)
-    try:
-        pids = {int(index): int(pid) for index, pid in PIDS.findall(server.log_tail(100_000))}
-        assert set(pids) == {0, 1}
-        client = server.openai_client()
-        started = [threading.Event(), threading.Event()]
-        errors: list[BaseException | None] = [None, None]
+def test_killing_one_engine_fails_all_requests_and_stops_the_server(server):
+    """Ends the module's server, so it stays the last test of this file (tests run in file order)."""
+    pids = {int(index): int(pid) for index, pid in PIDS.findall(server.log_tail(100_000))}
+    assert set(pids) == {0, 1}
+    client = server.openai_client()
+    started = [threading.Event(), threading.Event()]
+    errors: list[BaseException | None] = [None, None]
 
-        def stream(i: int) -> None:
-            try:
-                for _ in client.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=240, stream=True,
-                                                   extra_body={"ignore_eos": True}):
-                    started[i].set()
-            except BaseException as exc:  # the error event in the stream
-                errors[i] = exc
+    def stream(i: int) -> None:
+        try:
+            for _ in client.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=240, stream=True,
+                                               extra_body={"ignore_eos": True}):
+                started[i].set()
+        except BaseException as exc:  # the error event in the stream
+            errors[i] = exc
 
-        threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(2)]
-        for thread in threads:
-            thread.start()
-        assert all(event.wait(60) for event in started)
-        # One stream on each engine: the per-engine gauge says so.
-        deadline = time.monotonic() + 10
-        while engine_series(server, "brigade:num_requests_running") != {"0": 1.0, "1": 1.0}:
-            assert time.monotonic() < deadline, engine_series(server, "brigade:num_requests_running")
-            time.sleep(0.05)
-        os.kill(pids[1], signal.SIGKILL)
-        for thread in threads:
-            thread.join(30)
-            assert not thread.is_alive(), "a stream hangs after the engine died"
-        # Both streams end in an error: the one on the dead engine, and the one on the live engine.
-        assert all(isinstance(e, openai.APIError) and "engine" in str(e) for e in errors), errors
-        assert server.proc.wait(timeout=30) == 1, server.log_tail()
-        last = server.log_tail().strip().splitlines()[-1]
-        assert last == ("brigade serve: error: the engine died (DP engine 1: engine process exited with code -9); "
-                        "the server shut down"), last
-        assert "Traceback" not in server.log_tail(100_000)
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{pids[0]}").exists():  # the live engine stopped (and was reaped) too
-            assert time.monotonic() < deadline, f"engine 0 (pid {pids[0]}) is still there"
-            time.sleep(0.1)
-    finally:
-        server.stop()
+    threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    assert all(event.wait(60) for event in started)
+    # One stream on each engine: the per-engine gauge says so.
+    deadline = time.monotonic() + 10
+    while engine_series(server, "brigade:num_requests_running") != {"0": 1.0, "1": 1.0}:
+        assert time.monotonic() < deadline, engine_series(server, "brigade:num_requests_running")
+        time.sleep(0.05)
+    os.kill(pids[1], signal.SIGKILL)
+    for thread in threads:
+        thread.join(30)
+        assert not thread.is_alive(), "a stream hangs after the engine died"
+    # Both streams end in an error: the one on the dead engine, and the one on the live engine.
+    assert all(isinstance(e, openai.APIError) and "engine" in str(e) for e in errors), errors
+    assert server.proc.wait(timeout=30) == 1, server.log_tail()
+    last = server.log_tail().strip().splitlines()[-1]
+    assert last == ("brigade serve: error: the engine died (DP engine 1: engine process exited with code -9); "
+                    "the server shut down"), last
+    assert "Traceback" not in server.log_tail(100_000)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pids[0]}").exists():  # the live engine stopped (and was reaped) too
+        assert time.monotonic() < deadline, f"engine 0 (pid {pids[0]}) is still there"
+        time.sleep(0.1)
