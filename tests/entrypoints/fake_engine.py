@@ -57,6 +57,9 @@ class FakeEngine:
     async def get_kv_cache_stats(self) -> dict:
         return {"num_free_blocks": 10, "num_total_blocks": 10}
 
+    async def get_kv_cache_stats_by_engine(self) -> list[dict]:
+        return [await self.get_kv_cache_stats()]
+
     def add_stat_logger(self, stat_logger) -> None:
         self.stat_loggers.append(stat_logger)
 

@@ -36,6 +36,12 @@ class CudaPlatform(TorchCudaPlatform):
     default_block_size: ClassVar[int] = 16
     worker_cls: ClassVar[str] = "brigade_cuda.worker.CudaWorker"
 
+    @classmethod
+    def physical_device_count(cls) -> int | None:
+        """NVIDIA GPUs on the host, from NVML or the device nodes (never ``torch.cuda``: fork-safe)."""
+        count = nvml_device_count()
+        return count if count is not None else count_nvidia_device_nodes()
+
 
 def nvml_device_count(library: str = "libnvidia-ml.so.1") -> int | None:
     """Number of NVIDIA GPUs according to NVML, or None when NVML cannot be loaded or initialised.

@@ -62,15 +62,16 @@ class BrigadeConfig:
         (it needs the plugin registry, a layer above this one).
 
         Raises:
-            ConfigError: tensor, pipeline or data parallelism above 1; the ray executor.
+            ConfigError: tensor or pipeline parallelism above 1; data parallelism with a KV connector; the ray executor.
         """
         parallel = self.parallel_config
         world = parallel.world_size
         if world != 1:
             raise ConfigError(f"tensor/pipeline parallelism of {world} is not implemented yet; run with -tp 1 -pp 1")
-        if parallel.data_parallel_size != 1:
-            raise ConfigError(f"data parallelism of {parallel.data_parallel_size} is not implemented yet; run with "
-                              "-dp 1 (or one server per device behind a load balancer)")
+        if parallel.data_parallel_size != 1 and self.kv_transfer_config is not None:
+            raise ConfigError(f"--kv-transfer-config ({self.kv_transfer_config.kv_connector}) with -dp "
+                              f"{parallel.data_parallel_size} is not supported: each engine would run its own "
+                              "connector on the same store and side channel; run one server per engine instead")
         if parallel.distributed_executor_backend not in (None, "uni", "mp"):
             raise ConfigError(f"--distributed-executor-backend {parallel.distributed_executor_backend} is not "
                               "available in this build; use uni or mp")

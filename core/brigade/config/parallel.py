@@ -14,6 +14,11 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
+    """Engine replicas (``-dp``): each is an EngineCore process with its own scheduler, KV cache and TP x PP
+    workers, behind one front end that sends each request to the least-loaded one."""
+    data_parallel_rank: int | None = None
+    """Which replica this engine is (0 .. data_parallel_size - 1): set by the front end in each engine process's
+    copy of the config; None in the front end itself (and in an engine the offline LLM runs in-process)."""
     distributed_executor_backend: str | None = None
     """uni, mp or ray; None picks uni for one device and mp for more."""
     worker_cls: str = "auto"
@@ -23,10 +28,21 @@ class ParallelConfig:
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        rank = self.data_parallel_rank
+        if rank is not None and not 0 <= rank < self.data_parallel_size:
+            raise ConfigError(f"data_parallel_rank {rank} is outside 0..{self.data_parallel_size - 1} "
+                              f"(-dp {self.data_parallel_size}); leave it unset, the front end sets it per engine")
         if self.distributed_executor_backend not in (None, "uni", "mp", "ray"):
             raise ConfigError(f"--distributed-executor-backend {self.distributed_executor_backend!r} "
                               "is not known; use uni, mp or ray")
 
     @property
     def world_size(self) -> int:
+        """Workers of one engine: tp x pp (each data-parallel engine has its own)."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def num_devices_needed(self) -> int:
+        """Devices this process must see: one engine's tp x pp inside an engine process, all dp engines' in the
+        front end that places them."""
+        return self.world_size * (self.data_parallel_size if self.data_parallel_rank is None else 1)

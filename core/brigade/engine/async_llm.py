@@ -1,4 +1,4 @@
-"""AsyncLLM: the API server's asynchronous handle on an EngineCore process.
+"""AsyncLLM: the API server's asynchronous handle on its EngineCore processes (one per data-parallel engine).
 
 ``generate()`` is an async iterator of RequestOutputs per request. One background task reads every
 step's outputs from the engine, runs the output processor, and feeds each request's queue; stat
@@ -30,7 +30,8 @@ __all__ = ["AsyncLLM", "EngineDeadError"]
 
 
 class AsyncLLM:
-    """Front end of one engine: tokenization and validation here, model work in the EngineCore process."""
+    """Front end of one engine: tokenization and validation here, model work in the EngineCore processes (one,
+    or one per data-parallel engine behind ``AsyncMPClient``'s least-loaded routing)."""
 
     def __init__(self, config: BrigadeConfig):
         self.config = config
@@ -66,10 +67,21 @@ class AsyncLLM:
     def add_stat_logger(self, stat_logger: StatLoggerBase) -> None:
         self.stat_loggers.append(stat_logger)
 
+    def death_reason(self) -> str | None:
+        """Why the engine cannot serve any more (it failed, or one of its processes is gone; with data
+        parallelism the reason names the engine), or None while it is healthy."""
+        if self.dead_error is not None:
+            return self.dead_error
+        exited = self.client.exited()
+        if exited is not None or self.client.dead:
+            return exited or "the engine failed"
+        return None
+
     async def check_health(self) -> None:
-        """Raises EngineDeadError when the engine process is gone."""
-        if self.errored or not self.client.proc.is_alive():
-            raise EngineDeadError(self.dead_error or "the engine process is not running")
+        """Raises EngineDeadError when the engine failed or an engine process is gone."""
+        reason = self.death_reason()
+        if reason is not None:
+            raise EngineDeadError(reason)
 
     async def generate(self, prompt: str | list[int], sampling_params: SamplingParams, request_id: str, *,
                        priority: int = 0, cache_salt: str | None = None,
@@ -107,8 +119,7 @@ class AsyncLLM:
                                           q.put_nowait)
         finished = False
         try:
-            for child in children:
-                await self.client.add_request(child)
+            await self.client.add_requests(children)  # one engine for all of them: they share its prefix cache
             while True:
                 output: RequestOutput = await q.get()
                 failed = [c for c in output.outputs if c.finish_reason == "error"]
@@ -173,16 +184,25 @@ class AsyncLLM:
         while True:
             outputs = await self.client.get_output()
             if outputs.engine_error is not None:
-                self.dead_error = outputs.engine_error
-                logger.error("engine died: %s", outputs.engine_error)
-                self.output_processor.fail_all(outputs.engine_error)
-                # Nothing runs or waits any more: the gauges say so (else /metrics kept the last step's counts).
-                self._record_stats(SchedulerStats(), IterationStats())
+                self.mark_dead(outputs.engine_error)
                 return
             processed = self.output_processor.process_outputs(outputs.outputs, outputs.timestamp or None)
             if processed.reqs_to_abort:
                 await self.client.abort_requests(processed.reqs_to_abort)
             self._record_stats(outputs.scheduler_stats, processed.iteration_stats)
+
+    def mark_dead(self, reason: str) -> None:
+        """The engine cannot serve any more: fail every request in flight with ``reason`` (an error event on
+        streams, 503 otherwise) and refuse new ones. Idempotent: the first reason stays. Called by the output
+        loop, and by the server's engine watch when it sees a dead process first."""
+        if self.dead_error is not None:
+            return
+        self.dead_error = reason
+        logger.error("engine died: %s", reason)
+        self.output_processor.fail_all(reason)
+        # Nothing runs or waits any more: the gauges say so (else /metrics kept the last step's counts).
+        for engine_index in range(self.client.num_engines):
+            self._record_stats(SchedulerStats(engine_index=engine_index), IterationStats())
 
     def _record_stats(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
         for stat_logger in self.stat_loggers:
@@ -271,9 +291,16 @@ class AsyncLLM:
         return await self.client.call_utility(UtilityMethod.RESET_PREFIX_CACHE)
 
     async def get_kv_cache_stats(self) -> dict:
-        """{"num_free_blocks", "num_total_blocks"} of the engine's KV pool."""
+        """{"num_free_blocks", "num_total_blocks"} of the engine's KV pool (with data parallelism, summed over the
+        engines' pools)."""
         self._ensure_output_task()
         return await self.client.call_utility(UtilityMethod.GET_KV_CACHE_STATS)
+
+    async def get_kv_cache_stats_by_engine(self) -> list[dict]:
+        """``get_kv_cache_stats`` of each data-parallel engine, in engine order (one entry without data
+        parallelism)."""
+        self._ensure_output_task()
+        return await self.client.call_utility_by_engine(UtilityMethod.GET_KV_CACHE_STATS)
 
     def shutdown(self) -> None:
         if self._output_task is not None:

@@ -12,6 +12,7 @@ import logging
 from brigade.config import MIN_KV_BLOCKS, BrigadeConfig, ConfigError
 from brigade.core.request import Request, RequestStatus
 from brigade.core.scheduler import Scheduler
+from brigade.engine.placement import check_device_count
 from brigade.executor.abstract import Executor
 from brigade.interfaces import (AsyncModelRunnerOutput, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
                                 FinishReason, SchedulerOutput, UtilityMethod)
@@ -28,12 +29,17 @@ def prepare_config(config: BrigadeConfig):
     class refuse a config it cannot run (``loader.check_model_config``: one ConfigError line).
 
     Returns the model's HF config. Safe to call in every process that builds an engine.
+
+    Raises:
+        ConfigError: a setting the platform or the model refuses, or more devices needed than visible.
     """
     from brigade.model_executor.loader import check_model_config, get_hf_config
     from brigade.plugins import current_platform, load_plugins
 
     load_plugins("engine")
-    current_platform().check_and_update_config(config)
+    platform = current_platform()
+    platform.check_and_update_config(config)
+    check_device_count(config, platform)  # dp x tp x pp in the front end, tp x pp in an engine process
     hf_config = get_hf_config(config.model_config.model, config.model_config.trust_remote_code)
     config.resolve(hf_config)
     check_model_config(hf_config, config)
@@ -121,6 +127,10 @@ class EngineCore:
             return EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason=FinishReason.ABORT)
         self.scheduler.add_request(Request.from_engine_core_request(request, self.config.model_config.max_model_len))
         return None
+
+    def add_requests(self, requests: list[EngineCoreRequest]) -> list[EngineCoreOutput]:
+        """``add_request`` for each; returns the ABORT outputs of those refused."""
+        return [refused for refused in map(self.add_request, requests) if refused is not None]
 
     def add_lora(self, lora_request) -> bool:
         """Register a LoRA adapter (``brigade.lora.LoRARequest``) with the workers under its ``lora_int_id``

@@ -36,11 +36,18 @@ def _exit_on_signal(signum, frame) -> None:
 
 
 def run_engine_core(config: BrigadeConfig, input_address: str, output_address: str, ready_pipe) -> None:
-    """Entry point of the EngineCore process (started with the spawn method)."""
+    """Entry point of the EngineCore process (started with the spawn method).
+
+    ``config.parallel_config.data_parallel_rank`` is this engine's index among the data-parallel engines (set by
+    the front end); it stamps every message it sends and its log lines ("[engine 1]") when there are several.
+    """
+    parallel = config.parallel_config
+    engine_index = parallel.data_parallel_rank or 0
+    name = "engine" if parallel.data_parallel_size == 1 else f"engine {engine_index}"
     logging.basicConfig(level=envs.BRIGADE_LOGGING_LEVEL,
-                        format="%(levelname)s %(asctime)s [engine] %(message)s")
+                        format=f"%(levelname)s %(asctime)s [{name}] %(message)s")
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    watch_parent("engine")  # an orphaned engine exits within a second, busy or not
+    watch_parent(name)  # an orphaned engine exits within a second, busy or not
     try:
         core = EngineCore(config)
     except BaseException as exc:  # report any start-up failure to the parent, then exit
@@ -49,14 +56,20 @@ def run_engine_core(config: BrigadeConfig, input_address: str, output_address: s
         return
     ready_pipe.send({"status": "ready", "num_blocks": core.num_blocks,
                      "max_model_len": config.model_config.max_model_len})
-    EngineCoreProc(core, input_address, output_address).run()
+    EngineCoreProc(core, input_address, output_address, engine_index).run()
 
 
 class EngineCoreProc:
-    """Wraps an EngineCore with the input and output threads and the busy loop."""
+    """Wraps an EngineCore with the input and output threads and the busy loop.
 
-    def __init__(self, core: EngineCore, input_address: str, output_address: str):
+    Every message it sends carries its ``engine_index`` and the number of requests it has taken so far (counted
+    on the busy loop's thread, which also makes the step's scheduler stats, so the two agree).
+    """
+
+    def __init__(self, core: EngineCore, input_address: str, output_address: str, engine_index: int = 0):
         self.core = core
+        self.engine_index = engine_index
+        self.num_requests_received = 0
         self.parent_pid = os.getppid()
         self.inputs: queue.Queue = queue.Queue()
         self.outputs: queue.Queue = queue.Queue()
@@ -81,30 +94,38 @@ class EngineCoreProc:
 
     def _output_thread(self, address: str) -> None:
         sock = self.ctx.socket(zmq.PUSH)
-        sock.connect(address)
+        sock.connect(address)  # with data parallelism every engine connects to the front end's one output socket
         encoder = msgspec.msgpack.Encoder()
         while True:
             outputs = self.outputs.get()
             sock.send(encoder.encode(outputs), copy=False)
 
+    def _publish(self, outputs: EngineCoreOutputs) -> None:
+        """Stamp ``outputs`` with this engine's index and request count, and queue it for the output thread."""
+        outputs.engine_index = self.engine_index
+        outputs.num_requests_received = self.num_requests_received
+        if outputs.scheduler_stats is not None:
+            outputs.scheduler_stats.engine_index = self.engine_index
+        self.outputs.put(outputs)
+
     def _handle(self, kind: EngineCoreRequestType, message) -> None:
         if kind == EngineCoreRequestType.ADD:
+            self.num_requests_received += 1
             refused = self.core.add_request(message)
             if refused is not None:
-                self.outputs.put(EngineCoreOutputs(outputs=[refused], timestamp=time.time()))
+                self._publish(EngineCoreOutputs(outputs=[refused], timestamp=time.time()))
         elif kind == EngineCoreRequestType.ABORT:
             self.core.abort_requests(message)
             # Publish the new gauges now: an idle engine runs no step that would.
-            self.outputs.put(EngineCoreOutputs(scheduler_stats=self.core.scheduler.make_stats(),
-                                               timestamp=time.time()))
+            self._publish(EngineCoreOutputs(scheduler_stats=self.core.scheduler.make_stats(), timestamp=time.time()))
         else:
             try:
                 result = self.core.call_utility(message.method, message.lora_request)
             except LoRAError as exc:  # the caller's mistake (a bad adapter), answered; the engine lives on
-                self.outputs.put(EngineCoreOutputs(utility_call_id=message.call_id, utility_error=str(exc)))
+                self._publish(EngineCoreOutputs(utility_call_id=message.call_id, utility_error=str(exc)))
                 return
-            self.outputs.put(EngineCoreOutputs(utility_call_id=message.call_id,
-                                               utility_result=msgspec.msgpack.encode(result)))
+            self._publish(EngineCoreOutputs(utility_call_id=message.call_id,
+                                            utility_result=msgspec.msgpack.encode(result)))
 
     def _drain_inputs(self) -> None:
         while not self.core.has_unfinished_requests():
@@ -127,12 +148,12 @@ class EngineCoreProc:
                 self._drain_inputs()
                 outputs = self.core.step()
                 if outputs.outputs or outputs.scheduler_stats is not None:
-                    self.outputs.put(outputs)
+                    self._publish(outputs)
         except SystemExit:
             raise
         except BaseException as exc:
             logger.exception("EngineCore failed")
-            self.outputs.put(EngineCoreOutputs(engine_error=f"{type(exc).__name__}: {exc}", timestamp=time.time()))
+            self._publish(EngineCoreOutputs(engine_error=f"{type(exc).__name__}: {exc}", timestamp=time.time()))
             time.sleep(0.5)  # let the output thread send it
             raise SystemExit(1)
 

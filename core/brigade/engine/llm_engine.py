@@ -1,9 +1,10 @@
-"""LLMEngine: the synchronous front end over an in-process EngineCore, used by the offline LLM class."""
+"""LLMEngine: the synchronous front end over an in-process EngineCore, used by the offline LLM class (over
+``data_parallel_size`` EngineCore processes, through ``SyncMPClient``, with data parallelism)."""
 
 from __future__ import annotations
 
 from brigade.config import BrigadeConfig
-from brigade.engine.core import EngineCore
+from brigade.engine.core import EngineCore, prepare_config
 from brigade.engine.core_client import EngineDeadError
 from brigade.engine.input_processor import InputProcessor, eos_token_id
 from brigade.engine.output_processor import OutputProcessor
@@ -17,12 +18,21 @@ class LLMEngine:
     """Adds requests and steps the engine; each ``step()`` returns the RequestOutputs it produced."""
 
     def __init__(self, config: BrigadeConfig):
+        """Raises: ConfigError: a bad or unsupported setting. EngineStartupError: a data-parallel engine process
+        failed to start (naming it)."""
         self.config = config
-        self.core = EngineCore(config)
+        if config.parallel_config.data_parallel_size > 1:
+            from brigade.engine.sync_client import SyncMPClient
+
+            config.check_supported()  # one line here rather than N engines failing to start with it
+            hf_config = prepare_config(config)
+            self.core: EngineCore | SyncMPClient = SyncMPClient(config)
+        else:
+            self.core = EngineCore(config)
+            hf_config = self.core.executor.hf_config
         self.tokenizer = get_tokenizer(config.model_config)
-        vocab_size = self.core.executor.hf_config.vocab_size
-        self.input_processor = InputProcessor(self.tokenizer, config.model_config.max_model_len, vocab_size,
-                                              eos_token_id(self.core.executor.hf_config))
+        self.input_processor = InputProcessor(self.tokenizer, config.model_config.max_model_len,
+                                              hf_config.vocab_size, eos_token_id(hf_config))
         self.output_processor = OutputProcessor(self.tokenizer)
         self._step_outputs: list[RequestOutput] = []
         self._dead: BaseException | None = None  # the error of a failed step; the engine refuses work after it
@@ -96,10 +106,9 @@ class LLMEngine:
             lora_int_id=lora.lora_int_id if lora is not None else None)
         self.output_processor.add_request(request_id, text, token_ids, params, [c.request_id for c in children],
                                           children[0].arrival_time, self._step_outputs.append)
-        for child in children:
-            refused = self.core.add_request(child)
-            if refused is not None:  # not on a registered adapter: finished as aborted, never silently dropped
-                self.output_processor.process_outputs([refused])
+        refused = self.core.add_requests(children)  # with data parallelism all go to one engine
+        if refused:  # not on a registered adapter: finished as aborted, never silently dropped
+            self.output_processor.process_outputs(refused)
 
     def abort_request(self, request_id: str) -> None:
         self.core.abort_requests(self.output_processor.abort_request(request_id))
@@ -127,6 +136,10 @@ class LLMEngine:
         outputs = list(self._step_outputs)
         self._step_outputs.clear()
         return outputs
+
+    def shutdown(self) -> None:
+        """Stop the engine: its executor's workers, or the data-parallel engine processes."""
+        self.core.shutdown()
 
     def get_kv_cache_stats(self) -> dict:
         from brigade.interfaces import UtilityMethod

@@ -85,6 +85,8 @@ class LLM:
             LoRA as in vLLM: ``enable_lora=True``, ``max_loras`` (default 1), ``max_cpu_loras`` (adapters kept in
             host memory; default ``max_loras``), ``max_lora_rank`` (default 16), optionally
             ``lora_modules={name: path}``; then ``generate(..., lora_request=LoRARequest(...))``.
+            ``data_parallel_size=N`` (N > 1) runs N engine processes, each with its own scheduler and KV cache (on
+            its own devices on a GPU platform), and sends each prompt to the least-loaded one, as the server does.
     """
 
     def __init__(self, model: str | os.PathLike, **kwargs):
@@ -224,8 +226,13 @@ class LLM:
             bar.close()
         return [finished[i] for i in request_ids]
 
+    def shutdown(self) -> None:
+        """Stop the engine now (with ``data_parallel_size`` above 1 its processes, which otherwise stop when this
+        LLM is garbage-collected or the interpreter exits)."""
+        self.engine.shutdown()
+
     def get_kv_cache_stats(self) -> dict:
-        """{"num_free_blocks", "num_total_blocks"} of the KV pool."""
+        """{"num_free_blocks", "num_total_blocks"} of the KV pool (summed over the data-parallel engines')."""
         return self.engine.get_kv_cache_stats()
 
     def reset_prefix_cache(self) -> bool:

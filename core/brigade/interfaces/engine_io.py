@@ -95,6 +95,11 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     utility_result: bytes | None = None
     # Set instead of utility_result when the engine refused the call (a LoRAError's one line for ADD_LORA).
     utility_error: str | None = None
+    # Which data-parallel engine sent it (0 .. dp - 1; always 0 without data parallelism).
+    engine_index: int = 0
+    # ADD messages this engine had taken when it sent this (a running count): the front end's load balancer
+    # subtracts it from what it sent there, so requests still on the wire count towards the engine's load.
+    num_requests_received: int = 0
 
 
 class EngineCoreRequestType(enum.Enum):

@@ -27,7 +27,8 @@ class SpecDecodingStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """Engine-side gauges and counters for one step, for /metrics and stat loggers."""
+    """Engine-side gauges and counters for one step of one engine, for /metrics and stat loggers. With data
+    parallelism each engine sends its own (``engine_index``); the gauges are that engine's, not totals."""
 
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
@@ -42,6 +43,7 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     running_lora_adapters: dict[str, int] = {}
     waiting_lora_adapters: dict[str, int] = {}
     spec_decoding: SpecDecodingStats | None = None  # with --speculative-config
+    engine_index: int = 0  # the data-parallel engine these are from (0 .. dp - 1); /metrics' ``engine`` label
 
 
 @dataclass(slots=True)

@@ -6,7 +6,8 @@ Every ``log()`` call (the server's stat task, every ``BRIGADE_LOG_STATS_INTERVAL
     Avg prompt throughput: 812.4 tokens/s, Avg generation throughput: 95.1 tokens/s, Running: 3 reqs,
     Waiting: 0 reqs, KV cache usage: 4.2%, Prefix cache hit rate: 37.5%
 
-At INFO while tokens flow (and once more after they stop), at DEBUG when idle, so an idle server's log stays quiet.
+With data parallelism the running and waiting counts are the engines' sums and the KV cache usage is over all
+their blocks (each engine's latest report). At INFO while tokens flow (and once more after they stop), at DEBUG when idle, so an idle server's log stays quiet.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class LoggingStatLogger(StatLoggerBase):
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
         self._last_log = clock()
-        self._scheduler = SchedulerStats()
+        self._scheduler: dict[int, SchedulerStats] = {}  # engine index -> its latest stats
         self._prompt_tokens = self._generation_tokens = 0
         self._prefix_queries = self._prefix_hits = 0
         self._was_active = False
@@ -39,7 +40,7 @@ class LoggingStatLogger(StatLoggerBase):
         self._prompt_tokens += iteration_stats.num_prompt_tokens
         self._generation_tokens += iteration_stats.num_generation_tokens
         if scheduler_stats is not None:
-            self._scheduler = scheduler_stats
+            self._scheduler[scheduler_stats.engine_index] = scheduler_stats
             self._prefix_queries += scheduler_stats.prefix_cache_queries
             self._prefix_hits += scheduler_stats.prefix_cache_hits
 
@@ -49,13 +50,22 @@ class LoggingStatLogger(StatLoggerBase):
         prompt_rate, generation_rate = self._prompt_tokens / elapsed, self._generation_tokens / elapsed
         active = bool(self._prompt_tokens or self._generation_tokens)
         hit_rate = 100.0 * self._prefix_hits / self._prefix_queries if self._prefix_queries else 0.0
-        stats = self._scheduler
+        stats = list(self._scheduler.values())
+        running = sum(s.num_running_reqs for s in stats)
+        waiting = sum(s.num_waiting_reqs for s in stats)
         logger.log(logging.INFO if active or self._was_active else logging.DEBUG,
                    "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, "
                    "Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%", prompt_rate,
-                   generation_rate, stats.num_running_reqs, stats.num_waiting_reqs, 100.0 * stats.kv_cache_usage,
-                   hit_rate)
+                   generation_rate, running, waiting, 100.0 * _kv_cache_usage(stats), hit_rate)
         self._was_active = active
         self._last_log = now
         self._prompt_tokens = self._generation_tokens = 0
         self._prefix_queries = self._prefix_hits = 0
+
+
+def _kv_cache_usage(stats: list[SchedulerStats]) -> float:
+    """Fraction of all engines' KV blocks in use (the mean of their usages where block counts are missing)."""
+    total = sum(s.num_total_blocks for s in stats)
+    if total and all(s.num_total_blocks for s in stats):
+        return (total - sum(s.num_free_blocks for s in stats)) / total
+    return sum(s.kv_cache_usage for s in stats) / len(stats) if stats else 0.0

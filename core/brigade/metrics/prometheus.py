@@ -4,6 +4,12 @@ Each logger owns its CollectorRegistry (no process-global registry), so several 
 process never collide. Counters follow Prometheus naming: ``brigade:prompt_tokens`` is exposed as
 ``brigade:prompt_tokens_total``. Every series has a ``model_name`` label, as in vLLM, so existing
 dashboards carry over.
+
+What an engine core reports (``SchedulerStats``: the running / waiting / KV gauges, the prefix-cache and preemption
+counters, LoRA info) carries vLLM's ``engine`` label too, the data-parallel engine's index ("0" without data
+parallelism): with ``-dp N`` each engine has its own series, and a total is their sum (``sum without (engine)``).
+What the front end counts (tokens, finished requests, latencies, speculative-decoding counters) has no ``engine``
+label: those series are already totals over the engines.
 """
 
 from __future__ import annotations
@@ -22,29 +28,46 @@ E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
+# The series each engine core reports, one per engine (``engine`` label): key, kind, name, help.
+ENGINE_SERIES = (
+    ("running", Gauge, "num_requests_running", "Requests in the running batch."),
+    ("waiting", Gauge, "num_requests_waiting", "Requests waiting to be scheduled."),
+    ("kv_usage", Gauge, "kv_cache_usage_perc", "Fraction of KV cache blocks in use (0 to 1)."),
+    ("free_blocks", Gauge, "num_free_blocks", "KV cache blocks in the free pool (cached ones included)."),
+    ("total_blocks", Gauge, "num_total_blocks", "KV cache blocks in the pool."),
+    ("prefix_queries", Counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
+    ("prefix_hits", Counter, "prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+    ("preemptions", Counter, "num_preemptions", "Requests preempted for lack of KV blocks."),
+)
+
 
 class PrometheusStatLogger(StatLoggerBase):
     """Gauges from the latest SchedulerStats, counters and histograms from every IterationStats.
 
     Args:
         model_name: the served model name (the ``model_name`` label).
+        num_engines: data-parallel engines (``-dp``): their per-engine series exist, at 0, from the start.
         registry: where the metrics live; a fresh CollectorRegistry when None.
         max_loras: ``--max-loras`` when LoRA is enabled: adds vLLM's info gauge ``brigade:lora_requests_info``
             (labels ``max_lora``, ``running_lora_adapters``, ``waiting_lora_adapters``: comma-separated adapter
-            names; value: when it was last set, in Unix seconds). Only the latest label set is kept.
+            names; ``engine``; value: when it was last set, in Unix seconds). Only each engine's latest label set is
+            kept.
         num_speculative_tokens: k of ``--speculative-config``: adds vLLM's speculative decoding counters
             ``brigade:spec_decode_num_drafts``, ``..._num_draft_tokens``, ``..._num_accepted_tokens`` and
             ``..._num_accepted_tokens_per_pos`` (label ``position``, 0 to k - 1).
     """
 
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None, max_loras: int | None = None,
-                 num_speculative_tokens: int | None = None):
+                 num_speculative_tokens: int | None = None, num_engines: int = 1):
         self.registry = registry if registry is not None else CollectorRegistry()
         labels = ["model_name"]
         reg = self.registry
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(f"brigade:{name}", doc, labels, registry=reg).labels(model_name)
+        self._model_name = model_name
+        self._engine_families = {key: kind(f"brigade:{name}", doc, labels + ["engine"], registry=reg)
+                                 for key, kind, name, doc in ENGINE_SERIES}
+        self._engines: dict[int, dict] = {}  # engine index -> its children of the families above
+        for engine_index in range(num_engines):
+            self._engine_series(engine_index)
 
         def counter(name: str, doc: str) -> Counter:
             return Counter(f"brigade:{name}", doc, labels, registry=reg).labels(model_name)
@@ -52,22 +75,13 @@ class PrometheusStatLogger(StatLoggerBase):
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(f"brigade:{name}", doc, labels, buckets=buckets, registry=reg).labels(model_name)
 
-        self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.")
-        self.num_requests_waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
-        self.kv_cache_usage_perc = gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0 to 1).")
-        self.num_free_blocks = gauge("num_free_blocks", "KV cache blocks in the free pool (cached ones included).")
-        self.num_total_blocks = gauge("num_total_blocks", "KV cache blocks in the pool.")
-        self.prefix_cache_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
-        self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
-        self.num_preemptions = counter("num_preemptions", "Requests preempted for lack of KV blocks.")
         success = Counter("brigade:request_success", "Finished requests, by finish reason.",
                           labels + ["finished_reason"], registry=reg)
         # Create every reason up front so the series exist (at 0) before the first request finishes.
         self.request_success = {reason: success.labels(model_name, reason) for reason in FINISH_REASONS}
         self._success_family = success
-        self._model_name = model_name
         self.time_to_first_token = histogram("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
         self.inter_token_latency = histogram("inter_token_latency_seconds", "Time between output tokens.",
                                              ITL_BUCKETS)
@@ -75,8 +89,8 @@ class PrometheusStatLogger(StatLoggerBase):
         self.max_loras = max_loras
         self.lora_info = None if max_loras is None else Gauge(
             "brigade:lora_requests_info", "Running and waiting LoRA adapters (labels); value: last update time.",
-            ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=reg)
-        self._lora_labels: tuple[str, str, str] | None = None
+            ["max_lora", "running_lora_adapters", "waiting_lora_adapters", "engine"], registry=reg)
+        self._lora_labels: dict[int, tuple[str, str, str, str]] = {}  # engine index -> its current label set
         self.spec_decode = None
         if num_speculative_tokens is not None:
             per_pos = Counter("brigade:spec_decode_num_accepted_tokens_per_pos",
@@ -92,18 +106,30 @@ class PrometheusStatLogger(StatLoggerBase):
                                                "Mean time per output token after the first, per request.",
                                                ITL_BUCKETS)
 
+    def _engine_series(self, engine_index: int) -> dict:
+        """The per-engine children (``engine`` label) of one data-parallel engine, made on first use."""
+        series = self._engines.get(engine_index)
+        if series is None:
+            series = self._engines[engine_index] = {
+                key: family.labels(self._model_name, str(engine_index))
+                for key, family in self._engine_families.items()}
+        return series
+
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
-        """Fold one step's statistics into the metrics (O(tokens of the step); never blocks)."""
+        """Fold one step's statistics into the metrics (O(tokens of the step); never blocks). The scheduler
+        stats go to the series of their engine (``SchedulerStats.engine_index``)."""
         if scheduler_stats is not None:
-            self.num_requests_running.set(scheduler_stats.num_running_reqs)
-            self.num_requests_waiting.set(scheduler_stats.num_waiting_reqs)
-            self.prefix_cache_queries.inc(scheduler_stats.prefix_cache_queries)
-            self.prefix_cache_hits.inc(scheduler_stats.prefix_cache_hits)
-            self.num_preemptions.inc(scheduler_stats.num_preemptions)
+            engine = self._engine_series(scheduler_stats.engine_index)
+            engine["running"].set(scheduler_stats.num_running_reqs)
+            engine["waiting"].set(scheduler_stats.num_waiting_reqs)
+            engine["prefix_queries"].inc(scheduler_stats.prefix_cache_queries)
+            engine["prefix_hits"].inc(scheduler_stats.prefix_cache_hits)
+            engine["preemptions"].inc(scheduler_stats.num_preemptions)
             if scheduler_stats.num_total_blocks:
-                self.set_kv_cache_blocks(scheduler_stats.num_free_blocks, scheduler_stats.num_total_blocks)
+                self.set_kv_cache_blocks(scheduler_stats.num_free_blocks, scheduler_stats.num_total_blocks,
+                                         scheduler_stats.engine_index)
             else:
-                self.kv_cache_usage_perc.set(scheduler_stats.kv_cache_usage)
+                engine["kv_usage"].set(scheduler_stats.kv_cache_usage)
             if self.lora_info is not None:
                 self._set_lora_info(scheduler_stats)
             spec = scheduler_stats.spec_decoding
@@ -127,18 +153,21 @@ class PrometheusStatLogger(StatLoggerBase):
 
     def _set_lora_info(self, stats: SchedulerStats) -> None:
         labels = (str(self.max_loras), ",".join(sorted(stats.running_lora_adapters)),
-                  ",".join(sorted(stats.waiting_lora_adapters)))
-        if labels != self._lora_labels:
-            self.lora_info.clear()
-            self._lora_labels = labels
+                  ",".join(sorted(stats.waiting_lora_adapters)), str(stats.engine_index))
+        previous = self._lora_labels.get(stats.engine_index)
+        if labels != previous:
+            if previous is not None:
+                self.lora_info.remove(*previous)
+            self._lora_labels[stats.engine_index] = labels
         self.lora_info.labels(*labels).set_to_current_time()
 
-    def set_kv_cache_blocks(self, num_free_blocks: int, num_total_blocks: int) -> None:
-        """Refresh the KV gauges from a block count (a step's stats, or a direct query when idle)."""
-        self.num_free_blocks.set(num_free_blocks)
-        self.num_total_blocks.set(num_total_blocks)
+    def set_kv_cache_blocks(self, num_free_blocks: int, num_total_blocks: int, engine_index: int = 0) -> None:
+        """Refresh one engine's KV gauges from a block count (a step's stats, or a direct query when idle)."""
+        engine = self._engine_series(engine_index)
+        engine["free_blocks"].set(num_free_blocks)
+        engine["total_blocks"].set(num_total_blocks)
         used = num_total_blocks - num_free_blocks
-        self.kv_cache_usage_perc.set(used / num_total_blocks if num_total_blocks else 0.0)
+        engine["kv_usage"].set(used / num_total_blocks if num_total_blocks else 0.0)
 
     def _success(self, reason: str):
         child = self.request_success.get(reason)

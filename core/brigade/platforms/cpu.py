@@ -27,7 +27,7 @@ class CpuPlatform(Platform):
     @classmethod
     def check_and_update_config(cls, config: BrigadeConfig) -> None:
         """The base choices, a smaller default step budget (``CPU_MAX_NUM_BATCHED_TOKENS``), then refuse a
-        --kv-cache-memory larger than the machine's RAM (before any load).
+        --kv-cache-memory larger than the machine's RAM, once per data-parallel engine (before any load).
 
         Raises ConfigError (one line) naming the machine's total memory.
         """
@@ -41,9 +41,14 @@ class CpuPlatform(Platform):
             sc.max_num_batched_tokens = CPU_MAX_NUM_BATCHED_TOKENS
         requested = config.cache_config.kv_cache_memory_gib
         total = _physical_memory_gib()
-        if requested is not None and total is not None and requested > total:
-            raise ConfigError(f"--kv-cache-memory {requested:g} GiB is more than this machine's {total:.1f} GiB of "
-                              f"memory; the KV cache lives in RAM on the CPU, so give well under {total:.0f}")
+        parallel = config.parallel_config
+        # Every data-parallel engine has its own pool (one engine process holds only its own).
+        engines = parallel.data_parallel_size if parallel.data_parallel_rank is None else 1
+        if requested is not None and total is not None and requested * engines > total:
+            pools = f" x {engines} engines (-dp)" if engines > 1 else ""
+            raise ConfigError(f"--kv-cache-memory {requested:g} GiB{pools} is more than this machine's {total:.1f} GiB "
+                              f"of memory; the KV cache lives in RAM on the CPU, so give well under "
+                              f"{total / engines:.0f}")
 
 
 def _physical_memory_gib() -> float | None:

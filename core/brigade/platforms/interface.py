@@ -69,6 +69,21 @@ class Platform:
             raise RuntimeError(f"physical device {physical_id} is not visible: "
                                f"{cls.device_control_env_var}={','.join(visible)}") from None
 
+    @classmethod
+    def physical_device_count(cls) -> int | None:
+        """Devices on the host, counted without initialising the device runtime (no CUDA context: the caller may
+        fork afterwards); None where the platform cannot tell. Platform plugins override it."""
+        return None
+
+    @classmethod
+    def device_count(cls) -> int | None:
+        """Devices this process may use: the length of ``device_control_env_var``'s list when it is set, else
+        ``physical_device_count()``. None on a platform without devices (the host: no limit) or when unknown."""
+        if cls.device_control_env_var is None:
+            return None
+        visible = cls.visible_device_ids()
+        return len(visible) if visible is not None else cls.physical_device_count()
+
     # ---- configuration ------------------------------------------------------------------------
     @classmethod
     def check_and_update_config(cls, config: BrigadeConfig) -> None:

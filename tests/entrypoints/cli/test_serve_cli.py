@@ -104,7 +104,8 @@ def test_a_mistyped_plugin_name_gets_a_did_you_mean(smollm2_path, flags, expecte
 
 @pytest.mark.parametrize("flags,expected", [
     (["-tp", "2"], "tensor/pipeline parallelism of 2 is not implemented yet"),
-    (["-dp", "2"], "data parallelism of 2 is not implemented yet; run with -dp 1"),
+    (["-dp", "2", "--kv-transfer-config", '{"kv_connector": "shm", "kv_role": "kv_both"}'],
+     "--kv-transfer-config (shm) with -dp 2 is not supported: each engine would run its own connector"),
     (["--distributed-executor-backend", "ray"], "--distributed-executor-backend ray is not available in this build"),
     # The parser's choices listed "shm", but no installed plugin registers it: the registry has the last word.
     (["--kv-transfer-config", '{"kv_connector": "shm"}'], "--kv-transfer-config kv_connector 'shm' is not installed"),

@@ -6,6 +6,7 @@ One server for the whole module (start-up dominates). Outputs are greedy and sho
 from __future__ import annotations
 
 import json
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -51,14 +52,16 @@ def tokenizer(smollm2_path):
 
 
 def metrics(server) -> dict[str, float]:
-    """GET /metrics as {series with labels: value} (model_name label dropped for brevity)."""
+    """GET /metrics as {series with labels: value} (model_name label dropped for brevity; the per-engine series
+    summed over their ``engine`` label, which is "0" alone here)."""
     text = httpx.get(server.url("/metrics"), timeout=30).text
-    out = {}
+    out: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
-            out[name.replace(f'model_name="{MODEL_NAME}"', "").replace("{,", "{").replace(",}", "}")
-                .replace("{}", "")] = float(value)
+            name = re.sub(r'engine="\d+",?', "", name.replace(f'model_name="{MODEL_NAME}"', ""))
+            name = name.replace("{,", "{").replace(",}", "}").replace("{}", "")
+            out[name] = out.get(name, 0.0) + float(value)
     return out
 
 

@@ -42,7 +42,9 @@ def metrics(server) -> dict[str, float]:
     for line in httpx.get(server.url("/metrics"), timeout=30).text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
-            out[name.split("{")[0] if "model_name" in name and name.count("=") == 1 else name] = float(value)
+            if "model_name" in name and name.count("=") - ("engine=" in name) == 1:  # one engine: "0"
+                name = name.split("{")[0]
+            out[name] = float(value)
     return out
 
 

@@ -155,7 +155,9 @@ def _add_parallel_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, help="GPUs per layer (only 1 runs yet)")
     p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1,
                    help="pipeline stages (only 1 runs yet)")
-    p.add_argument("-dp", "--data-parallel-size", type=int, default=1, help="engine replicas (only 1 runs yet)")
+    p.add_argument("-dp", "--data-parallel-size", type=int, default=1,
+                   help="engine replicas behind this front end, each an EngineCore process with its own scheduler, "
+                        "KV cache and devices; requests go to the least-loaded one (docs/distributed.md)")
     p.add_argument("--distributed-executor-backend", choices=("uni", "mp", "ray"), default=None,
                    help="uni (default): the worker in the engine process; mp: in its own process")
 

@@ -186,7 +186,8 @@ def _register_stat_loggers(engine: AsyncLLM, config: BrigadeConfig,
     stat_logger = PrometheusStatLogger(
         config.model_config.name, max_loras=config.lora_config.max_loras if config.lora_config is not None else None,
         num_speculative_tokens=(config.speculative_config.num_speculative_tokens
-                                if config.speculative_config is not None else None))
+                                if config.speculative_config is not None else None),
+        num_engines=config.parallel_config.data_parallel_size)
     stat_loggers: list[StatLoggerBase] = [stat_logger, *_plugin_stat_loggers(config)]
     if settings.log_stats:
         stat_loggers.append(LoggingStatLogger())
@@ -260,8 +261,9 @@ async def _stop_when_engine_dies(engine: AsyncLLM, server: uvicorn.Server) -> st
     (systemd, Kubernetes) that can restart it. Returns the reason, or None if the server stopped first."""
     while not server.should_exit:
         await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
-        if engine.errored or not engine.client.proc.is_alive():
-            reason = engine.dead_error or f"the engine process exited with code {engine.client.proc.exitcode}"
+        reason = engine.death_reason()
+        if reason is not None:
+            engine.mark_dead(reason)  # requests in flight fail with the cause, not with the shutdown's cut
             logger.error("the engine died (%s); shutting the API server down so that its supervisor can restart "
                          "it (%s=1 keeps it up, answering 503)", reason, KEEP_ALIVE_ENV)
             server.should_exit = True

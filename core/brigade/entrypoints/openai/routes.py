@@ -55,11 +55,12 @@ def mount_system_routes(app: FastAPI, engine: AsyncLLM, stat_logger: PrometheusS
         # The gauges come from the last step; when the engine is idle no step runs, so ask it directly.
         if not engine.errored:
             try:
-                stats = await asyncio.wait_for(engine.get_kv_cache_stats(), KV_STATS_TIMEOUT_S)
+                by_engine = await asyncio.wait_for(engine.get_kv_cache_stats_by_engine(), KV_STATS_TIMEOUT_S)
             except (TimeoutError, EngineDeadError) as exc:  # serve the last values rather than fail the scrape
                 logger.warning("KV cache gauges not refreshed: %s", str(exc) or type(exc).__name__)
             else:
-                stat_logger.set_kv_cache_blocks(stats["num_free_blocks"], stats["num_total_blocks"])
+                for engine_index, stats in enumerate(by_engine):  # each data-parallel engine's gauges
+                    stat_logger.set_kv_cache_blocks(stats["num_free_blocks"], stats["num_total_blocks"], engine_index)
         body, content_type = stat_logger.render()
         return Response(content=body, media_type=content_type)
 

@@ -1,0 +1,46 @@
+"""``-dp 2`` on CUDA: each engine on its own GPU (engine i sees device i through CUDA_VISIBLE_DEVICES), greedy tokens
+equal one engine's, and a grid larger than the visible GPUs is one ConfigError line. Skips without CUDA (the
+two-engine test below two GPUs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from brigade import LLM, SamplingParams
+from brigade.config import ConfigError
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at", "Once upon a time, a fox"]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_two_engines_on_two_gpus_give_the_outputs_of_one(smollm2_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    # One prompt per call: every step is a batch of one on both sides, so the kernels and their numerics match.
+    one = LLM(smollm2_path, max_model_len=512, gpu_memory_utilization=0.3)
+    expected = [one.generate(p, params, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
+    one.shutdown()
+    del one
+    torch.cuda.empty_cache()
+    free_before = [torch.cuda.mem_get_info(i)[0] for i in range(2)]
+    two = LLM(smollm2_path, max_model_len=512, gpu_memory_utilization=0.3, data_parallel_size=2)
+    try:
+        # Each engine holds its weights and a KV pool of about 30% on its own GPU.
+        used = [before - torch.cuda.mem_get_info(i)[0] for i, before in enumerate(free_before)]
+        assert all(u > 0.2 * torch.cuda.mem_get_info(i)[1] for i, u in enumerate(used)), used
+        got = [two.generate(p, params, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
+        assert got == expected
+        assert two.engine.core.balancer.num_received == [2, 2]  # idle engines alternate
+    finally:
+        two.shutdown()
+
+
+def test_more_engines_than_gpus_is_one_line(smollm2_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(ConfigError) as info:
+        LLM(smollm2_path, data_parallel_size=2)
+    assert str(info.value) == ("-dp 2 x -tp 1 x -pp 1 needs 2 cuda devices but 1 are visible (CUDA_VISIBLE_DEVICES=0); "
+                               "lower the sizes so that their product is at most 1")
