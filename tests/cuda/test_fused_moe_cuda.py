@@ -106,7 +106,7 @@ def test_layers_built_on_cuda_bind_the_triton_kernel(cuda_ops_registered, rel_er
     assert rel_err(layer(x, weights, ids), layer.forward_native(x, weights, ids)) < 1e-2
 
 
-TINY = dict(vocab_size=512, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+TINY = dict(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=1024, rms_norm_eps=1e-5, initializer_range=0.1, tie_word_embeddings=False,
             bos_token_id=None, eos_token_id=None)
 MODELS = {

@@ -29,6 +29,16 @@ __all__ = [
 ]
 
 _NEG_INF = float("-inf")
+
+
+def mask_positions(logits: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> None:
+    """``logits[rows, cols] = -inf`` in place, without a host-device synchronization.
+
+    ``logits[rows, cols] = float("-inf")`` would copy the Python scalar from pageable host memory, a copy that waits
+    for the stream; under overlapped scheduling that stalls the host behind the step in flight. The fill value is
+    made on the logits' device instead.
+    """
+    logits.index_put_((rows, cols), torch.full((), _NEG_INF, dtype=logits.dtype, device=logits.device))
 # OpenAI accepts logit_bias values in [-100, 100].
 _MAX_ABS_LOGIT_BIAS = 100.0
 
@@ -166,7 +176,7 @@ class BadWordsLogitsProcessor(LogitsProcessor):
             _check_token_ids(word, vocab_size, "bad_words")
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        logits[self.rows_index, self.cols_index] = _NEG_INF
+        mask_positions(logits, self.rows_index, self.cols_index)
         if self.pending is not None:
             rows, must_equal, masked = self.pending
             matched = (self.metadata.pending_token_ids[rows] == must_equal).to(torch.int32)  # [W], on the device
@@ -247,7 +257,7 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         _check_token_ids(params.stop_token_ids, vocab_size, "stop_token_ids")
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        logits[self.rows_index, self.cols_index] = _NEG_INF
+        mask_positions(logits, self.rows_index, self.cols_index)
         return logits
 
 

@@ -269,6 +269,25 @@ def pick_tile(num_tokens: int, num_experts: int, hidden: int, inter: int, top_k:
     return by_tokens[min(fitting) if fitting else max(by_tokens)]
 
 
+# What one program's pipelined operand tiles may take of a streaming multiprocessor's shared memory (the H100/H200
+# limit is 227 KiB; the rest goes to the epilogue and Triton's own scratch).
+SHARED_MEMORY_BUDGET = 200 * 1024
+
+
+def fit_shared_memory(tile: MoETile, element_size: int) -> MoETile:
+    """``tile`` with fewer pipeline stages where its operand tiles would overflow ``SHARED_MEMORY_BUDGET``.
+
+    The gate/up program keeps, per stage, an activation tile [BLOCK_M, BLOCK_K] and two weight tiles
+    [BLOCK_K, BLOCK_N] (gate and up); the down program fewer. The table is tuned in bf16: fp32 operands take
+    twice the bytes, so an fp32 model runs the same tile with fewer stages rather than fail to launch.
+    """
+    per_stage = (tile.block_m * tile.block_k + 2 * tile.block_k * tile.block_n) * element_size
+    stages = tile.num_stages
+    while stages > 1 and stages * per_stage > SHARED_MEMORY_BUDGET:
+        stages -= 1
+    return tile if stages == tile.num_stages else tile._replace(num_stages=stages)
+
+
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, *, tile: MoETile | None = None) -> torch.Tensor:
     """``sum_j topk_weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))``, ``e = topk_ids[t, j]``.
@@ -288,7 +307,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     inter, top_k = two_inter // 2, topk_ids.shape[1]
     if num_tokens == 0:
         return torch.empty_like(x)
-    tile = tile or pick_tile(num_tokens, num_experts, hidden, inter, top_k)
+    tile = fit_shared_memory(tile or pick_tile(num_tokens, num_experts, hidden, inter, top_k), x.element_size())
     sorted_ids, expert_ids, num_post = moe_align_block_size(topk_ids, num_experts, tile.block_m)
     num_assignments = num_tokens * top_k
     num_pid_m = expert_ids.numel()
