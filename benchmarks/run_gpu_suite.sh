@@ -4,6 +4,7 @@
 #   latency         bench 1: batch 1, 128 in / 256 out, TPOT against the bound; HF `generate` in the same run
 #   throughput      bench 2: 1000 x (1024 in, 128 out)
 #   sharegpt        bench 3: 1000 ShareGPT-like prompts
+#   sharegpt-penalty  bench 3 with 10% of the requests at repetition_penalty 1.1 (target: within 5% of bench 3)
 #   peers           bench 4: HF `generate` and `generate_batch` on 64 x (1024 in, 128 out), same prompts
 #   peers-sharegpt  bench 4: the same peers on bench 3's first 64 ShareGPT-like prompts
 #   serve           bench 5: `brigade bench serve` against `brigade serve --skip-tokenizer-init` at 16, 4, inf req/s
@@ -17,8 +18,8 @@ Usage: benchmarks/run_gpu_suite.sh [options]
   --part 1|2|all     part 1: limits latency throughput sharegpt peers (~7 min on an H200);
                      part 2: peers-sharegpt serve (~7 min); all: both (~14 min, over one 10-minute device
                      call: run the two parts as two calls). Default: all.
-  --bench LIST       run only these, comma-separated: limits latency throughput sharegpt peers peers-sharegpt
-                     serve, or their numbers 0 1 2 3 4 4s 5 (overrides --part)
+  --bench LIST       run only these, comma-separated: limits latency throughput sharegpt sharegpt-penalty peers
+                     peers-sharegpt serve, or their numbers 0 1 2 3 3p 4 4s 5 (overrides --part)
   --quick            fewer prompts and iterations everywhere: a smoke test of the whole suite (~8 min)
   --run-name NAME    the result folder's name (default: the UTC start time, e.g. 2026-12-01T1405Z); give part 2
                      part 1's name to fill the same folder
@@ -51,9 +52,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-ALL="limits latency throughput sharegpt peers peers-sharegpt serve"
+ALL="limits latency throughput sharegpt sharegpt-penalty peers peers-sharegpt serve"
 case $part in
-  1) selected="limits latency throughput sharegpt peers" ;;
+  1) selected="limits latency throughput sharegpt sharegpt-penalty peers" ;;
   2) selected="peers-sharegpt serve" ;;
   all) selected=$ALL ;;
   *) echo "--part must be 1, 2 or all" >&2; exit 2 ;;
@@ -62,7 +63,8 @@ if [ -n "$benches" ]; then
   selected="" part=custom
   for b in ${benches//,/ }; do
     case $b in
-      0) b=limits ;; 1) b=latency ;; 2) b=throughput ;; 3) b=sharegpt ;; 4) b=peers ;; 4s) b=peers-sharegpt ;;
+      0) b=limits ;; 1) b=latency ;; 2) b=throughput ;; 3) b=sharegpt ;; 3p) b=sharegpt-penalty ;; 4) b=peers ;;
+      4s) b=peers-sharegpt ;;
       5) b=serve ;;
     esac
     case " $ALL " in *" $b "*) ;; *) echo "unknown benchmark: $b" >&2; exit 2 ;; esac
@@ -133,6 +135,12 @@ bench_throughput() {
 bench_sharegpt() {
   step sharegpt 150 brigade bench throughput $M $C --max-model-len 4096 --dataset sharegpt-like --num-prompts $N3 \
     --max-num-seqs 512 --max-num-batched-tokens 16384 --output-json "$out_dir/throughput_sharegpt.json"
+}
+
+bench_sharegpt_penalty() {
+  step sharegpt-penalty 150 brigade bench throughput $M $C --max-model-len 4096 --dataset sharegpt-like \
+    --num-prompts $N3 --max-num-seqs 512 --max-num-batched-tokens 16384 --repetition-penalty-fraction 0.1 \
+    --repetition-penalty 1.1 --output-json "$out_dir/throughput_sharegpt_penalty.json"
 }
 
 bench_peers() {
