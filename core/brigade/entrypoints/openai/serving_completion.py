@@ -6,6 +6,7 @@ Streams use DELTA outputs and end with an optional usage chunk, then ``[DONE]``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -70,6 +71,8 @@ def echo_only(request: CompletionRequest) -> bool:
     return bool(request.echo) and request.max_tokens == 0
 
 
+# How many prompts of one request are checked between two turns of the event loop.
+PROMPTS_PER_LOOP_TURN = 1024
 MAX_SEQUENCES_PER_REQUEST = 100_000  # prompts x n of one completions request; docs/server.md
 
 
@@ -117,12 +120,20 @@ class OpenAIServingCompletion(OpenAIServing):
         # echo with max_tokens 0 scores the prompt only (lm-eval's loglikelihood): the engine runs one token
         # that the response leaves out, as vLLM does.
         wanted = 1 if echo_only(request) else request.max_tokens
-        for prompt in prompts:
+        # Prompts differ only in their max_tokens (what the context leaves when it is not given): one
+        # SamplingParams per distinct value, not per prompt, so a list of 100,000 prompts costs one validation.
+        by_max_tokens: dict[int, SamplingParams] = {}
+        for i, prompt in enumerate(prompts):
             max_tokens = self.check_length(len(prompt.token_ids), wanted, prompt_param="prompt",
                                            max_tokens_param="max_tokens",
                                            max_tokens_defaulted="max_tokens" not in request.model_fields_set)
-            params.append(self.sampling_params(request, max_tokens=max_tokens, logprobs=request.logprobs,
-                                               prompt_logprobs=prompt_logprobs))
+            if max_tokens not in by_max_tokens:
+                by_max_tokens[max_tokens] = self.sampling_params(request, max_tokens=max_tokens,
+                                                                 logprobs=request.logprobs,
+                                                                 prompt_logprobs=prompt_logprobs)
+            params.append(by_max_tokens[max_tokens])
+            if i % PROMPTS_PER_LOOP_TURN == PROMPTS_PER_LOOP_TURN - 1:
+                await asyncio.sleep(0)  # other requests (and /health) get the loop between slices
         if params and params[0].bad_words:  # the same words for every prompt: tokenized once
             first = await self.with_bad_words_ids(params[0])
             params = [msgspec.structs.replace(p, bad_words_token_ids=first.bad_words_token_ids) for p in params]
@@ -176,6 +187,8 @@ class OpenAIServingCompletion(OpenAIServing):
             else:
                 self.check_token_ids(item, "prompt")
                 inputs.append(PromptInput(None, list(item)))
+                if len(inputs) % PROMPTS_PER_LOOP_TURN == 0:
+                    await asyncio.sleep(0)
         if keep is not None:
             inputs = [p if len(p.token_ids) <= keep else PromptInput(None, p.token_ids[-keep:]) for p in inputs]
         return inputs
