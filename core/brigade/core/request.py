@@ -45,7 +45,7 @@ class Request:
     __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time",
                  "priority", "cache_salt", "lora_name", "lora_int_id", "status", "output_token_ids", "all_token_ids",
                  "num_computed_tokens", "num_cached_tokens", "num_preemptions", "stop_reason",
-                 "stop_token_ids", "max_tokens", "block_hashes", "num_output_placeholders", "overlap_safe",
+                 "stop_token_ids", "max_tokens", "block_hashes", "num_output_placeholders", "needs_last_token",
                  "spec_token_ids")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
@@ -75,11 +75,11 @@ class Request:
         self.num_output_placeholders = 0
         # Draft tokens proposed for the next step (speculative decoding); not part of all_token_ids.
         self.spec_token_ids: list[int] = []
-        # Whether this request may be scheduled before its previous token is known. Penalties, bad words and
-        # min_tokens read the in-flight token on the device (sample.metadata.PendingTokens), prompt logprobs
-        # need nothing of it; a grammar must advance its matcher on the host with that token before the next
-        # step's bitmask exists, so it turns overlap off while it runs.
-        self.overlap_safe = sampling_params.structured_outputs is None
+        # Whether its next step needs its previous token on the host. Penalties, bad words and min_tokens read
+        # the in-flight token on the device (sample.metadata.PendingTokens), prompt logprobs need nothing of it;
+        # a grammar must advance its matcher with that token before the next step's bitmask exists, so such a
+        # request sits out the steps planned while its token is in flight (Scheduler._num_new_tokens).
+        self.needs_last_token = sampling_params.structured_outputs is not None
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest, max_model_len: int) -> Request:

@@ -62,7 +62,6 @@ class Scheduler:
         self.num_preemptions_total = 0  # since start
         self.grammar_failures: list[EngineCoreOutput] = []  # reported by the next update_from_output
         self.prompt_logprobs = PromptLogprobsLedger()
-        self.num_overlap_unsafe = 0  # unfinished requests that need the previous token before scheduling
         self.lora_admission = LoRAAdmission(lora_config.max_loras if lora_config is not None else None)
         self.spec_drafts = SpecDrafts(speculative_config, max_model_len)
         self.external_kv = ExternalKV(kv_connector)
@@ -92,11 +91,6 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.add(request)
         self.grammar_gate.add_request(request.request_id, request.sampling_params.structured_outputs)
-        self.num_overlap_unsafe += not request.overlap_safe
-
-    def all_overlap_safe(self) -> bool:
-        """True when every unfinished request may be scheduled before its last token is known."""
-        return self.num_overlap_unsafe == 0
 
     def finish_requests(self, request_ids: list[str], status: RequestStatus) -> list[Request]:
         """Finish requests from outside the step (abort, stop string found by the front end)."""
@@ -115,7 +109,6 @@ class Scheduler:
         return finished
 
     def _free_request(self, request: Request) -> None:
-        self.num_overlap_unsafe -= not request.overlap_safe
         self.external_kv.check_finished(request, self.kv_cache_manager.get_block_ids(request.request_id))
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
@@ -180,6 +173,8 @@ class Scheduler:
     def _num_new_tokens(self, request: Request, budget: int) -> int:
         if request.num_output_tokens + request.num_output_placeholders >= request.max_tokens:
             return 0  # its last token is still in flight
+        if request.num_output_placeholders and request.needs_last_token:
+            return 0  # a grammar's next bitmask needs the token still in flight: this step goes without it
         return min(request.num_tokens_with_placeholders - request.num_computed_tokens, self._token_limit(budget))
 
     def _allocate_with_drafts(self, request: Request, num_new: int, budget: int):

@@ -188,7 +188,7 @@ class EngineCore:
         return outputs
 
     def _step(self) -> EngineCoreOutputs:
-        if self.overlap and self.scheduler.all_overlap_safe():
+        if self.overlap:
             return self._step_overlapped()
         if self._in_flight is not None:
             return self._finish_in_flight()
