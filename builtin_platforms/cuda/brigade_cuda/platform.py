@@ -36,6 +36,16 @@ class CudaPlatform(TorchCudaPlatform):
     default_block_size: ClassVar[int] = 16
     worker_cls: ClassVar[str] = "brigade_cuda.worker.CudaWorker"
 
+    @classmethod
+    def device_count(cls) -> int | None:
+        """The visible GPUs: CUDA_VISIBLE_DEVICES's entries, else NVML's count (or the device nodes), without
+        initialising the CUDA driver (workers may fork afterwards)."""
+        visible = cls.visible_device_ids()
+        if visible is not None:
+            return len(visible)
+        count = nvml_device_count()
+        return count if count is not None else count_nvidia_device_nodes()
+
 
 def nvml_device_count(library: str = "libnvidia-ml.so.1") -> int | None:
     """Number of NVIDIA GPUs according to NVML, or None when NVML cannot be loaded or initialised.

@@ -35,7 +35,25 @@ def prepare_config(config: BrigadeConfig):
     current_platform().check_and_update_config(config)
     hf_config = get_hf_config(config.model_config.model, config.model_config.trust_remote_code)
     config.resolve(hf_config)
+    check_parallel_architecture(config, hf_config)
     return hf_config
+
+
+def check_parallel_architecture(config: BrigadeConfig, hf_config) -> None:
+    """Refuse tensor parallelism for a model class that does not shard its layers (no
+    ``supports_tensor_parallel = True``), in one line, before anything loads.
+
+    Raises:
+        ConfigError: naming the architecture.
+    """
+    from brigade.model_executor.loader import get_model_class
+
+    tp = config.parallel_config.tensor_parallel_size
+    if tp > 1:
+        model_cls = get_model_class(hf_config)
+        if not getattr(model_cls, "supports_tensor_parallel", False):
+            raise ConfigError(f"{model_cls.__name__} does not shard its layers, so it cannot run with tensor "
+                              f"parallelism (-tp {tp}); serve it with -tp 1")
 
 
 def check_kv_capacity(num_blocks: int, block_size: int, max_model_len: int) -> None:

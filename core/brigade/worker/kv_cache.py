@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from brigade.attention.backend import AttentionBackend
+from brigade.distributed.sharding import attention_shard
 from brigade.kv_transfer import KVCacheLayout
 
 
@@ -29,10 +30,13 @@ class KVCacheSpec:
 
     @classmethod
     def for_model(cls, hf_config, attn_backend: type[AttentionBackend], block_size: int,
-                  dtype: torch.dtype) -> KVCacheSpec:
-        """The spec of an HF config's attention (``head_dim`` or hidden / heads; KV heads default to heads)."""
+                  dtype: torch.dtype, *, tp_size: int = 1) -> KVCacheSpec:
+        """The spec of an HF config's attention (``head_dim`` or hidden / heads; KV heads default to heads) on one
+        rank of ``tp_size``: its KV heads only (one when ``tp_size`` exceeds them: replicated)."""
         head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+        if tp_size > 1:
+            num_kv_heads = attention_shard(hf_config.num_attention_heads, num_kv_heads, 0, tp_size).num_kv_heads
         return cls(attn_backend, block_size, head_size, num_kv_heads, hf_config.num_hidden_layers, dtype)
 
     def shape(self, num_blocks: int) -> tuple[int, ...]:

@@ -41,7 +41,8 @@ class ModelRunner:
         self.attn_backend = attn_backend
         self.hf_config = hf_config
         self.block_size = config.cache_config.block_size
-        self.kv_cache = KVCacheSpec.for_model(hf_config, attn_backend, self.block_size, dtype)
+        self.kv_cache = KVCacheSpec.for_model(hf_config, attn_backend, self.block_size, dtype,
+                                              tp_size=config.parallel_config.tensor_parallel_size)
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.sampler = plugin_sampler()

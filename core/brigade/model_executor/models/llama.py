@@ -26,7 +26,7 @@ from brigade.attention.backend import AttentionBackend, AttentionContext
 from brigade.model_executor.layers.activation import SiluAndMul
 from brigade.model_executor.layers.attention import Attention
 from brigade.model_executor.layers.layernorm import RMSNorm
-from brigade.model_executor.layers.linear import Linear, MergedColumnLinear, QKVLinear
+from brigade.model_executor.layers.linear import MergedColumnLinear, QKVLinear, RowParallelLinear
 from brigade.model_executor.layers.linear_method import QuantizationConfig, get_linear_method
 from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope_parameters
 from brigade.model_executor.layers.vocab import LMHead, VocabEmbedding
@@ -55,8 +55,8 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = MergedColumnLinear(
             hidden_size, [intermediate_size, intermediate_size], bias=bias, dtype=dtype,
             quant_method=get_linear_method(quant_config, f"{prefix}.gate_up_proj"))
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype,
-                                quant_method=get_linear_method(quant_config, f"{prefix}.down_proj"))
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, dtype=dtype,
+                                           quant_method=get_linear_method(quant_config, f"{prefix}.down_proj"))
         self.act_fn = SiluAndMul()
 
     def forward(self, h: torch.Tensor, rest: torch.Tensor | None, norm: RMSNorm
@@ -87,11 +87,12 @@ class LlamaAttention(nn.Module):
         qkv_bias, o_bias = _attention_biases(config)
         self.qkv_proj = QKVLinear(hidden_size, head_size, self.num_heads, self.num_kv_heads, bias=qkv_bias,
                                   dtype=dtype, quant_method=get_linear_method(quant_config, f"{prefix}.qkv_proj"))
-        self.o_proj = Linear(self.num_heads * head_size, hidden_size, bias=o_bias, dtype=dtype,
-                             quant_method=get_linear_method(quant_config, f"{prefix}.o_proj"))
+        self.o_proj = RowParallelLinear(self.num_heads * head_size, hidden_size, bias=o_bias, dtype=dtype,
+                                        quant_method=get_linear_method(quant_config, f"{prefix}.o_proj"))
         self.rotary_emb = rotary_emb  # shared by all layers: one cos/sin table per model
-        self.attn = Attention(self.num_heads, head_size, self.num_kv_heads, scale=head_size ** -0.5,
-                              layer_idx=layer_idx, backend_cls=attn_backend)
+        # This rank's heads (all of them with one rank): the KV cache holds its KV heads only.
+        self.attn = Attention(self.qkv_proj.num_heads, head_size, self.qkv_proj.num_kv_heads,
+                              scale=head_size ** -0.5, layer_idx=layer_idx, backend_cls=attn_backend)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, rest: torch.Tensor | None, ctx: AttentionContext,
                 norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -175,6 +176,8 @@ class LlamaForCausalLM(nn.Module):
 
     # Merged layer -> the HF projections inside it, in shard order. Quantization configs receive the
     # merged prefix (``...self_attn.qkv_proj``) and use this to match checkpoint names and ignore lists.
+    supports_tensor_parallel: ClassVar[bool] = True  # column/row-parallel layers, vocabulary split
+
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
