@@ -33,6 +33,7 @@ from brigade.interfaces import AsyncModelRunnerOutput, ModelRunnerOutput, Schedu
 logger = logging.getLogger(__name__)
 
 _START_METHODS = ("spawn", "fork", "forkserver")
+DEATH_GRACE_S = 0.5  # after a rank's error, how long to look for a dead peer that caused it
 
 __all__ = ["MultiprocExecutor", "WorkerCommand", "WorkerDiedError", "WorkerInfo"]
 
@@ -104,6 +105,9 @@ class MultiprocExecutor(Executor):
         init_method = f"tcp://127.0.0.1:{free_loopback_port()}"
         self.conns, self.procs = [], []
         self._outstanding: collections.deque[PendingReplies] = collections.deque()  # steps not read yet, in order
+        # The server's EngineCore is itself a daemonic process, and multiprocessing refuses children to those (so
+        # that none outlives a terminated parent); workers watch their parent instead (``parent_watch``).
+        multiprocessing.current_process().daemon = False
         try:
             for rank in range(self.world_size):
                 spec = WorkerSpec(rank, self.world_size, self.driver_rank, method, self.channel.address, init_method)
@@ -164,15 +168,18 @@ class MultiprocExecutor(Executor):
             proc.join(timeout=1.0)
             raise WorkerDiedError(f"worker rank {rank} (pid {proc.pid}) {death_cause(proc.exitcode)}") from None
         if reply.error is not None:
+            # A rank killed in a collective makes its peers fail too (the connection closed): name the dead one.
+            wait([p.sentinel for p in self.procs], timeout=DEATH_GRACE_S)
+            self._check_alive(read_errors=False)
             raise WorkerDiedError(f"worker rank {rank} failed: {reply.error}")
         return reply.value
 
-    def _check_alive(self) -> None:
+    def _check_alive(self, *, read_errors: bool = True) -> None:
         """Raises WorkerDiedError for the first worker process that has ended (with the error it reported, when
         it reported one before exiting)."""
         for rank, proc in enumerate(self.procs):
             if not proc.is_alive():
-                if self.conns[rank].poll():
+                if read_errors and self.conns[rank].poll():
                     self._read(rank)
                 raise WorkerDiedError(f"worker rank {rank} (pid {proc.pid}) {death_cause(proc.exitcode)}")
 
