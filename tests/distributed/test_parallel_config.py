@@ -32,6 +32,12 @@ def test_a_layout_the_model_cannot_take_is_one_line(tp, hf, expected):
     assert str(info.value).startswith(expected) and "\n" not in str(info.value)
 
 
+def test_more_stages_than_layers_is_one_line():
+    with pytest.raises(ConfigError, match=r"^-pp 3 is above the model's 2 layers; use -pp 2 or less$"):
+        config(pipeline_parallel_size=3).check_parallel_model(transformers.LlamaConfig(**TINY))
+    config(pipeline_parallel_size=2).check_parallel_model(transformers.LlamaConfig(**TINY))
+
+
 def test_the_same_model_takes_a_layout_that_fits():
     for tp in (1, 2):  # 2 splits the 4 KV heads
         config(tensor_parallel_size=tp).check_parallel_model(transformers.LlamaConfig(**TINY))
@@ -44,11 +50,18 @@ def test_the_same_model_takes_a_layout_that_fits():
     ({"quantization": "fp8"}, "--quantization fp8 with tensor parallelism (-tp 2) is not supported yet"),
     ({"kv": True}, "--kv-transfer-config (a KV connector) with tensor parallelism (-tp 2) is not supported yet"),
     ({"backend": "uni"}, "--distributed-executor-backend uni runs one worker, but -tp 2 -pp 1 needs 2"),
+    ({"pp": 2, "spec": True}, "--speculative-config with pipeline parallelism (-pp 2) is not supported yet"),
 ])
 def test_combinations_this_build_cannot_run_are_one_line(extra, expected):
     from brigade.config import KVTransferConfig, LoRAConfig
 
-    c = config(tensor_parallel_size=2, distributed_executor_backend=extra.get("backend"))
+    from brigade.config.speculative import SpeculativeConfig
+
+    pp = extra.get("pp", 1)
+    c = config(tensor_parallel_size=1 if pp > 1 else 2, pipeline_parallel_size=pp,
+               distributed_executor_backend=extra.get("backend"))
+    if extra.get("spec"):
+        c.speculative_config = SpeculativeConfig(method="ngram", num_speculative_tokens=2)
     c.model_config.quantization = extra.get("quantization")
     if extra.get("lora"):
         c.lora_config = LoRAConfig()

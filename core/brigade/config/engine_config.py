@@ -66,13 +66,12 @@ class BrigadeConfig:
         quantized checkpoint) by ``check_parallel_model``, once config.json is read.
 
         Raises:
-            ConfigError: pipeline or data parallelism above 1; the ray executor; the uni executor with several
-                workers; tensor parallelism with a KV connector, LoRA or ``--quantization``.
+            ConfigError: data parallelism above 1; the ray executor; the uni executor with several workers;
+                tensor parallelism with a KV connector, LoRA or ``--quantization``; pipeline parallelism with a
+                KV connector, LoRA or speculative decoding.
         """
         parallel = self.parallel_config
         tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
-        if pp != 1:
-            raise ConfigError(f"pipeline parallelism of {pp} is not implemented yet; run with -pp 1")
         if parallel.data_parallel_size != 1:
             raise ConfigError(f"data parallelism of {parallel.data_parallel_size} is not implemented yet; run with "
                               "-dp 1 (or one server per device behind a load balancer)")
@@ -88,6 +87,13 @@ class BrigadeConfig:
                                   (self.model_config.quantization, f"--quantization {self.model_config.quantization}")):
                 if setting is not None:
                     raise ConfigError(f"{flag} with tensor parallelism (-tp {tp}) is not supported yet; run one "
+                                      "of them without the other")
+        if pp > 1:
+            for setting, flag in ((self.kv_transfer_config, "--kv-transfer-config (a KV connector)"),
+                                  (self.lora_config, "--enable-lora"),
+                                  (self.speculative_config, "--speculative-config")):
+                if setting is not None:
+                    raise ConfigError(f"{flag} with pipeline parallelism (-pp {pp}) is not supported yet; run one "
                                       "of them without the other")
 
     def check_parallel_model(self, hf_config) -> None:

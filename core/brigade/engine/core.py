@@ -40,20 +40,24 @@ def prepare_config(config: BrigadeConfig):
 
 
 def check_parallel_architecture(config: BrigadeConfig, hf_config) -> None:
-    """Refuse tensor parallelism for a model class that does not shard its layers (no
-    ``supports_tensor_parallel = True``), in one line, before anything loads.
+    """Refuse tensor (pipeline) parallelism for a model class that does not shard its layers (split them into
+    stages): no ``supports_tensor_parallel`` (``supports_pipeline_parallel``) set True, in one line, before
+    anything loads.
 
     Raises:
         ConfigError: naming the architecture.
     """
     from brigade.model_executor.loader import get_model_class
 
-    tp = config.parallel_config.tensor_parallel_size
-    if tp > 1:
+    tp, pp = config.parallel_config.tensor_parallel_size, config.parallel_config.pipeline_parallel_size
+    if tp > 1 or pp > 1:
         model_cls = get_model_class(hf_config)
-        if not getattr(model_cls, "supports_tensor_parallel", False):
+        if tp > 1 and not getattr(model_cls, "supports_tensor_parallel", False):
             raise ConfigError(f"{model_cls.__name__} does not shard its layers, so it cannot run with tensor "
                               f"parallelism (-tp {tp}); serve it with -tp 1")
+        if pp > 1 and not getattr(model_cls, "supports_pipeline_parallel", False):
+            raise ConfigError(f"{model_cls.__name__} does not split its layers into stages, so it cannot run with "
+                              f"pipeline parallelism (-pp {pp}); serve it with -pp 1")
 
 
 def check_kv_capacity(num_blocks: int, block_size: int, max_model_len: int) -> None:

@@ -102,15 +102,19 @@ def _start_worker(config: BrigadeConfig, hf_config, spec: WorkerSpec):
     platform = current_platform()
     worker = resolve_obj_by_qualname(config.parallel_config.worker_cls)(config, local_rank=spec.rank,
                                                                         rank=spec.rank)
-    worker.init_device(hf_config)  # binds the device first: NCCL communicators use the current device
     state = None
     if spec.world_size > 1:
         parallel = config.parallel_config
         if worker.device.type == "cpu":  # ranks share the cores: without this each spawns a thread per core
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
+        if parallel.pipeline_parallel_size > 1:  # a stage's step waits on its neighbours: no graphs around it
+            config.model_config.enforce_eager = True
         grid = RankGrid(dp=1, pp=parallel.pipeline_parallel_size, tp=parallel.tensor_parallel_size)
+        # Device communicators are made lazily, at the first collective, on the device bound by init_device.
         state = init_parallel_state(grid, spec.rank, local_rank=spec.rank, device=worker.device,
                                     init_method=spec.init_method)
+    worker.init_device(hf_config)  # the runner sizes its KV cache for its stage and heads
+    if state is not None:
         state.world.all_reduce(torch.zeros(1, device=worker.device))  # make the device communicators now
     worker.load_model()
     model = worker.model_runner.model

@@ -30,6 +30,7 @@ from brigade.model_executor.layers.linear import MergedColumnLinear, QKVLinear, 
 from brigade.model_executor.layers.linear_method import QuantizationConfig, get_linear_method
 from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope_parameters
 from brigade.model_executor.layers.vocab import LMHead, VocabEmbedding
+from brigade.model_executor.models.pipeline import IntermediateTensors, MissingLayer, StageLayout, stage_inputs
 from brigade.model_executor.weight_utils import default_weight_loader
 
 logger = logging.getLogger(__name__)
@@ -153,17 +154,33 @@ class LlamaModel(nn.Module):
         rope = get_rope_parameters(config)
         rotary_emb = RotaryEmbedding(head_size, int(head_size * rope.partial_rotary_factor),
                                      config.max_position_embeddings, rope, is_neox_style=True)
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.stage = StageLayout.of(config.num_hidden_layers)
+        self.hidden_size = config.hidden_size
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        # The first stage embeds; the last needs the matrix too when its LM head is tied to it.
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=dtype) \
+            if self.stage.is_first or (tied and self.stage.is_last) else None
         self.layers = nn.ModuleList([
             LlamaDecoderLayer(config, layer_idx=i, rotary_emb=rotary_emb, head_size=head_size, dtype=dtype,
                               attn_backend=attn_backend, quant_config=quant_config, prefix=f"{prefix}.layers.{i}")
+            if self.stage.holds(i) else MissingLayer()
             for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        h, rest = self.embed_tokens(input_ids), None  # [T, hidden]
-        for layer in self.layers:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext,
+                intermediate: IntermediateTensors | None = None) -> torch.Tensor | IntermediateTensors:
+        """This stage's layers (every layer without a pipeline). Args: input_ids, positions [T]; ``intermediate``
+        the previous stage's stream (later stages). Returns [T, hidden], or on a stage before the last the
+        ``IntermediateTensors`` to send on."""
+        if self.stage.is_first:
+            h, rest = self.embed_tokens(input_ids), None  # [T, hidden]
+        else:
+            h, rest = stage_inputs(intermediate, input_ids.shape[0], self.hidden_size, self.norm.weight.dtype,
+                                   input_ids.device)
+        for layer in self.layers[self.stage.start:self.stage.end]:
             h, rest = layer(positions, h, rest, ctx)
+        if not self.stage.is_last:
+            return {"hidden_states": h} if rest is None else {"hidden_states": h, "residual": rest}
         return h if rest is None else h + rest
 
 
@@ -174,10 +191,11 @@ class LlamaForCausalLM(nn.Module):
     ``load_weights`` does the mapping. Layer ``i`` uses ``ctx.kv_caches[i]``.
     """
 
+    supports_tensor_parallel: ClassVar[bool] = True  # column/row-parallel layers, vocabulary split
+    supports_pipeline_parallel: ClassVar[bool] = True  # a stage's layers only (``pipeline.StageLayout``)
+
     # Merged layer -> the HF projections inside it, in shard order. Quantization configs receive the
     # merged prefix (``...self_attn.qkv_proj``) and use this to match checkpoint names and ignore lists.
-    supports_tensor_parallel: ClassVar[bool] = True  # column/row-parallel layers, vocabulary split
-
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
@@ -190,24 +208,27 @@ class LlamaForCausalLM(nn.Module):
         self.dtype = dtype
         _warn_sliding_window(hf_config)
         self.model = LlamaModel(hf_config, dtype=dtype, attn_backend=attn_backend, quant_config=quant_config)
-        self.lm_head = LMHead(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        if self.tie_word_embeddings:
+        self.lm_head = LMHead(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype) \
+            if self.model.stage.is_last else None  # only the last pipeline stage scores
+        if self.tie_word_embeddings and self.lm_head is not None:
             self.lm_head.tie_to(self.model.embed_tokens)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        """Run every layer on the step's tokens.
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext,
+                intermediate: IntermediateTensors | None = None) -> torch.Tensor | IntermediateTensors:
+        """Run every layer (this pipeline stage's) on the step's tokens.
 
         Args:
             input_ids: [T] int64 token ids of all scheduled tokens, requests back to back.
             positions: [T] int64 absolute position of each token in its request.
             ctx: the step's attention metadata and one KV cache per layer.
+            intermediate: on a pipeline stage after the first, what the previous stage returned.
 
         Returns:
             [T, hidden_size] hidden states in the model dtype: the last layer's output, before the final norm
-            (``compute_logits`` applies it).
+            (``compute_logits`` applies it); on a stage before the last, the ``IntermediateTensors`` to send on.
         """
-        return self.model(input_ids, positions, ctx)
+        return self.model(input_ids, positions, ctx, intermediate)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head. Args: hidden_states [N, hidden] rows of ``forward``'s output (usually each
@@ -220,8 +241,8 @@ class LlamaForCausalLM(nn.Module):
         can apply while it reads ``x``. Returns the number of norms folded (the final norm stays when the LM
         head is tied to the embedding, and a quantized projection keeps its norm). Call once, after loading.
         """
-        folded = sum(layer.fold_norms() for layer in self.model.layers)
-        return folded + int(self.lm_head.fold_input_norm(self.model.norm))
+        folded = sum(layer.fold_norms() for layer in self.model.layers if not isinstance(layer, MissingLayer))
+        return folded + int(self.lm_head is not None and self.lm_head.fold_input_norm(self.model.norm))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named checkpoint tensors into the merged parameters.
@@ -241,6 +262,8 @@ class LlamaForCausalLM(nn.Module):
                 continue
             name, shard_id = _to_brigade_name(hf_name)
             param = params.get(name)
+            if param is None and not self._on_this_stage(name):
+                continue  # another pipeline stage's layer, embedding or head
             if param is None:
                 raise ValueError(f"checkpoint tensor {hf_name!r} matches no parameter of {type(self).__name__} "
                                  f"(looked for {name!r}); is this checkpoint for another architecture?")
@@ -256,6 +279,16 @@ class LlamaForCausalLM(nn.Module):
             filled.setdefault(name, set()).add(shard_id)
         _check_complete(params, filled)
         return loaded_names
+
+    def _on_this_stage(self, name: str) -> bool:
+        """Whether the parameter ``name`` belongs to this pipeline stage (always, without a pipeline)."""
+        stage = self.model.stage
+        if name.startswith("model.embed_tokens."):
+            return self.model.embed_tokens is not None
+        if name.startswith("lm_head."):
+            return self.lm_head is not None
+        match = re.match(r"model\.layers\.(\d+)\.", name)
+        return match is None or stage.holds(int(match.group(1)))
 
 
 def _to_brigade_name(hf_name: str) -> tuple[str, str | int | None]:
