@@ -38,6 +38,7 @@ def main():
         scheduler = llm.engine.core.scheduler
         out[layout] = {"tokens": tokens, "again": again, "kv": llm.get_kv_cache_stats(),
                    "preemptions": scheduler.num_preemptions_total,
+                   "peak_in_flight": llm.engine.core.peak_batches_in_flight,
                    "methods": [i.start_method for i in infos], "param_bytes": [i.param_bytes for i in infos],
                    "places": [i.place for i in infos], "pids": [i.pid for i in infos]}
         llm.engine.core.shutdown()

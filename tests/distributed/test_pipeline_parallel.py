@@ -1,6 +1,7 @@
 """Pipeline parallelism on the mp executor, with real gloo process groups: ``-pp 2`` and ``-tp 2 -pp 2`` on a tiny
 random-weight Llama give transformers' greedy tokens (fp32) with chunked prefill, preemption and prefix caching;
-each stage holds its own layers only, and the last one samples."""
+each stage holds its own layers only, the last one samples, and the engine keeps two batches in flight (one per
+stage)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def test_pp2_and_tp2_pp2_greedy_tokens_match_transformers(tiny_llama):
         assert seen["tokens"] == refs, layout
         assert seen["again"] == refs[2:], layout
         assert seen["preemptions"] > 0, layout
+        assert seen["peak_in_flight"] == 2, layout  # the batch queue kept both stages busy
         assert seen["kv"]["num_free_blocks"] == seen["kv"]["num_total_blocks"], layout
         assert len(seen["pids"]) == world and not any(seen["alive"])
     # the 2x2 grid: TP fastest, so ranks 0, 1 are stage 0 and ranks 2, 3 stage 1

@@ -18,7 +18,6 @@ from brigade.distributed import get_pp_group
 from brigade.interfaces import KVConnectorMetadata, ModelRunnerOutput, RequestFailure, SchedulerOutput
 from brigade.kv_transfer import KVCacheLayout, KVConnectorBase, KVConnectorRole, make_kv_connector
 from brigade.sample.rejection_sampler import RejectionSampler
-from brigade.sample.sampler import SamplerOutput
 from brigade.worker.async_output import InFlightSamples, ReadyOutput, SampledTokens
 from brigade.worker.cuda_graph import DecodeGraphs, default_capture_sizes
 from brigade.worker.draft_verifier import DraftVerifier
@@ -236,16 +235,6 @@ class ModelRunner:
         logits = self.model.compute_logits(out[inputs.logits_indices]) if inputs.sampling_req_ids else None
         return logits, (out if keep_hidden else None)
 
-    def _stage_samples(self, samples: SamplerOutput | None, num_rows: int) -> SamplerOutput:
-        """The step's sampled tokens on every pipeline stage: the last stage, which sampled them, broadcasts
-        them over its pipeline group ([num_rows] int64); the others need them for their next inputs."""
-        last = self.pp.world_size - 1
-        if samples is not None:
-            self.pp.broadcast(samples.sampled_token_ids, src=last)
-            return samples
-        tokens = torch.empty(num_rows, dtype=torch.int64, device=self.device)
-        return SamplerOutput(self.pp.broadcast(tokens, src=last), None)
-
     def _sample_or_verify(self, scheduler_output: SchedulerOutput, batch: StepBatch, inputs: StepInputs,
                           logits: torch.Tensor | None, output: ModelRunnerOutput) -> ReadyOutput | SampledTokens:
         """Complete ``output`` (its failures and prompt logprobs set) with the step's tokens: none when no
@@ -264,13 +253,10 @@ class ModelRunner:
             output.logprobs = verified.logprobs
             output.failures.update({rid: RequestFailure(why, ran=True) for rid, why in verified.errors.items()})
             return ReadyOutput(output)
-        if logits is None:  # a pipeline stage before the last: the last one's tokens
-            return self.in_flight.launch(self._stage_samples(None, len(sampling_req_ids)), self.requests,
-                                         batch.req_ids, sampling_req_ids, output)
+        if logits is None:  # a pipeline stage before the last: it learns the tokens from the next schedule
+            return ReadyOutput(output)
         rows = [self.requests[rid].sampling for rid in sampling_req_ids]
         samples, errors = self.sample(logits, rows, sampling_req_ids, scheduler_output)
-        if self.pp.world_size > 1:
-            samples = self._stage_samples(samples, len(sampling_req_ids))
         output.failures.update({rid: RequestFailure(why, ran=True) for rid, why in errors.items()})
         return self.in_flight.launch(samples, self.requests, batch.req_ids, sampling_req_ids, output)
 
