@@ -115,7 +115,9 @@ def _start_worker(config: BrigadeConfig, hf_config, spec: WorkerSpec):
                                     init_method=spec.init_method)
     worker.init_device(hf_config)  # the runner sizes its KV cache for its stage and heads
     if state is not None:
-        state.world.all_reduce(torch.zeros(1, device=worker.device))  # make the device communicators now
+        # Make every device communicator now: CUDA graphs capture the collectives of a communicator that exists.
+        for group in (state.world, state.tp, state.pp):
+            group.all_reduce(torch.zeros(1, device=worker.device))
     worker.load_model()
     model = worker.model_runner.model
     info = WorkerInfo(pid=os.getpid(), rank=spec.rank, start_method=spec.start_method, platform=platform.name,

@@ -187,7 +187,11 @@ def initialize_dummy_weights(model: nn.Module, seed: int, *, std: float = 0.02) 
         gen = torch.Generator(device=param.device)
         gen.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (1 << 63))
         full_shape = tuple(getattr(param, "full_shape", param.shape))
-        if param.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        native = param.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+        if native and full_shape == tuple(param.shape):  # the whole parameter: draw in place
+            param.data.normal_(0.0, std, generator=gen)
+            continue
+        if native:
             full = torch.empty(full_shape, dtype=param.dtype, device=param.device).normal_(0.0, std, generator=gen)
         else:
             # fp8 and other storage types have no normal_ kernel: sample in fp32 and cast.

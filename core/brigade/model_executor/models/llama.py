@@ -166,6 +166,8 @@ class LlamaModel(nn.Module):
             if self.stage.holds(i) else MissingLayer()
             for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        # This stage's layers as a plain list (not registered twice; no ModuleList built per forward).
+        self.stage_layers = list(self.layers)[self.stage.start:self.stage.end]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext,
                 intermediate: IntermediateTensors | None = None) -> torch.Tensor | IntermediateTensors:
@@ -177,7 +179,7 @@ class LlamaModel(nn.Module):
         else:
             h, rest = stage_inputs(intermediate, input_ids.shape[0], self.hidden_size, self.norm.weight.dtype,
                                    input_ids.device)
-        for layer in self.layers[self.stage.start:self.stage.end]:
+        for layer in self.stage_layers:
             h, rest = layer(positions, h, rest, ctx)
         if not self.stage.is_last:
             return {"hidden_states": h} if rest is None else {"hidden_states": h, "residual": rest}
