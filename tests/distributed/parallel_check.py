@@ -27,10 +27,11 @@ def main():
     for layout in sys.argv[5].split(","):
         tp, pp = map(int, layout.split("x"))
         # a small step budget and a small pool: prompts are chunked, and requests are preempted
-        llm = LLM(model, dtype="float32", max_model_len=32, tensor_parallel_size=tp, pipeline_parallel_size=pp,
-                  skip_tokenizer_init=True,
-                  load_format=load_format, max_num_batched_tokens=8, num_gpu_blocks_override=6, block_size=8,
-                  enable_prefix_caching=True, async_scheduling=True)
+        kwargs = dict(dtype="float32", max_model_len=32, skip_tokenizer_init=True, load_format=load_format,
+                      max_num_batched_tokens=8, num_gpu_blocks_override=6, block_size=8, enable_prefix_caching=True,
+                      async_scheduling=True)
+        kwargs.update(json.loads(sys.argv[6]))
+        llm = LLM(model, tensor_parallel_size=tp, pipeline_parallel_size=pp, **kwargs)
         executor = llm.engine.core.executor
         infos = getattr(executor, "worker_info", [])
         tokens = generate(llm, prompts)
@@ -50,12 +51,12 @@ if __name__ == "__main__":
 """
 
 
-def run_check(model, method: str, load_format: str, layouts: str) -> dict:
+def run_check(model, method: str, load_format: str, layouts: str, **engine_args) -> dict:
     """Run ``_CHECK`` in a fresh interpreter for each ``TPxPP`` layout of ``layouts`` ("2x1,1x2"); returns
-    layout -> what it saw."""
+    layout -> what it saw. ``engine_args`` override the check's ``LLM`` arguments."""
     env = {**os.environ, "BRIGADE_WORKER_MULTIPROC_METHOD": method}
     proc = subprocess.run([sys.executable, "-c", _CHECK, str(model), json.dumps(PROMPTS), str(MAX_TOKENS),
-                           load_format, layouts], env=env, capture_output=True, text=True, timeout=600)
+                           load_format, layouts, json.dumps(engine_args)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
