@@ -8,6 +8,7 @@ One server for the module (the last test kills it).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -72,12 +73,19 @@ def test_tp3_serves_transformers_greedy_text(server, hf_reference):
     assert m["brigade:num_free_blocks"] == 8, stats[-2000:]  # the pool less its null block
 
 
-def test_start_up_log_states_the_grid_once(server):
+def test_start_up_log_states_the_grid_once(server, smollm2_path):
     log = server.log_tail(200_000)
     assert log.count("grid dp 1 x pp 1 x tp 3, 3 ranks, driver rank 0; each rank's KV cache holds 9 blocks") == 1
     for rank in range(3):
         line = f"rank {rank}/3 (local rank {rank}, device cpu): dp 0/1, pp 0/1, tp {rank}/3, pid "
         assert log.count(line) == 1, log[-3000:]
+    # Each rank holds about a third of the fp32 model (the norms, 0.1% of it, are whole on every rank).
+    from safetensors import safe_open
+
+    with safe_open(str(smollm2_path / "model.safetensors"), framework="pt") as f:
+        model_mib = sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys()) * 4 / 2**20
+    held = [float(m) for m in re.findall(r", pid \d+, ([0-9.]+) MiB of parameters", log)]
+    assert len(held) == 3 and all(0.33 < h / model_mib < 0.34 for h in held), (held, model_mib)
 
 
 def _process_tree(pid: int) -> list[int]:
