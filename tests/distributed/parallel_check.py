@@ -56,7 +56,8 @@ def run_check(model, method: str, load_format: str, layouts: str, **engine_args)
     layout -> what it saw. ``engine_args`` override the check's ``LLM`` arguments."""
     env = {**os.environ, "BRIGADE_WORKER_MULTIPROC_METHOD": method}
     proc = subprocess.run([sys.executable, "-c", _CHECK, str(model), json.dumps(PROMPTS), str(MAX_TOKENS),
-                           load_format, layouts, json.dumps(engine_args)], env=env, capture_output=True, text=True, timeout=600)
+                           load_format, layouts, json.dumps(engine_args)],
+                          env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -30,9 +30,10 @@ MAX_TOKENS = 20
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    # 16-token steps chunk the long prompt; 8 usable blocks of 8 tokens cannot hold the three requests (13 blocks) at once,
-    # so one is preempted and recomputed; prefix caching is on by default.
-    server = RemoteServer(smollm2_path, ["--served-model-name", MODEL, "-tp", "3", "--max-model-len", "64", "--block-size", "8",
+    # 16-token steps chunk the long prompt; 8 usable blocks of 8 tokens cannot hold the three requests (13
+    # blocks) at once, so one is preempted and recomputed; prefix caching is on by default.
+    server = RemoteServer(smollm2_path, ["--served-model-name", MODEL, "-tp", "3", "--max-model-len", "64",
+                                         "--block-size", "8",
                                          "--max-num-batched-tokens", "16", "--num-gpu-blocks-override", "9",
                                          "--dtype", "float32", "--disable-log-requests"])
     yield server
@@ -52,7 +53,8 @@ def test_tp3_serves_transformers_greedy_text(server, hf_reference):
     client = server.openai_client()
     tokenizer = hf_reference.tokenizer
     ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
-    expected = [tokenizer.decode(hf_reference.greedy([p], MAX_TOKENS, ignore_eos=True)[0], skip_special_tokens=True) for p in ids]
+    expected = [tokenizer.decode(hf_reference.greedy([p], MAX_TOKENS, ignore_eos=True)[0], skip_special_tokens=True)
+                for p in ids]
 
     def complete(prompt: str) -> str:
         out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
@@ -97,8 +99,8 @@ def _process_tree(pid: int) -> list[int]:
 
 
 def test_killed_worker_fails_the_stream_and_the_server_exits(server):
-    pids = {int(m.group(1)): int(m.group(2))
-            for m in re.finditer(r"rank (\d)/3 \(local rank \d, device cpu\): .*?, pid (\d+)", server.log_tail(200_000))}
+    placed = re.finditer(r"rank (\d)/3 \(local rank \d, device cpu\): .*?, pid (\d+)", server.log_tail(200_000))
+    pids = {int(m.group(1)): int(m.group(2)) for m in placed}
     tree = _process_tree(server.proc.pid)
     assert set(pids.values()) <= set(tree)
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 50, "ignore_eos": True, "stream": True}

@@ -217,7 +217,8 @@ def test_other_commands_refuse_parallelism_before_loading(smollm2_path, command)
     engine, before any weight is read."""
     argv = [*command[:1], *command[1:], str(smollm2_path)] if command[0] == "generate" else [*command, str(smollm2_path)]
     proc = subprocess.run([*brigade_command(), *argv, "-tp", "2"], capture_output=True, text=True, timeout=120)
-    errors = [line for line in proc.stderr.splitlines() if "-tp 2 does not divide the model's 9 attention heads" in line]
+    errors = [line for line in proc.stderr.splitlines()
+              if "-tp 2 does not divide the model's 9 attention heads" in line]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
     assert "tensors from" not in proc.stderr
 

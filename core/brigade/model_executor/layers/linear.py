@@ -26,6 +26,15 @@ from brigade.model_executor.layers.linear_method import LinearMethod, Unquantize
 from brigade.model_executor.weight_utils import default_weight_loader, materialize, narrow_weight, set_weight_attrs
 
 
+def bind_tp_group(layer: nn.Module) -> None:
+    """Give ``layer`` this process's TP group, its size and the rank's place in it (``tp_group``, ``tp_size``,
+    ``tp_rank``); callable before ``nn.Module.__init__`` (plain attributes only)."""
+    tp = get_tp_group()
+    object.__setattr__(layer, "tp_group", tp)
+    object.__setattr__(layer, "tp_size", tp.world_size)
+    object.__setattr__(layer, "tp_rank", tp.rank_in_group)
+
+
 class LinearBase(nn.Module):
     """``y = x @ W.T + b`` with ``W`` stored however ``quant_method`` chooses.
 
@@ -162,18 +171,11 @@ class MergedColumnLinear(LinearBase):
 
     def __init__(self, input_size: int, output_sizes: list[int], *, bias: bool = False, dtype: torch.dtype,
                  quant_method: LinearMethod | None = None):
-        self._init_tp()
+        bind_tp_group(self)
         local = [divide(size, self.tp_size, "output features") for size in output_sizes]
         super().__init__(input_size, local, bias=bias, dtype=dtype, quant_method=quant_method,
                          shard_ids=list(range(len(output_sizes))))
         self._set_full_shapes(output_sizes)
-
-    def _init_tp(self) -> None:
-        """Read this process's TP group (before ``nn.Module.__init__``: plain attributes only)."""
-        tp = get_tp_group()
-        object.__setattr__(self, "tp_group", tp)
-        object.__setattr__(self, "tp_size", tp.world_size)
-        object.__setattr__(self, "tp_rank", tp.rank_in_group)
 
     def _set_full_shapes(self, full_output_sizes: list[int]) -> None:
         """Record the unsharded sizes, and each sharded parameter's whole shape (``full_shape``)."""
@@ -246,7 +248,7 @@ class QKVLinear(MergedColumnLinear):
 
     def __init__(self, hidden_size: int, head_size: int, num_heads: int, num_kv_heads: int, *,
                  bias: bool = False, dtype: torch.dtype, quant_method: LinearMethod | None = None):
-        self._init_tp()
+        bind_tp_group(self)
         shard = attention_shard(num_heads, num_kv_heads, self.tp_rank, self.tp_size)
         sizes = [shard.num_heads * head_size, shard.num_kv_heads * head_size, shard.num_kv_heads * head_size]
         LinearBase.__init__(self, hidden_size, sizes, bias=bias, dtype=dtype, quant_method=quant_method,
@@ -280,7 +282,7 @@ class RowParallelLinear(Linear):
 
     def __init__(self, input_size: int, output_size: int, *, bias: bool = False, dtype: torch.dtype,
                  quant_method: LinearMethod | None = None):
-        MergedColumnLinear._init_tp(self)
+        bind_tp_group(self)
         self.full_input_size = input_size
         super().__init__(divide(input_size, self.tp_size, "input features"), output_size, bias=bias, dtype=dtype,
                          quant_method=quant_method)
