@@ -81,9 +81,11 @@ def test_more_workers_than_visible_gpus_is_one_line(monkeypatch):
     """Checked from CUDA_VISIBLE_DEVICES alone (NVML otherwise), without touching the CUDA driver."""
     from brigade_cuda.platform import CudaPlatform
 
+    from brigade.engine.placement import check_device_count
+
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     c = config(tensor_parallel_size=4)
-    with pytest.raises(ConfigError, match=r"^-tp 4 x -pp 1 needs 4 cuda devices, but 2 are visible "
-                                          r"\(CUDA_VISIBLE_DEVICES=0,1\); lower -tp/-pp"):
-        CudaPlatform.check_world_fits(c)
-    CudaPlatform.check_world_fits(dataclasses.replace(c, parallel_config=ParallelConfig(tensor_parallel_size=2)))
+    with pytest.raises(ConfigError, match=r"^-dp 1 x -tp 4 x -pp 1 needs 4 cuda devices but 2 are visible "
+                                          r"\(CUDA_VISIBLE_DEVICES=0,1\); lower the sizes"):
+        check_device_count(c, CudaPlatform)
+    check_device_count(dataclasses.replace(c, parallel_config=ParallelConfig(tensor_parallel_size=2)), CudaPlatform)

@@ -95,32 +95,6 @@ class Platform:
         if config.attention_backend is None:
             config.attention_backend = cls.default_attention_backend
         config.device = cls.device_type
-        cls.check_world_fits(config)
-
-    @classmethod
-    def device_count(cls) -> int | None:
-        """How many devices this process may use, or None when workers share one device (the CPU) or the count
-        is unknown. The default counts the control variable's entries."""
-        visible = cls.visible_device_ids()
-        return None if visible is None or cls.device_type == "cpu" else len(visible)
-
-    @classmethod
-    def check_world_fits(cls, config: BrigadeConfig) -> None:
-        """Refuse more workers (``-tp`` x ``-pp``) than visible devices, in one line.
-
-        Raises:
-            ConfigError: naming both numbers and the control variable.
-        """
-        from brigade.config import ConfigError
-
-        parallel = config.parallel_config
-        count = cls.device_count()
-        if count is not None and parallel.world_size > count:
-            where = f" ({cls.device_control_env_var}={os.environ.get(cls.device_control_env_var or '', '')})" \
-                if cls.visible_device_ids() is not None else ""
-            raise ConfigError(f"-tp {parallel.tensor_parallel_size} x -pp {parallel.pipeline_parallel_size} needs "
-                              f"{parallel.world_size} {cls.name} devices, but {count} are visible{where}; lower "
-                              "-tp/-pp or make more devices visible")
 
     @classmethod
     def resolve_dtype(cls, requested: str, config_dtype: torch.dtype | None) -> torch.dtype:
