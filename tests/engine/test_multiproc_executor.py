@@ -51,10 +51,3 @@ def test_worker_process_sees_plugins_and_matches_transformers(method, smollm2_pa
     assert got["tokens"] == hf_reference.greedy(got["prompt_ids"], 16)
     assert got["kv"]["num_free_blocks"] == got["kv"]["num_total_blocks"]
     assert not any(got["alive"]), "workers must exit on shutdown"
-
-
-def test_tensor_parallel_above_one_is_refused_clearly(smollm2_path):
-    from brigade import LLM
-
-    with pytest.raises(ValueError, match="not implemented yet"):
-        LLM(str(smollm2_path), dtype="float32", max_model_len=256, tensor_parallel_size=2)

@@ -36,9 +36,11 @@ class BrigadeConfig:
     """Platform device type, filled in from the active platform."""
 
     def resolve(self, hf_config) -> None:
-        """Fill in what depends on the model's config.json: max_model_len and the step token budget.
+        """Fill in what depends on the model's config.json: max_model_len and the step token budget; check the
+        parallel layout against it (``check_parallel_model``).
 
-        Raises ConfigError when --max-model-len exceeds the model's max_position_embeddings.
+        Raises ConfigError when --max-model-len exceeds the model's max_position_embeddings, or the layout does
+        not fit the model.
         """
         limit = getattr(hf_config, "max_position_embeddings", None)
         mc = self.model_config
@@ -53,21 +55,23 @@ class BrigadeConfig:
         if not sc.enable_chunked_prefill and sc.max_num_batched_tokens < mc.max_model_len:
             raise ConfigError(f"--max-num-batched-tokens {sc.max_num_batched_tokens} is below --max-model-len "
                               f"{mc.max_model_len}; without chunked prefill it must be at least that")
+        self.check_parallel_model(hf_config)
 
     def check_supported(self) -> None:
         """Refuse, in one line, settings that parse (they are vLLM's flags) but that this build cannot run yet,
         so they fail before anything loads instead of later or, worse, silently.
 
         The KV connector of ``--kv-transfer-config`` is checked by ``brigade.kv_transfer.check_kv_transfer_config``
-        (it needs the plugin registry, a layer above this one).
+        (it needs the plugin registry, a layer above this one); what depends on the model (heads, layers, a
+        quantized checkpoint) by ``check_parallel_model``, once config.json is read.
 
         Raises:
-            ConfigError: tensor or pipeline parallelism above 1; data parallelism with a KV connector; the ray executor.
+            ConfigError: data parallelism with a KV connector; the ray executor; the uni executor with several
+                workers; tensor parallelism with a KV connector, LoRA or ``--quantization``; pipeline parallelism
+                with a KV connector, LoRA or speculative decoding.
         """
         parallel = self.parallel_config
-        world = parallel.world_size
-        if world != 1:
-            raise ConfigError(f"tensor/pipeline parallelism of {world} is not implemented yet; run with -tp 1 -pp 1")
+        tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
         if parallel.data_parallel_size != 1 and self.kv_transfer_config is not None:
             raise ConfigError(f"--kv-transfer-config ({self.kv_transfer_config.kv_connector}) with -dp "
                               f"{parallel.data_parallel_size} is not supported: each engine would run its own "
@@ -75,3 +79,53 @@ class BrigadeConfig:
         if parallel.distributed_executor_backend not in (None, "uni", "mp"):
             raise ConfigError(f"--distributed-executor-backend {parallel.distributed_executor_backend} is not "
                               "available in this build; use uni or mp")
+        if parallel.world_size > 1 and parallel.distributed_executor_backend == "uni":
+            raise ConfigError(f"--distributed-executor-backend uni runs one worker, but -tp {tp} -pp {pp} needs "
+                              f"{parallel.world_size}; use --distributed-executor-backend mp")
+        if tp > 1:
+            for setting, flag in ((self.kv_transfer_config, "--kv-transfer-config (a KV connector)"),
+                                  (self.lora_config, "--enable-lora"),
+                                  (self.model_config.quantization, f"--quantization {self.model_config.quantization}")):
+                if setting is not None:
+                    raise ConfigError(f"{flag} with tensor parallelism (-tp {tp}) is not supported yet; run one "
+                                      "of them without the other")
+        if pp > 1:
+            for setting, flag in ((self.kv_transfer_config, "--kv-transfer-config (a KV connector)"),
+                                  (self.lora_config, "--enable-lora"),
+                                  (self.speculative_config, "--speculative-config")):
+                if setting is not None:
+                    raise ConfigError(f"{flag} with pipeline parallelism (-pp {pp}) is not supported yet; run one "
+                                      "of them without the other")
+
+    def check_parallel_model(self, hf_config) -> None:
+        """Refuse a parallel layout the model cannot take, in one line, from config.json alone.
+
+        Raises:
+            ConfigError: ``-tp`` does not divide the attention heads (or the MLP width), the KV heads can be
+                neither split nor replicated evenly, ``-pp`` is above the layer count, or the checkpoint is
+                quantized under ``-tp`` above 1.
+        """
+        tp, pp = self.parallel_config.tensor_parallel_size, self.parallel_config.pipeline_parallel_size
+        heads = hf_config.num_attention_heads
+        kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+        layers = hf_config.num_hidden_layers
+        if pp > layers:
+            raise ConfigError(f"-pp {pp} is above the model's {layers} layers; use -pp {layers} or less")
+        if tp == 1:
+            return
+        if heads % tp:
+            good = [d for d in range(1, heads + 1) if heads % d == 0]
+            raise ConfigError(f"-tp {tp} does not divide the model's {heads} attention heads; use one of "
+                              f"{', '.join(map(str, good))}")
+        if (tp <= kv_heads and kv_heads % tp) or (tp > kv_heads and tp % kv_heads):
+            raise ConfigError(f"-tp {tp} can neither split nor replicate the model's {kv_heads} KV heads evenly; use "
+                              f"a divisor or a multiple of {kv_heads} that divides the {heads} attention heads")
+        width = getattr(hf_config, "intermediate_size", None)
+        if width is not None and width % tp:
+            raise ConfigError(f"-tp {tp} does not divide the model's MLP width (intermediate_size {width})")
+        if getattr(hf_config, "quantization_config", None):
+            method = dict(hf_config.quantization_config).get("quant_method", "?") \
+                if not hasattr(hf_config.quantization_config, "to_dict") else \
+                hf_config.quantization_config.to_dict().get("quant_method", "?")
+            raise ConfigError(f"a {method} checkpoint with tensor parallelism (-tp {tp}) is not supported yet; "
+                              "serve it with -tp 1")

@@ -46,8 +46,12 @@ class Scheduler:
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, *, max_model_len: int,
                  num_blocks: int, structured_output_manager=None, lora_config: LoRAConfig | None = None,
-                 speculative_config: SpeculativeConfig | None = None, kv_connector: KVConnectorBase | None = None):
+                 speculative_config: SpeculativeConfig | None = None, kv_connector: KVConnectorBase | None = None,
+                 pipeline: bool = False):
         self.config = scheduler_config
+        # Pipeline parallelism: several steps in flight, a request in at most one of them once it samples (its
+        # next input is its sample), and its sampled tokens sent to the workers (CachedRequestData.new_token_ids).
+        self.pipeline = pipeline
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens or 8192
         assert cache_config.block_size is not None, "the platform must set the block size"
@@ -141,6 +145,9 @@ class Scheduler:
             if new_blocks is None:
                 break  # the request itself was preempted
             step.add_running(request, num_new + len(drafts), [b.block_id for b in new_blocks], drafts)
+            if self.pipeline:
+                step.cached.new_token_ids.append(
+                    request.all_token_ids[max(request.num_computed_tokens, request.num_prompt_tokens):])
             request.spec_token_ids = []  # consumed; update_from_output proposes the next ones
             index += 1
 
@@ -173,8 +180,10 @@ class Scheduler:
     def _num_new_tokens(self, request: Request, budget: int) -> int:
         if request.num_output_tokens + request.num_output_placeholders >= request.max_tokens:
             return 0  # its last token is still in flight
-        if request.num_output_placeholders and request.needs_last_token:
-            return 0  # a grammar's next bitmask needs the token still in flight: this step goes without it
+        if request.num_output_placeholders and (self.pipeline or request.needs_last_token):
+            # Its token is still in flight, and its next input (the next stage waits on it under a pipeline)
+            # or its grammar's next bitmask needs it: this step goes without it.
+            return 0
         return min(request.num_tokens_with_placeholders - request.num_computed_tokens, self._token_limit(budget))
 
     def _allocate_with_drafts(self, request: Request, num_new: int, budget: int):

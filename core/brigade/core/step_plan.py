@@ -47,4 +47,6 @@ class StepPlan:
         self.budget += self.num_scheduled.pop(request_id)
         i = self.cached.req_ids.index(request_id)
         del self.cached.req_ids[i], self.cached.new_block_ids[i], self.cached.num_computed_tokens[i]
+        if self.cached.new_token_ids:
+            del self.cached.new_token_ids[i]
         self.spec_tokens.pop(request_id, None)

@@ -82,6 +82,13 @@ class GroupCoordinator:
         dist.all_gather(parts, tensor.contiguous(), group=self.device_group)
         return torch.cat(parts, dim=dim)
 
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Overwrite ``tensor`` on every member with the group's ``src`` member's, in place; returns it. The
+        receivers allocate it with the sender's shape and dtype."""
+        if self.world_size > 1:
+            dist.broadcast(tensor, src=self.ranks[src], group=self.device_group)
+        return tensor
+
     def send_tensor_dict(self, tensors: dict[str, torch.Tensor], dst: int | None = None) -> None:
         """Send named tensors to the group's ``dst`` member (default: the next rank): shapes and dtypes on the
         CPU group, then each tensor on the device group."""

@@ -93,3 +93,21 @@ def read_slice(handle, name: str, dim: int | None, start: int = 0, end: int | No
     end = shape[dim] if end is None else end
     index = tuple(slice(start, end) if d == dim else slice(None) for d in range(len(shape)))
     return part[index]
+
+
+def pp_layer_range(num_layers: int, pp_rank: int, pp_size: int) -> tuple[int, int]:
+    """``[start, end)`` of the decoder layers pipeline stage ``pp_rank`` of ``pp_size`` runs.
+
+    vLLM's ``get_pp_indices``: ``num_layers // pp_size`` each, and the remainder one each to the stages before the
+    last (the last also runs the final norm and the LM head), from the second-to-last backwards.
+
+    Raises:
+        ValueError: more stages than layers.
+    """
+    if pp_size > num_layers:
+        raise ValueError(f"pipeline_parallel_size {pp_size} is above the {num_layers} layers")
+    sizes = [num_layers // pp_size] * pp_size
+    for i in range(2, num_layers % pp_size + 2):
+        sizes[-i] += 1
+    start = sum(sizes[:pp_rank])
+    return start, start + sizes[pp_rank]

@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 600.0  # a collective that stalls longer fails with an error instead of hanging
 
+_STATE: ParallelState | None = None  # this process's groups, once init_parallel_state has run
+
 
 @dataclass(slots=True)
 class ParallelState:
@@ -44,10 +46,31 @@ class ParallelState:
 
     def destroy(self) -> None:
         """Destroy every group (device groups before CPU groups), then the world's process group."""
+        global _STATE
         for group in (self.ep, self.dp, self.pp, self.tp, self.world):
             group.destroy()
         if dist.is_initialized():
             dist.destroy_process_group()
+        if _STATE is self:
+            _STATE = None
+
+
+def get_parallel_state() -> ParallelState | None:
+    """This process's ``ParallelState``, or None in a process that never joined a world (one device)."""
+    return _STATE
+
+
+_SINGLE = {name: GroupCoordinator(name, [0], 0, 0, torch.device("cpu"), None, None) for name in ("tp", "pp")}
+
+
+def get_tp_group() -> GroupCoordinator:
+    """The tensor-parallel group of this process; a one-rank group (every collective a no-op) without a world."""
+    return _SINGLE["tp"] if _STATE is None else _STATE.tp
+
+
+def get_pp_group() -> GroupCoordinator:
+    """The pipeline-parallel group of this process; a one-rank group without a world."""
+    return _SINGLE["pp"] if _STATE is None else _STATE.pp
 
 
 def device_backend(device: torch.device) -> str:
@@ -92,5 +115,6 @@ def init_parallel_state(grid: RankGrid, rank: int, local_rank: int, device: torc
                              dist.GroupMember.WORLD)
     state = ParallelState(grid=grid, world=world, tp=build("tp", grid.tp_groups()), pp=build("pp", grid.pp_groups()),
                           dp=build("dp", grid.dp_groups()), ep=build("ep", grid.ep_groups()))
-    logger.info("%s", state.describe())
+    global _STATE
+    _STATE = state
     return state

@@ -7,6 +7,7 @@ EngineCoreOutputs.
 
 from __future__ import annotations
 
+import collections
 import logging
 
 from brigade.config import MIN_KV_BLOCKS, BrigadeConfig, ConfigError
@@ -43,7 +44,29 @@ def prepare_config(config: BrigadeConfig):
     hf_config = get_hf_config(config.model_config.model, config.model_config.trust_remote_code)
     config.resolve(hf_config)
     check_model_config(hf_config, config)
+    check_parallel_architecture(config, hf_config)
     return hf_config
+
+
+def check_parallel_architecture(config: BrigadeConfig, hf_config) -> None:
+    """Refuse tensor (pipeline) parallelism for a model class that does not shard its layers (split them into
+    stages): no ``supports_tensor_parallel`` (``supports_pipeline_parallel``) set True, in one line, before
+    anything loads.
+
+    Raises:
+        ConfigError: naming the architecture.
+    """
+    from brigade.model_executor.loader import get_model_class
+
+    tp, pp = config.parallel_config.tensor_parallel_size, config.parallel_config.pipeline_parallel_size
+    if tp > 1 or pp > 1:
+        model_cls = get_model_class(hf_config)
+        if tp > 1 and not getattr(model_cls, "supports_tensor_parallel", False):
+            raise ConfigError(f"{model_cls.__name__} does not shard its layers, so it cannot run with tensor "
+                              f"parallelism (-tp {tp}); serve it with -tp 1")
+        if pp > 1 and not getattr(model_cls, "supports_pipeline_parallel", False):
+            raise ConfigError(f"{model_cls.__name__} does not split its layers into stages, so it cannot run with "
+                              f"pipeline parallelism (-pp {pp}); serve it with -pp 1")
 
 
 def check_kv_capacity(num_blocks: int, block_size: int, max_model_len: int) -> None:
@@ -96,7 +119,8 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, max_model_len=max_model_len,
                                    num_blocks=num_blocks, structured_output_manager=self.structured_output_manager,
                                    lora_config=config.lora_config,
-                                   speculative_config=config.speculative_config, kv_connector=kv_connector)
+                                   speculative_config=config.speculative_config, kv_connector=kv_connector,
+                                   pipeline=config.parallel_config.pipeline_parallel_size > 1)
         self.num_blocks = num_blocks
         from brigade.plugins import current_platform
 
@@ -109,6 +133,10 @@ class EngineCore:
             self.overlap = False
         # The step launched last, when overlapping: its plan and the handle of its output still on the device.
         self._in_flight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
+        # Under pipeline parallelism, up to one step per stage in flight, oldest first (vLLM v1's batch queue).
+        self.batch_queue_size = config.parallel_config.pipeline_parallel_size
+        self._batch_queue: collections.deque[tuple[SchedulerOutput, AsyncModelRunnerOutput]] = collections.deque()
+        self.peak_batches_in_flight = 0  # the most batches the queue held at once (pp when stages overlap)
         # LoRA adapters registered in the workers, lora_int_id -> name (the --lora-modules ones to start with),
         # and those unloaded whose weights wait for their last requests to finish.
         self.loras: dict[int, str] = {} if config.lora_config is None else {
@@ -177,7 +205,7 @@ class EngineCore:
                 for r in finished]
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None or bool(self._batch_queue)
 
     def step(self) -> EngineCoreOutputs:
         """Schedule, run the model, and update request states: one iteration of continuous batching. Then drop
@@ -188,6 +216,8 @@ class EngineCore:
         return outputs
 
     def _step(self) -> EngineCoreOutputs:
+        if self.batch_queue_size > 1:
+            return self._step_with_batch_queue()
         if self.overlap:
             return self._step_overlapped()
         if self._in_flight is not None:
@@ -198,6 +228,28 @@ class EngineCore:
         runner_output = self.executor.execute_model(scheduler_output)
         self._maybe_wait_for_grammars(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def _step_with_batch_queue(self) -> EngineCoreOutputs:
+        """Pipeline parallelism: launch a new batch while fewer than ``pp`` are in flight, else finish the oldest
+        (vLLM v1's ``step_with_batch_queue``). The scheduler puts a request that samples in one batch at a time
+        (``Scheduler(pipeline=True)``), so the batches in flight hold different requests (or later prompt
+        chunks) and stage 0 starts batch N+1 while the last stage still runs batch N.
+        """
+        queue = self._batch_queue
+        if len(queue) < self.batch_queue_size and self.scheduler.has_unfinished_requests():
+            scheduler_output = self.scheduler.schedule()
+            if (scheduler_output.total_num_scheduled_tokens or scheduler_output.finished_req_ids
+                    or scheduler_output.preempted_req_ids):  # the workers must learn of those too
+                queue.append((scheduler_output, self.executor.execute_model(scheduler_output, overlap=True)))
+                self.peak_batches_in_flight = max(self.peak_batches_in_flight, len(queue))
+                if len(queue) < self.batch_queue_size and scheduler_output.total_num_scheduled_tokens:
+                    return EngineCoreOutputs()  # room for one more batch before waiting on the oldest
+            elif not queue:
+                self._maybe_wait_for_grammars(scheduler_output)
+        if not queue:
+            return EngineCoreOutputs()
+        scheduler_output, pending = queue.popleft()
+        return self.scheduler.update_from_output(scheduler_output, pending.get())
 
     def _maybe_wait_for_grammars(self, scheduler_output) -> None:
         """When only requests with compiling grammars are left, sleep on their compiles, not in a spin."""

@@ -1,214 +1,201 @@
-"""MultiprocExecutor: one worker process per device, driven over pipes with typed commands.
+"""MultiprocExecutor: one worker process per rank, each step broadcast to all of them in one message.
 
-Workers start with ``fork`` or ``spawn`` (``BRIGADE_WORKER_MULTIPROC_METHOD``, default spawn). Each
-worker process loads the general and platform plugins itself, so plugin code works in both (it must be
-re-entrant). Commands are a fixed enum, never method names; a step's result is read back lazily, so
-the EngineCore can overlap the next step's scheduling with this one. A worker answers its commands in
-order, so before any other command the answers of the steps still unread are read and kept for their
-``get()``.
+Workers start with ``fork`` or ``spawn`` (``BRIGADE_WORKER_MULTIPROC_METHOD``, default spawn). Each worker process
+loads the general and platform plugins itself, so plugin code works in both (it must be re-entrant). With several
+ranks (``-tp`` above 1) the workers join a ``torch.distributed`` world over a TCP store on a free loopback port
+(``worker_proc``). Commands are a fixed enum, never method names, published once on a ``BroadcastChannel``; each
+worker answers on its own pipe, and a step's output comes from the driver rank alone. A step's result is read back
+lazily, so the EngineCore can overlap the next step's scheduling with this one. A worker answers its commands in
+order, so before any other command the answers of the steps still unread are read and kept for their ``get()``.
+
+A worker that dies (killed, out of memory) or fails is noticed while the executor waits for any answer (its
+process sentinel is watched with the pipes): ``WorkerDiedError`` names the rank and the cause, the EngineCore
+fails, and the front end ends every request with that error, as for the engine's own death.
 """
 
 from __future__ import annotations
 
 import collections
-import enum
 import logging
 import multiprocessing
-import os
-import traceback
-from dataclasses import dataclass
+import signal
+import socket
+from multiprocessing.connection import wait
 from typing import Any
 
 from brigade import envs
 from brigade.config import BrigadeConfig
 from brigade.executor.abstract import Executor
+from brigade.executor.broadcast import BroadcastChannel
+from brigade.executor.worker_proc import WorkerCommand, WorkerInfo, WorkerReply, WorkerSpec, worker_main
 from brigade.interfaces import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
-from brigade.utils import freeze_gc_heap
 
 logger = logging.getLogger(__name__)
 
 _START_METHODS = ("spawn", "fork", "forkserver")
+DEATH_GRACE_S = 0.5  # after a rank's error, how long to look for a dead peer that caused it
 
-
-class WorkerCommand(enum.IntEnum):
-    """What the executor asks of a worker process."""
-
-    DETERMINE_NUM_KV_BLOCKS = 0  # -> int
-    INITIALIZE_KV_CACHE = 1  # (num_blocks) -> None
-    EXECUTE_MODEL = 2  # (SchedulerOutput) -> ModelRunnerOutput
-    DESCRIBE = 3  # -> WorkerInfo
-    SHUTDOWN = 4
-    ADD_LORA = 5  # (LoRARequest) -> bool, or the LoRAError it raised
-    REMOVE_LORA = 6  # (lora_int_id) -> bool
-    KV_CACHE_LAYOUT = 7  # -> KVCacheLayout
-
-
-@dataclass(slots=True)
-class WorkerInfo:
-    """What a worker process reports about itself (for tests and logs)."""
-
-    pid: int
-    rank: int
-    start_method: str
-    platform: str
-    plugins: dict[str, str]  # entry-point name -> its status in that process (loaded, not detected, ...)
-    attention_backend: str
-
-
-@dataclass(slots=True)
-class WorkerReply:
-    """A worker's answer: a value, or the error it raised (with its traceback)."""
-
-    value: Any = None
-    error: str | None = None
+__all__ = ["MultiprocExecutor", "WorkerCommand", "WorkerDiedError", "WorkerInfo"]
 
 
 class WorkerDiedError(RuntimeError):
     """A worker process failed or exited; the engine cannot continue."""
 
 
-def _worker_main(config: BrigadeConfig, hf_config, rank: int, start_method: str, conn) -> None:
-    """Body of a worker process: build the platform's worker, then serve commands until SHUTDOWN."""
-    from brigade.parent_watch import watch_parent
-    from brigade.plugins import current_platform, load_plugins, plugin_records
-    from brigade.utils import resolve_obj_by_qualname
-
-    watch_parent(f"worker rank {rank}")  # a worker whose engine (or offline LLM) was killed exits too
-    try:
-        load_plugins("engine")  # a no-op after fork, a real load after spawn
-        platform = current_platform()
-        worker = resolve_obj_by_qualname(config.parallel_config.worker_cls)(config, local_rank=rank, rank=rank)
-        worker.init_device(hf_config)
-        worker.load_model()
-        info = WorkerInfo(pid=os.getpid(), rank=rank, start_method=start_method, platform=platform.name,
-                          plugins={r.name: r.status.name.lower() for r in plugin_records()},
-                          attention_backend=worker.attn_backend.name)
-        conn.send(WorkerReply(value=info))
-    except BaseException as exc:
-        conn.send(WorkerReply(error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-        return
-    handlers = {
-        WorkerCommand.DETERMINE_NUM_KV_BLOCKS: lambda _: worker.determine_num_kv_blocks(),
-        WorkerCommand.INITIALIZE_KV_CACHE: lambda num_blocks: _initialize_kv_cache(worker, num_blocks),
-        WorkerCommand.EXECUTE_MODEL: worker.execute_model,
-        WorkerCommand.DESCRIBE: lambda _: info,
-        WorkerCommand.ADD_LORA: lambda request: _add_lora(worker, request),
-        WorkerCommand.REMOVE_LORA: worker.remove_lora,
-        WorkerCommand.KV_CACHE_LAYOUT: lambda _: worker.kv_cache_layout(),
-    }
-    try:
-        while True:
-            try:
-                command, arg = conn.recv()
-            except EOFError:
-                return  # the executor is gone
-            if command == WorkerCommand.SHUTDOWN:
-                return
-            try:
-                conn.send(WorkerReply(value=handlers[command](arg)))
-            except BaseException as exc:
-                conn.send(WorkerReply(error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-    finally:
-        worker.shutdown()  # the KV connector's threads and sockets
-
-
-def _initialize_kv_cache(worker, num_blocks: int) -> None:
-    """The worker's last start-up command: allocate the cache (and capture graphs), then freeze the heap."""
-    worker.initialize_kv_cache(num_blocks)
-    freeze_gc_heap()
-
-
-def _add_lora(worker, lora_request):
-    """The worker's answer to ADD_LORA: a bad adapter is a reply (the LoRAError), not a dead worker."""
-    from brigade.lora.adapter import LoRAError
-
-    try:
-        return worker.add_lora(lora_request)
-    except LoRAError as exc:
-        return exc
-
-
 class PendingReplies:
-    """The workers' answers to one EXECUTE_MODEL, read on ``get()`` (the driver's output is returned), or
-    earlier by ``fetch()`` when another command's answers come after them."""
+    """The driver's answer to one EXECUTE_MODEL, read on ``get()``, or earlier by ``fetch()`` when another
+    command's answers come after it."""
 
     def __init__(self, executor: MultiprocExecutor):
         self.executor = executor
-        self.values: list[Any] | None = None
+        self.value: Any = None
+        self.fetched = False
 
     def fetch(self) -> None:
-        """Read the answers now and keep them for ``get()``."""
-        if self.values is None:
-            self.values = self.executor._collect()
+        """Read the answer now and keep it for ``get()``."""
+        if not self.fetched:
+            self.value = self.executor._receive(self.executor.driver_rank, step=True)
+            self.fetched = True
 
     def get(self) -> ModelRunnerOutput:
-        while self.values is None:  # the answers of the steps sent before this one come first
+        while not self.fetched:  # the answers of the steps sent before this one come first
             self.executor._outstanding.popleft().fetch()
-        return self.values[0]
+        return self.value
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for the rendezvous store)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def death_cause(exitcode: int | None) -> str:
+    """How a process ended, in words: "killed by SIGKILL", "exited with code 1"."""
+    if exitcode is None:
+        return "is gone"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
 
 
 class MultiprocExecutor(Executor):
     """Starts ``world_size`` worker processes and broadcasts every command to all of them.
 
     Raises:
-        ConfigError (a ValueError): for tensor or pipeline parallelism above 1 (the model is not sharded yet),
-            from ``BrigadeConfig.check_supported``.
+        ConfigError (a ValueError): a setting this build cannot run, from ``BrigadeConfig.check_supported``.
         WorkerDiedError: when a worker fails to start or dies.
     """
 
     def __init__(self, config: BrigadeConfig, hf_config):
         super().__init__(config, hf_config)
-        config.check_supported()  # the model is not sharded yet: one worker process
+        config.check_supported()
         parallel = config.parallel_config
         method = envs.BRIGADE_WORKER_MULTIPROC_METHOD
         if method not in _START_METHODS:
             raise ValueError(f"BRIGADE_WORKER_MULTIPROC_METHOD={method!r} is not known; use "
                              f"{', '.join(_START_METHODS)}")
         ctx = multiprocessing.get_context(method)
-        self.conns = []
-        self.procs = []
+        self.world_size = parallel.world_size
+        self.driver_rank = self.world_size - parallel.tensor_parallel_size  # the last stage's first TP rank
+        self.channel = BroadcastChannel()
+        init_method = f"tcp://127.0.0.1:{free_loopback_port()}"
+        self.conns, self.procs = [], []
         self._outstanding: collections.deque[PendingReplies] = collections.deque()  # steps not read yet, in order
-        for rank in range(parallel.world_size):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(config, hf_config, rank, method, child), daemon=True,
-                               name=f"BrigadeWorker-{rank}")
-            proc.start()
-            child.close()
-            self.conns.append(parent)
-            self.procs.append(proc)
-        self.worker_info: list[WorkerInfo] = self._collect()
+        # The server's EngineCore is itself a daemonic process, and multiprocessing refuses children to those (so
+        # that none outlives a terminated parent); workers watch their parent instead (``parent_watch``).
+        multiprocessing.current_process().daemon = False
+        try:
+            for rank in range(self.world_size):
+                spec = WorkerSpec(rank, self.world_size, self.driver_rank, method, self.channel.address, init_method)
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=worker_main, args=(config, hf_config, spec, child), daemon=True,
+                                   name=f"BrigadeWorker-{rank}")
+                proc.start()
+                child.close()
+                self.conns.append(parent)
+                self.procs.append(proc)
+            self.worker_info: list[WorkerInfo] = self._collect()
+            self.channel.wait_for_subscribers(self.world_size, self._check_alive)
+        except BaseException:
+            self.shutdown()
+            raise
         logger.info("started %d worker process(es) with %s: pids %s", len(self.procs), method,
                     [i.pid for i in self.worker_info])
 
+    # ---- talking to the workers -----------------------------------------------------------------
     def _broadcast(self, command: WorkerCommand, arg: Any = None) -> None:
-        for conn in self.conns:
-            conn.send((command, arg))
+        self.channel.publish((command, arg))
 
     def _call(self, command: WorkerCommand, arg: Any = None) -> list[Any]:
         """Send a command that is not a step and wait for every worker's answer. The answers of steps still
-        unread come first on the pipes; they are read and kept for their ``get()``."""
+        unread come first on the driver's pipe; they are read and kept for their ``get()``."""
         while self._outstanding:
             self._outstanding.popleft().fetch()
         self._broadcast(command, arg)
         return self._collect()
 
     def _collect(self) -> list[Any]:
-        values = []
-        for rank, (conn, proc) in enumerate(zip(self.conns, self.procs)):
-            try:
-                reply: WorkerReply = conn.recv()
-            except EOFError:
-                raise WorkerDiedError(f"worker {rank} (pid {proc.pid}) exited with code {proc.exitcode}") from None
-            if reply.error is not None:
-                raise WorkerDiedError(f"worker {rank} failed: {reply.error}")
-            values.append(reply.value)
-        return values
+        return [self._receive(rank) for rank in range(len(self.conns))]
 
+    def _receive(self, rank: int, *, step: bool = False) -> Any:
+        """Rank ``rank``'s next answer. Meanwhile any worker's death raises instead of leaving the wait hanging,
+        and so, while waiting for a ``step``'s answer, does an error another rank reports (only failures come
+        unasked then: the other ranks do not answer steps).
+
+        Raises:
+            WorkerDiedError: naming the rank and the cause.
+        """
+        conn = self.conns[rank]
+        others = [c for r, c in enumerate(self.conns) if r != rank] if step else []
+        while True:
+            ready = wait([conn, *others, *(p.sentinel for p in self.procs)])
+            if conn in ready:
+                return self._read(rank)
+            for other, other_conn in enumerate(self.conns):
+                if other_conn in ready:  # only a failure comes unasked
+                    self._read(other)
+            self._check_alive()
+
+    def _read(self, rank: int) -> Any:
+        try:
+            reply: WorkerReply = self.conns[rank].recv()
+        except (EOFError, OSError):
+            proc = self.procs[rank]
+            proc.join(timeout=1.0)
+            raise WorkerDiedError(f"worker rank {rank} (pid {proc.pid}) {death_cause(proc.exitcode)}") from None
+        if reply.error is not None:
+            # A rank killed in a collective makes its peers fail too (the connection closed): name the dead one.
+            wait([p.sentinel for p in self.procs], timeout=DEATH_GRACE_S)
+            self._check_alive(read_errors=False)
+            raise WorkerDiedError(f"worker rank {rank} failed: {reply.error}")
+        return reply.value
+
+    def _check_alive(self, *, read_errors: bool = True) -> None:
+        """Raises WorkerDiedError for the first worker process that has ended (with the error it reported, when
+        it reported one before exiting)."""
+        for rank, proc in enumerate(self.procs):
+            if not proc.is_alive():
+                if read_errors and self.conns[rank].poll():
+                    self._read(rank)
+                raise WorkerDiedError(f"worker rank {rank} (pid {proc.pid}) {death_cause(proc.exitcode)}")
+
+    # ---- the Executor interface -----------------------------------------------------------------
     def determine_num_kv_blocks(self) -> int:
         return min(self._call(WorkerCommand.DETERMINE_NUM_KV_BLOCKS))
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self._call(WorkerCommand.INITIALIZE_KV_CACHE, num_blocks)
+        if self.world_size > 1:
+            parallel = self.config.parallel_config
+            logger.info("grid dp 1 x pp %d x tp %d, %d ranks, driver rank %d; each rank's KV cache holds %d blocks "
+                        "of its own KV heads", parallel.pipeline_parallel_size, parallel.tensor_parallel_size,
+                        self.world_size, self.driver_rank, num_blocks)
+            for info in self.worker_info:
+                logger.info("  %s, pid %d, %.1f MiB of parameters", info.place, info.pid, info.param_bytes / 2**20)
 
     def kv_cache_layout(self):
         return self._call(WorkerCommand.KV_CACHE_LAYOUT)[0]
@@ -231,12 +218,16 @@ class MultiprocExecutor(Executor):
         return pending if overlap else pending.get()
 
     def shutdown(self) -> None:
-        for conn in self.conns:
-            try:
-                conn.send((WorkerCommand.SHUTDOWN, None))
-            except (BrokenPipeError, OSError):
-                pass
+        """Ask every worker to stop, wait for them (10 s), kill those left; idempotent."""
+        try:
+            self._broadcast(WorkerCommand.SHUTDOWN)
+        except Exception:  # noqa: BLE001 - a closed channel: the workers are told by their parent watch
+            pass
         for proc in self.procs:
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()
+                proc.join(timeout=5)
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None

@@ -38,6 +38,9 @@ class CachedRequestData:
     req_ids: list[str] = field(default_factory=list)
     new_block_ids: list[list[int]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
+    # Under pipeline parallelism only (empty otherwise): per request, its output tokens not computed yet (the
+    # token sampled last). The stages before the last never sample, so this is how they learn them.
+    new_token_ids: list[list[int]] = field(default_factory=list)
 
     @classmethod
     def make_empty(cls) -> CachedRequestData:

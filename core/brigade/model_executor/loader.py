@@ -17,6 +17,7 @@ from torch import nn
 
 from brigade.attention.backend import AttentionBackend
 from brigade.config import ConfigError, ModelConfig
+from brigade.distributed import get_tp_group
 from brigade.model_executor.layers.linear_method import fold_norms_wanted
 from brigade.model_executor.quant_summary import quantization_summary
 from brigade.model_executor.weight_utils import initialize_dummy_weights, safetensors_weights_iterator
@@ -164,7 +165,9 @@ def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype,
     which quantization method holds each layer family (quant_summary).
 
     ``load_format``: "auto"/"safetensors" stream ``*.safetensors`` from ``model_config.model``;
-    "dummy" draws random weights seeded by ``model_config.seed``. Quantization methods get their
+    "dummy" draws random weights seeded by ``model_config.seed`` and each parameter's name, on its whole shape
+    (the same values whatever the tensor-parallel layout). Under tensor parallelism (the process's TP group,
+    ``brigade.distributed``) each rank reads only its slices of the checkpoint. Quantization methods get their
     ``process_weights_after_loading`` call after either. Where the platform registered an ``rms_norm_gemm``
     (a ``register_kernels`` kernel), the model's ``fold_norm_weights`` then runs, when it has one,
     unless ``fold_norms`` is False (LoRA: the adapters' deltas read the normalized input, norm weight included).
@@ -187,7 +190,10 @@ def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype,
         initialize_dummy_weights(model, model_config.seed)
     elif fmt in ("auto", "safetensors"):
         with torch.no_grad():
-            loaded = model.load_weights(safetensors_weights_iterator(model_config.model))
+            # Under tensor parallelism the tensors stay unread until each layer's loader narrows them to the
+            # rank's slice: no rank reads the whole model.
+            lazy = get_tp_group().world_size > 1
+            loaded = model.load_weights(safetensors_weights_iterator(model_config.model, lazy=lazy))
         logger.info("loaded %d tensors from %s", len(loaded), model_config.model)
     else:
         raise ConfigError(f"--load-format {fmt} is not supported by the model loader yet; convert the "

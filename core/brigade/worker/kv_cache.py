@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from brigade.attention.backend import AttentionBackend
+from brigade.distributed.sharding import attention_shard, pp_layer_range
 from brigade.kv_transfer import KVCacheLayout
 
 
@@ -26,14 +27,22 @@ class KVCacheSpec:
     num_kv_heads: int
     num_layers: int
     dtype: torch.dtype
+    layers: range | None = None  # the layers whose KV this rank holds (its pipeline stage's); None: all
 
     @classmethod
     def for_model(cls, hf_config, attn_backend: type[AttentionBackend], block_size: int,
-                  dtype: torch.dtype) -> KVCacheSpec:
-        """The spec of an HF config's attention (``head_dim`` or hidden / heads; KV heads default to heads)."""
+                  dtype: torch.dtype, *, tp_size: int = 1, pp_rank: int = 0, pp_size: int = 1) -> KVCacheSpec:
+        """The spec of an HF config's attention (``head_dim`` or hidden / heads; KV heads default to heads) on one
+        rank of ``tp_size``: its KV heads only (one when ``tp_size`` exceeds them: replicated), and with a
+        pipeline, the layers of stage ``pp_rank`` of ``pp_size`` only."""
         head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
-        return cls(attn_backend, block_size, head_size, num_kv_heads, hf_config.num_hidden_layers, dtype)
+        if tp_size > 1:
+            num_kv_heads = attention_shard(hf_config.num_attention_heads, num_kv_heads, 0, tp_size).num_kv_heads
+        layers = None
+        if pp_size > 1:
+            layers = range(*pp_layer_range(hf_config.num_hidden_layers, pp_rank, pp_size))
+        return cls(attn_backend, block_size, head_size, num_kv_heads, hf_config.num_hidden_layers, dtype, layers)
 
     def shape(self, num_blocks: int) -> tuple[int, ...]:
         """One layer's tensor shape for ``num_blocks`` blocks."""
@@ -43,12 +52,15 @@ class KVCacheSpec:
     def bytes_per_block(self, cache_dtype: torch.dtype | None = None) -> int:
         """Bytes one block takes across all layers (K and V), in ``cache_dtype`` (default: the model's)."""
         elem = torch.empty((), dtype=cache_dtype or self.dtype).element_size()
-        return math.prod(self.shape(1)) * elem * self.num_layers
+        held = self.num_layers if self.layers is None else len(self.layers)
+        return math.prod(self.shape(1)) * elem * held
 
     def allocate(self, num_blocks: int, device: torch.device) -> list[torch.Tensor]:
-        """One zeroed tensor per layer of ``num_blocks`` blocks on ``device``."""
+        """One zeroed tensor per layer of ``num_blocks`` blocks on ``device`` (an empty one for a layer another
+        pipeline stage holds, so layer ``i`` still reads entry ``i``)."""
         return [torch.zeros(self.shape(num_blocks), dtype=self.dtype, device=device)
-                for _ in range(self.num_layers)]
+                if self.layers is None or i in self.layers else torch.empty(0, dtype=self.dtype, device=device)
+                for i in range(self.num_layers)]
 
     def layout(self, model_config) -> KVCacheLayout:
         """The layout of these KV blocks, for KV connectors: blocks are shared only between equal layouts.

@@ -14,6 +14,7 @@ import torch
 
 from brigade.attention.backend import AttentionBackend, AttentionContext
 from brigade.config import BrigadeConfig
+from brigade.distributed import get_pp_group
 from brigade.interfaces import KVConnectorMetadata, ModelRunnerOutput, RequestFailure, SchedulerOutput
 from brigade.kv_transfer import KVCacheLayout, KVConnectorBase, KVConnectorRole, make_kv_connector
 from brigade.sample.rejection_sampler import RejectionSampler
@@ -41,7 +42,10 @@ class ModelRunner:
         self.attn_backend = attn_backend
         self.hf_config = hf_config
         self.block_size = config.cache_config.block_size
-        self.kv_cache = KVCacheSpec.for_model(hf_config, attn_backend, self.block_size, dtype)
+        self.pp = get_pp_group()  # one rank (a no-op group) without a pipeline
+        self.kv_cache = KVCacheSpec.for_model(hf_config, attn_backend, self.block_size, dtype,
+                                              tp_size=config.parallel_config.tensor_parallel_size,
+                                              pp_rank=self.pp.rank_in_group, pp_size=self.pp.world_size)
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.sampler = plugin_sampler()
@@ -111,7 +115,7 @@ class ModelRunner:
             self.kv_connector = make_kv_connector(self.config.kv_transfer_config, KVConnectorRole.WORKER,
                                                   self.kv_cache_layout())
         self.graphs.capture(self.model, self.kv_caches, lora=self.lora_manager is not None)
-        if self.device.type != "cpu":  # nothing is compiled on first use on the CPU
+        if self.device.type != "cpu" and self.pp.world_size == 1:  # nothing is compiled on first use on the CPU
             self.warm_up_mixed_steps()
             self.warm_up_sampler()
 
@@ -165,7 +169,7 @@ class ModelRunner:
         logits, hidden = self._forward(inputs, plan, keep_hidden=batch.want_prompt_logprobs)
         if connector_meta is not None:
             self.kv_connector.save_kv(connector_meta, self.kv_caches)
-        if batch.want_prompt_logprobs:
+        if batch.want_prompt_logprobs and hidden is not None:  # the last pipeline stage's
             output.prompt_logprobs = prompt_logprobs(self.model, batch, inputs, hidden)
         self.requests.advance(batch)
         return self._finish(self._sample_or_verify(scheduler_output, batch, inputs, logits, output), overlap)
@@ -203,6 +207,8 @@ class ModelRunner:
         nobody samples; the hidden states [num_tokens, hidden] when ``keep_hidden``, else None). Decode and
         verification graphs return only the sampled rows' hidden states, so steps with prompt logprobs never
         replay them."""
+        if self.pp.world_size > 1:
+            return self._forward_stage(inputs, keep_hidden)
         if isinstance(plan.graphs, DecodeGraphs):
             rows = self.graphs.replay(plan, inputs)
             return (self.model.compute_logits(rows) if inputs.sampling_req_ids else None), None
@@ -213,6 +219,21 @@ class ModelRunner:
             hidden = self.graphs.replay(plan, inputs)
         logits = self.model.compute_logits(hidden[inputs.logits_indices]) if inputs.sampling_req_ids else None
         return logits, (hidden if keep_hidden else None)
+
+    def _forward_stage(self, inputs: StepInputs, keep_hidden: bool
+                       ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``_forward`` on one pipeline stage (always eager): start from the previous stage's residual stream
+        (the first stage embeds), run this stage's layers, and send the stream on; only the last stage has
+        logits (and hidden states) to return."""
+        pp = self.pp
+        intermediate = None if pp.is_first_rank else pp.recv_tensor_dict()
+        out = self.model(inputs.input_ids, inputs.positions,
+                         AttentionContext(metadata=inputs.metadata, kv_caches=self.kv_caches), intermediate)
+        if not pp.is_last_rank:
+            pp.send_tensor_dict(out)
+            return None, None
+        logits = self.model.compute_logits(out[inputs.logits_indices]) if inputs.sampling_req_ids else None
+        return logits, (out if keep_hidden else None)
 
     def _sample_or_verify(self, scheduler_output: SchedulerOutput, batch: StepBatch, inputs: StepInputs,
                           logits: torch.Tensor | None, output: ModelRunnerOutput) -> ReadyOutput | SampledTokens:
@@ -231,6 +252,8 @@ class ModelRunner:
             output.sampled_token_ids = [verified.tokens.get(rid, []) for rid in batch.req_ids]
             output.logprobs = verified.logprobs
             output.failures.update({rid: RequestFailure(why, ran=True) for rid, why in verified.errors.items()})
+            return ReadyOutput(output)
+        if logits is None:  # a pipeline stage before the last: it learns the tokens from the next schedule
             return ReadyOutput(output)
         rows = [self.requests[rid].sampling for rid in sampling_req_ids]
         samples, errors = self.sample(logits, rows, sampling_req_ids, scheduler_output,

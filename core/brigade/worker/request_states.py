@@ -68,6 +68,18 @@ class RequestStates(dict[str, CachedRequestState]):
             state = self[req_id]
             state.block_ids.extend(new_blocks)
             state.num_computed_tokens = num_computed
+        for req_id, tokens in zip(cached.req_ids, cached.new_token_ids):  # pipeline parallelism only
+            self.append_unseen(self[req_id], tokens)
+
+    @staticmethod
+    def append_unseen(state: CachedRequestState, tokens: list[int]) -> None:
+        """Append what the runner lacks of a request's uncomputed output ``tokens`` (a pipeline stage that does
+        not sample lacks them all; the last stage, which sampled them, none)."""
+        missing = state.num_computed_tokens + len(tokens) - len(state.token_ids) - state.num_pending
+        if missing > 0:
+            new = tokens[len(tokens) - missing:]
+            state.token_ids.extend(new)
+            state.sampling.output_token_ids.extend(new)
 
     def batch(self, num_scheduled: dict[str, int], spec_tokens: dict[str, list[int]]) -> StepBatch:
         """The step's ``StepBatch`` for the requests of ``num_scheduled`` (decodes first), with their drafts."""

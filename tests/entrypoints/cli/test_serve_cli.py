@@ -103,7 +103,7 @@ def test_a_mistyped_plugin_name_gets_a_did_you_mean(smollm2_path, flags, expecte
 
 
 @pytest.mark.parametrize("flags,expected", [
-    (["-tp", "2"], "tensor/pipeline parallelism of 2 is not implemented yet"),
+    (["-tp", "2", "--enable-lora"], "--enable-lora with tensor parallelism (-tp 2) is not supported yet"),
     (["-dp", "2", "--kv-transfer-config", '{"kv_connector": "shm", "kv_role": "kv_both"}'],
      "--kv-transfer-config (shm) with -dp 2 is not supported: each engine would run its own connector"),
     (["--distributed-executor-backend", "ray"], "--distributed-executor-backend ray is not available in this build"),
@@ -201,7 +201,7 @@ def test_kv_cache_memory_beyond_ram_is_refused_before_loading(smollm2_path, free
 
 
 @pytest.mark.parametrize("flags,expected,code", [
-    (["-tp", "2"], "tensor/pipeline parallelism of 2 is not implemented yet; run with -tp 1 -pp 1", 2),
+    (["-tp", "2"], "-tp 2 does not divide the model's 9 attention heads; use one of 1, 3, 9", 2),
     (["--host", "999.1.1.1", "--port", "8799"], "check --host", 1),
 ])
 def test_serve_refuses_before_starting_the_engine(smollm2_path, flags, expected, code):
@@ -214,10 +214,12 @@ def test_serve_refuses_before_starting_the_engine(smollm2_path, flags, expected,
 
 @pytest.mark.parametrize("command", [["generate", "Hello"], ["bench", "latency"], ["bench", "throughput"]])
 def test_other_commands_refuse_parallelism_before_loading(smollm2_path, command):
-    """`-tp 2` is refused in one line by every command that starts an engine, before any weight is read."""
+    """`-tp 2` (which does not divide SmolLM2's 9 heads) is refused in one line by every command that starts an
+    engine, before any weight is read."""
     argv = [*command[:1], *command[1:], str(smollm2_path)] if command[0] == "generate" else [*command, str(smollm2_path)]
     proc = subprocess.run([*brigade_command(), *argv, "-tp", "2"], capture_output=True, text=True, timeout=120)
-    errors = [line for line in proc.stderr.splitlines() if "tensor/pipeline parallelism of 2" in line]
+    errors = [line for line in proc.stderr.splitlines()
+              if "-tp 2 does not divide the model's 9 attention heads" in line]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
     assert "tensors from" not in proc.stderr
 

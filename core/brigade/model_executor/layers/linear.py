@@ -1,10 +1,18 @@
-"""Linear layers: plain, merged (gate_up) and QKV, each loading HF's separate projections into one matrix.
+"""Linear layers: plain, merged (gate_up) and QKV, each loading HF's separate projections into one matrix, and
+their tensor-parallel forms.
 
 Merging q/k/v and gate/up into one matrix turns three (two) GEMMs into one per layer, the largest
 easy win of a decode step. HF checkpoints store the projections separately, so the merged layers'
 ``weight_loader`` copies each one into its slice of the output dimension. The storage and the
 product itself belong to the layer's ``LinearMethod`` (see ``linear_method``), which quantization
-plugins replace. No tensor parallelism here: every layer holds the full matrix.
+plugins replace.
+
+Tensor parallelism is Megatron-LM's, as vLLM's ``ColumnParallelLinear``/``RowParallelLinear``: the merged layers
+are column-parallel (each rank of the TP group holds ``1/tp`` of every projection's output features, whole
+attention heads, KV heads replicated when ``tp`` exceeds them: ``distributed.sharding.attention_shard``), and
+``RowParallelLinear`` (o_proj, down_proj) holds ``1/tp`` of the input features and sums the partial products with
+an all-reduce. The loaders narrow each checkpoint tensor to the rank's slice before reading it. With one rank
+(no world, or ``-tp 1``) every layer holds the whole matrix and runs exactly as without parallelism.
 """
 
 from __future__ import annotations
@@ -12,8 +20,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from brigade.distributed import get_tp_group
+from brigade.distributed.sharding import attention_shard, divide
 from brigade.model_executor.layers.linear_method import LinearMethod, UnquantizedLinearMethod
-from brigade.model_executor.weight_utils import default_weight_loader, set_weight_attrs
+from brigade.model_executor.weight_utils import default_weight_loader, materialize, narrow_weight, set_weight_attrs
+
+
+def bind_tp_group(layer: nn.Module) -> None:
+    """Give ``layer`` this process's TP group, its size and the rank's place in it (``tp_group``, ``tp_size``,
+    ``tp_rank``); callable before ``nn.Module.__init__`` (plain attributes only)."""
+    tp = get_tp_group()
+    object.__setattr__(layer, "tp_group", tp)
+    object.__setattr__(layer, "tp_size", tp.world_size)
+    object.__setattr__(layer, "tp_rank", tp.rank_in_group)
 
 
 class LinearBase(nn.Module):
@@ -143,15 +162,36 @@ class Linear(LinearBase):
 
 
 class MergedColumnLinear(LinearBase):
-    """Several projections of the same input stacked along the output dimension (gate_up_proj).
+    """Several projections of the same input stacked along the output dimension (gate_up_proj); column-parallel.
 
-    Shard ids are the integer positions 0, 1, ... of ``output_sizes``.
+    Shard ids are the integer positions 0, 1, ... of ``output_sizes``. Under tensor parallelism ``output_sizes``
+    are this rank's (``full_output_sizes[i] / tp`` each) and the weight loaders keep rank ``r``'s ``r``-th slice
+    of each projection.
     """
 
     def __init__(self, input_size: int, output_sizes: list[int], *, bias: bool = False, dtype: torch.dtype,
                  quant_method: LinearMethod | None = None):
-        super().__init__(input_size, output_sizes, bias=bias, dtype=dtype, quant_method=quant_method,
+        bind_tp_group(self)
+        local = [divide(size, self.tp_size, "output features") for size in output_sizes]
+        super().__init__(input_size, local, bias=bias, dtype=dtype, quant_method=quant_method,
                          shard_ids=list(range(len(output_sizes))))
+        self._set_full_shapes(output_sizes)
+
+    def _set_full_shapes(self, full_output_sizes: list[int]) -> None:
+        """Record the unsharded sizes, and each sharded parameter's whole shape (``full_shape``)."""
+        self.full_output_sizes = list(full_output_sizes)
+        if self.tp_size == 1:
+            return
+        for param in self.parameters(recurse=False):
+            dim = getattr(param, "output_dim", None)
+            if dim is not None:
+                shape = list(param.shape)
+                shape[dim] = sum(full_output_sizes)
+                set_weight_attrs(param, {"full_shape": tuple(shape)})
+
+    def shard_rank(self, index: int) -> int:
+        """Which of the ``tp`` equal slices of projection ``index`` this rank holds."""
+        return self.tp_rank
 
     def shard_index(self, shard_id: str | int) -> int:
         """Position of ``shard_id`` in ``output_sizes``. Raises ValueError for an unknown id."""
@@ -167,8 +207,14 @@ class MergedColumnLinear(LinearBase):
             ValueError: ``shard_id`` is missing or unknown, or the tensor does not fit the slice.
         """
         if shard_id is None:
-            # A checkpoint that already stores the merged matrix (e.g. re-saved by Brigade).
-            default_weight_loader(param, loaded_weight)
+            # A checkpoint that already stores the merged matrix (e.g. re-saved by Brigade; dummy weights).
+            if self.tp_size == 1:
+                default_weight_loader(param, loaded_weight)
+                return
+            dim, start = getattr(param, "output_dim", 0), 0
+            for sid, size in zip(self.shard_ids, self.full_output_sizes):
+                self.weight_loader(param, narrow_weight(loaded_weight, dim, start, size), sid)
+                start += size
             return
         index = self.shard_index(shard_id)
         output_dim = getattr(param, "output_dim", 0)
@@ -180,6 +226,9 @@ class MergedColumnLinear(LinearBase):
         offset = sum(self.output_sizes[:index]) // pack_factor
         size = self.output_sizes[index] // pack_factor
         target = param.data.narrow(output_dim, offset, size)
+        if self.tp_size > 1:  # this rank's slice of the whole projection, read alone
+            loaded_weight = narrow_weight(loaded_weight, output_dim, self.shard_rank(index) * size, size)
+        loaded_weight = materialize(loaded_weight)
         if tuple(target.shape) != tuple(loaded_weight.shape):
             raise ValueError(f"shard {shard_id!r} of shape {tuple(loaded_weight.shape)} does not fit its "
                              f"slice of shape {tuple(target.shape)}")
@@ -189,18 +238,85 @@ class MergedColumnLinear(LinearBase):
 class QKVLinear(MergedColumnLinear):
     """Query, key and value projections in one matrix, shards ``"q"``, ``"k"``, ``"v"`` (GQA-aware).
 
-    Output layout: ``[num_heads * head_size | num_kv_heads * head_size | num_kv_heads * head_size]``.
+    Output layout: ``[num_heads * head_size | num_kv_heads * head_size | num_kv_heads * head_size]``, where the
+    head counts are this rank's under tensor parallelism (``shard``: whole query heads, and the KV heads they read,
+    replicated over ``tp / total_num_kv_heads`` ranks when ``tp`` exceeds the KV heads).
+
+    Raises:
+        ValueError: ``tp`` does not divide the query heads, or the KV heads cannot be split or replicated evenly.
     """
 
     def __init__(self, hidden_size: int, head_size: int, num_heads: int, num_kv_heads: int, *,
                  bias: bool = False, dtype: torch.dtype, quant_method: LinearMethod | None = None):
-        sizes = [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size]
+        bind_tp_group(self)
+        shard = attention_shard(num_heads, num_kv_heads, self.tp_rank, self.tp_size)
+        sizes = [shard.num_heads * head_size, shard.num_kv_heads * head_size, shard.num_kv_heads * head_size]
         LinearBase.__init__(self, hidden_size, sizes, bias=bias, dtype=dtype, quant_method=quant_method,
                             shard_ids=["q", "k", "v"])
+        self.shard = shard
+        self._set_full_shapes([num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size])
         self.head_size = head_size
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
+        self.num_heads = shard.num_heads  # this rank's
+        self.num_kv_heads = shard.num_kv_heads
+
+    def shard_rank(self, index: int) -> int:
+        """q: the rank's own slice; k and v: its KV heads' slice, shared by ``kv_replicas`` ranks."""
+        if index == 0:
+            return self.tp_rank
+        return self.shard.kv_head_start // self.shard.num_kv_heads
 
     def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Split the merged output [T, q + 2 * kv] into q [T, H*D], k [T, Hkv*D], v [T, Hkv*D] (views)."""
         return qkv.split(self.output_sizes, dim=-1)
+
+
+class RowParallelLinear(Linear):
+    """A projection whose input features are split over the TP group (o_proj, down_proj): each rank multiplies
+    its ``input_size / tp`` columns of ``W`` by its slice of the activations (the column-parallel layer before it
+    left them split), and an all-reduce sums the partial products; the bias is added once, after the sum.
+
+    The epilogue fusions (residual add, SiLU-and-mul into the GEMM) keep what is exact under the sum: the
+    activation still runs inside the GEMM, but the residual add waits for the reduced output (the next norm's
+    fused add-and-normalize makes it). With one rank it is ``Linear`` itself.
+    """
+
+    def __init__(self, input_size: int, output_size: int, *, bias: bool = False, dtype: torch.dtype,
+                 quant_method: LinearMethod | None = None):
+        bind_tp_group(self)
+        self.full_input_size = input_size
+        super().__init__(divide(input_size, self.tp_size, "input features"), output_size, bias=bias, dtype=dtype,
+                         quant_method=quant_method)
+        if self.tp_size > 1:
+            set_weight_attrs(self.weight, {"input_dim": 1, "full_shape": (output_size, input_size)})
+
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor,
+                      shard_id: str | int | None = None) -> None:
+        """Keep this rank's columns of the weight (its whole bias)."""
+        dim = getattr(param, "input_dim", None)
+        if self.tp_size > 1 and dim is not None:
+            size = param.shape[dim]
+            loaded_weight = narrow_weight(loaded_weight, dim, self.tp_rank * size, size)
+        super().weight_loader(param, loaded_weight, shard_id)
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        out = self.tp_group.all_reduce(partial)
+        return out if self.bias is None else out + self.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Args: x [T, input_size / tp], this rank's features. Returns the summed [T, output_size]."""
+        if self.tp_size == 1:
+            return super().forward(x)
+        return self._reduce(self.quant_method.apply(self, x, None))
+
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.tp_size == 1:
+            return super().forward_add(x, residual)
+        return self.forward(x), residual
+
+    def forward_silu_mul(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        if self.tp_size == 1:
+            return super().forward_silu_mul(x, residual)
+        out = self.quant_method.apply_silu_mul(self, x, None)
+        return None if out is None else (self._reduce(out), residual)

@@ -26,10 +26,11 @@ from brigade.attention.backend import AttentionBackend, AttentionContext
 from brigade.model_executor.layers.activation import SiluAndMul
 from brigade.model_executor.layers.attention import Attention
 from brigade.model_executor.layers.layernorm import RMSNorm
-from brigade.model_executor.layers.linear import Linear, MergedColumnLinear, QKVLinear
+from brigade.model_executor.layers.linear import MergedColumnLinear, QKVLinear, RowParallelLinear
 from brigade.model_executor.layers.linear_method import QuantizationConfig, get_linear_method
 from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope_parameters
 from brigade.model_executor.layers.vocab import LMHead, VocabEmbedding
+from brigade.model_executor.models.pipeline import IntermediateTensors, MissingLayer, StageLayout, stage_inputs
 from brigade.model_executor.weight_utils import default_weight_loader
 
 logger = logging.getLogger(__name__)
@@ -55,8 +56,8 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = MergedColumnLinear(
             hidden_size, [intermediate_size, intermediate_size], bias=bias, dtype=dtype,
             quant_method=get_linear_method(quant_config, f"{prefix}.gate_up_proj"))
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype,
-                                quant_method=get_linear_method(quant_config, f"{prefix}.down_proj"))
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, dtype=dtype,
+                                           quant_method=get_linear_method(quant_config, f"{prefix}.down_proj"))
         self.act_fn = SiluAndMul()
 
     def forward(self, h: torch.Tensor, rest: torch.Tensor | None, norm: RMSNorm
@@ -87,11 +88,12 @@ class LlamaAttention(nn.Module):
         qkv_bias, o_bias = _attention_biases(config)
         self.qkv_proj = QKVLinear(hidden_size, head_size, self.num_heads, self.num_kv_heads, bias=qkv_bias,
                                   dtype=dtype, quant_method=get_linear_method(quant_config, f"{prefix}.qkv_proj"))
-        self.o_proj = Linear(self.num_heads * head_size, hidden_size, bias=o_bias, dtype=dtype,
-                             quant_method=get_linear_method(quant_config, f"{prefix}.o_proj"))
+        self.o_proj = RowParallelLinear(self.num_heads * head_size, hidden_size, bias=o_bias, dtype=dtype,
+                                        quant_method=get_linear_method(quant_config, f"{prefix}.o_proj"))
         self.rotary_emb = rotary_emb  # shared by all layers: one cos/sin table per model
-        self.attn = Attention(self.num_heads, head_size, self.num_kv_heads, scale=head_size ** -0.5,
-                              layer_idx=layer_idx, backend_cls=attn_backend)
+        # This rank's heads (all of them with one rank): the KV cache holds its KV heads only.
+        self.attn = Attention(self.qkv_proj.num_heads, head_size, self.qkv_proj.num_kv_heads,
+                              scale=head_size ** -0.5, layer_idx=layer_idx, backend_cls=attn_backend)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, rest: torch.Tensor | None, ctx: AttentionContext,
                 norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -155,17 +157,35 @@ class LlamaModel(nn.Module):
         rope = get_rope_parameters(config)
         rotary_emb = RotaryEmbedding(head_size, int(head_size * rope.partial_rotary_factor),
                                      config.max_position_embeddings, rope, is_neox_style=True)
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.stage = StageLayout.of(config.num_hidden_layers)
+        self.hidden_size = config.hidden_size
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        # The first stage embeds; the last needs the matrix too when its LM head is tied to it.
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=dtype) \
+            if self.stage.is_first or (tied and self.stage.is_last) else None
         self.layers = nn.ModuleList([
             layer_cls(config, layer_idx=i, rotary_emb=rotary_emb, head_size=head_size, dtype=dtype,
                       attn_backend=attn_backend, quant_config=quant_config, prefix=f"{prefix}.layers.{i}")
+            if self.stage.holds(i) else MissingLayer()
             for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        # This stage's layers as a plain list (not registered twice; no ModuleList built per forward).
+        self.stage_layers = list(self.layers)[self.stage.start:self.stage.end]
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        h, rest = self.embed_tokens(input_ids), None  # [T, hidden]
-        for layer in self.layers:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext,
+                intermediate: IntermediateTensors | None = None) -> torch.Tensor | IntermediateTensors:
+        """This stage's layers (every layer without a pipeline). Args: input_ids, positions [T]; ``intermediate``
+        the previous stage's stream (later stages). Returns [T, hidden], or on a stage before the last the
+        ``IntermediateTensors`` to send on."""
+        if self.stage.is_first:
+            h, rest = self.embed_tokens(input_ids), None  # [T, hidden]
+        else:
+            h, rest = stage_inputs(intermediate, input_ids.shape[0], self.hidden_size, self.norm.weight.dtype,
+                                   input_ids.device)
+        for layer in self.stage_layers:
             h, rest = layer(positions, h, rest, ctx)
+        if not self.stage.is_last:
+            return {"hidden_states": h} if rest is None else {"hidden_states": h, "residual": rest}
         return h if rest is None else h + rest
 
 
@@ -175,6 +195,9 @@ class LlamaForCausalLM(nn.Module):
     Parameter names follow HF's with q/k/v merged into ``qkv_proj`` and gate/up into ``gate_up_proj``;
     ``load_weights`` does the mapping. Layer ``i`` uses ``ctx.kv_caches[i]``.
     """
+
+    supports_tensor_parallel: ClassVar[bool] = True  # column/row-parallel layers, vocabulary split
+    supports_pipeline_parallel: ClassVar[bool] = True  # a stage's layers only (``pipeline.StageLayout``)
 
     # Merged layer -> the HF projections inside it, in shard order. Quantization configs receive the
     # merged prefix (``...self_attn.qkv_proj``) and use this to match checkpoint names and ignore lists.
@@ -193,24 +216,27 @@ class LlamaForCausalLM(nn.Module):
         _warn_sliding_window(hf_config)
         self.model = LlamaModel(hf_config, dtype=dtype, attn_backend=attn_backend, quant_config=quant_config,
                                 layer_cls=self.decoder_layer_cls)
-        self.lm_head = LMHead(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        if self.tie_word_embeddings:
+        self.lm_head = LMHead(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype) \
+            if self.model.stage.is_last else None  # only the last pipeline stage scores
+        if self.tie_word_embeddings and self.lm_head is not None:
             self.lm_head.tie_to(self.model.embed_tokens)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        """Run every layer on the step's tokens.
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext,
+                intermediate: IntermediateTensors | None = None) -> torch.Tensor | IntermediateTensors:
+        """Run every layer (this pipeline stage's) on the step's tokens.
 
         Args:
             input_ids: [T] int64 token ids of all scheduled tokens, requests back to back.
             positions: [T] int64 absolute position of each token in its request.
             ctx: the step's attention metadata and one KV cache per layer.
+            intermediate: on a pipeline stage after the first, what the previous stage returned.
 
         Returns:
             [T, hidden_size] hidden states in the model dtype: the last layer's output, before the final norm
-            (``compute_logits`` applies it).
+            (``compute_logits`` applies it); on a stage before the last, the ``IntermediateTensors`` to send on.
         """
-        return self.model(input_ids, positions, ctx)
+        return self.model(input_ids, positions, ctx, intermediate)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head. Args: hidden_states [N, hidden] rows of ``forward``'s output (usually each
@@ -223,8 +249,8 @@ class LlamaForCausalLM(nn.Module):
         can apply while it reads ``x``. Returns the number of norms folded (the final norm stays when the LM
         head is tied to the embedding, and a quantized projection keeps its norm). Call once, after loading.
         """
-        folded = sum(layer.fold_norms() for layer in self.model.layers)
-        return folded + int(self.lm_head.fold_input_norm(self.model.norm))
+        folded = sum(layer.fold_norms() for layer in self.model.layers if not isinstance(layer, MissingLayer))
+        return folded + int(self.lm_head is not None and self.lm_head.fold_input_norm(self.model.norm))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named checkpoint tensors into the merged parameters.
@@ -244,6 +270,8 @@ class LlamaForCausalLM(nn.Module):
                 continue
             name, shard_id = self.checkpoint_name(hf_name)
             param = params.get(name)
+            if param is None and not self._on_this_stage(name):
+                continue  # another pipeline stage's layer, embedding or head
             if param is None:
                 raise ValueError(f"checkpoint tensor {hf_name!r} matches no parameter of {type(self).__name__} "
                                  f"(looked for {name!r}); is this checkpoint for another architecture?")
@@ -264,6 +292,16 @@ class LlamaForCausalLM(nn.Module):
         """The parameter a checkpoint tensor loads into and its shard id (None for a whole tensor): q/k/v into
         ``qkv_proj``, gate/up into ``gate_up_proj``. Subclasses map more names (the MoE models' experts)."""
         return _to_brigade_name(hf_name)
+
+    def _on_this_stage(self, name: str) -> bool:
+        """Whether the parameter ``name`` belongs to this pipeline stage (always, without a pipeline)."""
+        stage = self.model.stage
+        if name.startswith("model.embed_tokens."):
+            return self.model.embed_tokens is not None
+        if name.startswith("lm_head."):
+            return self.lm_head is not None
+        match = re.match(r"model\.layers\.(\d+)\.", name)
+        return match is None or stage.holds(int(match.group(1)))
 
 
 def _to_brigade_name(hf_name: str) -> tuple[str, str | int | None]:

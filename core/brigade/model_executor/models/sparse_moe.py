@@ -138,6 +138,9 @@ class MoEForCausalLM(LlamaForCausalLM):
     parameters, one expert and projection at a time; every other name loads as in ``LlamaForCausalLM``."""
 
     decoder_layer_cls: ClassVar[type[nn.Module]] = MoEDecoderLayer
+    # The experts are not sharded over tensor-parallel ranks nor split into pipeline stages yet (docs/moe.md).
+    supports_tensor_parallel: ClassVar[bool] = False
+    supports_pipeline_parallel: ClassVar[bool] = False
     # Quantization configs see the merged names; the experts' own tensors are not quantized.
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         **LlamaForCausalLM.packed_modules_mapping,

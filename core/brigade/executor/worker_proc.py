@@ -1,0 +1,196 @@
+"""The body of one worker process of the mp executor: join the world, build the worker, serve commands.
+
+A worker reads its commands from the executor's ``BroadcastChannel`` (one pickled message for all ranks) and
+answers on its own pipe: every command but a step, which only the driver rank answers (the others reply only
+when the step failed on them). Under tensor or pipeline parallelism it first joins the ``torch.distributed``
+world (``init_parallel_state``; TCP store on loopback), so the model's layers find their groups as they are
+built; on SHUTDOWN it tears the groups down (device groups before CPU groups, then the world).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from brigade.config import BrigadeConfig
+from brigade.utils import freeze_gc_heap
+
+
+class WorkerCommand(enum.IntEnum):
+    """What the executor asks of a worker process."""
+
+    DETERMINE_NUM_KV_BLOCKS = 0  # -> int (the minimum over every rank)
+    INITIALIZE_KV_CACHE = 1  # (num_blocks) -> None
+    EXECUTE_MODEL = 2  # (SchedulerOutput) -> ModelRunnerOutput, from the driver rank only
+    DESCRIBE = 3  # -> WorkerInfo
+    SHUTDOWN = 4
+    ADD_LORA = 5  # (LoRARequest) -> bool, or the LoRAError it raised
+    REMOVE_LORA = 6  # (lora_int_id) -> bool
+    KV_CACHE_LAYOUT = 7  # -> KVCacheLayout
+
+
+@dataclass(slots=True)
+class WorkerInfo:
+    """What a worker process reports about itself (for tests and the start-up log)."""
+
+    pid: int
+    rank: int
+    start_method: str
+    platform: str
+    plugins: dict[str, str]  # entry-point name -> its status in that process (loaded, not detected, ...)
+    attention_backend: str
+    device: str = "cpu"
+    place: str = ""  # its rank, local rank and rank in each group (ParallelState.describe), "" with one worker
+    param_bytes: int = 0  # bytes of the model's parameters this rank holds
+
+
+@dataclass(slots=True)
+class WorkerReply:
+    """A worker's answer: a value, or the error it raised (with its traceback)."""
+
+    value: Any = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """Where a worker process finds the others: its rank, the command channel, the rendezvous store."""
+
+    rank: int
+    world_size: int
+    driver_rank: int  # the rank whose step outputs come back (the last stage's first TP rank)
+    start_method: str
+    channel: str  # the BroadcastChannel's address
+    init_method: str  # tcp://127.0.0.1:PORT of the torch.distributed store
+
+
+def worker_main(config: BrigadeConfig, hf_config, spec: WorkerSpec, conn) -> None:
+    """Body of a worker process: build the platform's worker, then serve commands until SHUTDOWN."""
+    from brigade.executor.broadcast import BroadcastSubscriber
+    from brigade.parent_watch import watch_parent
+    from brigade.plugins import load_plugins
+
+    watch_parent(f"worker rank {spec.rank}")  # a worker whose engine (or offline LLM) was killed exits too
+    state = worker = None
+    try:
+        load_plugins("engine")  # a no-op after fork, a real load after spawn
+        commands = BroadcastSubscriber(spec.channel)  # subscribe first: the executor waits for every rank
+        worker, state, info = _start_worker(config, hf_config, spec)
+        conn.send(WorkerReply(value=info))
+    except BaseException as exc:
+        conn.send(WorkerReply(error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        _tear_down(worker, state)
+        return
+    try:
+        _serve(worker, state, info, spec, commands, conn)
+    finally:
+        _tear_down(worker, state)
+        commands.close()
+
+
+def _start_worker(config: BrigadeConfig, hf_config, spec: WorkerSpec):
+    """Bind the device, join the world (several workers), load the model; returns (worker, state, info)."""
+    from brigade.distributed import RankGrid, init_parallel_state
+    from brigade.plugins import current_platform, plugin_records
+    from brigade.utils import resolve_obj_by_qualname
+
+    platform = current_platform()
+    worker = resolve_obj_by_qualname(config.parallel_config.worker_cls)(config, local_rank=spec.rank,
+                                                                        rank=spec.rank)
+    state = None
+    if spec.world_size > 1:
+        parallel = config.parallel_config
+        if worker.device.type == "cpu":  # ranks share the cores: without this each spawns a thread per core
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
+        if parallel.pipeline_parallel_size > 1:  # a stage's step waits on its neighbours: no graphs around it
+            config.model_config.enforce_eager = True
+        grid = RankGrid(dp=1, pp=parallel.pipeline_parallel_size, tp=parallel.tensor_parallel_size)
+        # Device communicators are made lazily, at the first collective, on the device bound by init_device.
+        state = init_parallel_state(grid, spec.rank, local_rank=spec.rank, device=worker.device,
+                                    init_method=spec.init_method)
+    worker.init_device(hf_config)  # the runner sizes its KV cache for its stage and heads
+    if state is not None:
+        # Make every device communicator now: CUDA graphs capture the collectives of a communicator that exists.
+        for group in (state.world, state.tp, state.pp):
+            group.all_reduce(torch.zeros(1, device=worker.device))
+    worker.load_model()
+    model = worker.model_runner.model
+    info = WorkerInfo(pid=os.getpid(), rank=spec.rank, start_method=spec.start_method, platform=platform.name,
+                      plugins={r.name: r.status.name.lower() for r in plugin_records()},
+                      attention_backend=worker.attn_backend.name, device=str(worker.device),
+                      place=state.describe() if state is not None else "",
+                      param_bytes=sum(p.numel() * p.element_size() for p in model.parameters()))
+    return worker, state, info
+
+
+def _serve(worker, state, info: WorkerInfo, spec: WorkerSpec, commands, conn) -> None:
+    """Answer commands in order until SHUTDOWN (or the executor's pipe closes)."""
+    handlers = {
+        WorkerCommand.DETERMINE_NUM_KV_BLOCKS: lambda _: _num_kv_blocks(worker, state),
+        WorkerCommand.INITIALIZE_KV_CACHE: lambda num_blocks: _initialize_kv_cache(worker, num_blocks),
+        WorkerCommand.EXECUTE_MODEL: worker.execute_model,
+        WorkerCommand.DESCRIBE: lambda _: info,
+        WorkerCommand.ADD_LORA: lambda request: _add_lora(worker, request),
+        WorkerCommand.REMOVE_LORA: worker.remove_lora,
+        WorkerCommand.KV_CACHE_LAYOUT: lambda _: worker.kv_cache_layout(),
+    }
+    is_driver = spec.rank == spec.driver_rank
+    while True:
+        command, arg = commands.receive()
+        if command == WorkerCommand.SHUTDOWN:
+            return
+        try:
+            value = handlers[command](arg)
+            if command != WorkerCommand.EXECUTE_MODEL or is_driver:
+                conn.send(WorkerReply(value=value))
+        except (BrokenPipeError, EOFError):
+            return  # the executor is gone
+        except BaseException as exc:
+            try:
+                conn.send(WorkerReply(error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+            except (BrokenPipeError, OSError):
+                return
+
+
+def _num_kv_blocks(worker, state) -> int:
+    """This rank's KV blocks, then the minimum over every rank (all-reduce MIN on the world's CPU group): the
+    scheduler's one pool must fit the tightest rank."""
+    num_blocks = worker.determine_num_kv_blocks()
+    if state is None:
+        return num_blocks
+    import torch.distributed as dist
+
+    value = torch.tensor([num_blocks], dtype=torch.int64)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN, group=state.world.cpu_group)
+    return int(value.item())
+
+
+def _initialize_kv_cache(worker, num_blocks: int) -> None:
+    """The worker's last start-up command: allocate the cache (and capture graphs), then freeze the heap."""
+    worker.initialize_kv_cache(num_blocks)
+    freeze_gc_heap()
+
+
+def _add_lora(worker, lora_request):
+    """The worker's answer to ADD_LORA: a bad adapter is a reply (the LoRAError), not a dead worker."""
+    from brigade.lora.adapter import LoRAError
+
+    try:
+        return worker.add_lora(lora_request)
+    except LoRAError as exc:
+        return exc
+
+
+def _tear_down(worker, state) -> None:
+    """Release the worker's connector threads and sockets, then the process groups (device ones first)."""
+    try:
+        if worker is not None:
+            worker.shutdown()
+    finally:
+        if state is not None:
+            state.destroy()

@@ -1,0 +1,64 @@
+"""Shared by the parallelism tests: a check that serves a model through the offline ``LLM`` class on the mp
+executor under given layouts, in a fresh interpreter (forking pytest's own process, full of threads, could
+deadlock the child)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+PROMPTS = [[1, 5, 7, 9, 11, 13], [3, 4, 5], [100, 150, 20, 30, 40, 50, 60, 70, 80, 90, 10, 12, 14, 16, 18, 20, 22]]
+MAX_TOKENS = 10
+
+_CHECK = r"""
+import json, sys
+from brigade import LLM, SamplingParams
+
+def generate(llm, prompts):
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0.0, max_tokens=int(sys.argv[3]), ignore_eos=True), use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+def main():
+    model, prompts, load_format = sys.argv[1], json.loads(sys.argv[2]), sys.argv[4]
+    out = {}
+    for layout in sys.argv[5].split(","):
+        tp, pp = map(int, layout.split("x"))
+        # a small step budget and a small pool: prompts are chunked, and requests are preempted
+        kwargs = dict(dtype="float32", max_model_len=32, skip_tokenizer_init=True, load_format=load_format,
+                      max_num_batched_tokens=8, num_gpu_blocks_override=6, block_size=8, enable_prefix_caching=True,
+                      async_scheduling=True)
+        kwargs.update(json.loads(sys.argv[6]))
+        llm = LLM(model, tensor_parallel_size=tp, pipeline_parallel_size=pp, **kwargs)
+        executor = llm.engine.core.executor
+        infos = getattr(executor, "worker_info", [])
+        tokens = generate(llm, prompts)
+        again = generate(llm, prompts[2:])  # its two full prompt blocks come from the prefix cache
+        scheduler = llm.engine.core.scheduler
+        out[layout] = {"tokens": tokens, "again": again, "kv": llm.get_kv_cache_stats(),
+                   "preemptions": scheduler.num_preemptions_total,
+                   "peak_in_flight": llm.engine.core.peak_batches_in_flight,
+                   "methods": [i.start_method for i in infos], "param_bytes": [i.param_bytes for i in infos],
+                   "places": [i.place for i in infos], "pids": [i.pid for i in infos]}
+        llm.engine.core.shutdown()
+        out[layout]["alive"] = [p.is_alive() for p in getattr(executor, "procs", [])]
+    print(json.dumps(out))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def run_check(model, method: str, load_format: str, layouts: str, **engine_args) -> dict:
+    """Run ``_CHECK`` in a fresh interpreter for each ``TPxPP`` layout of ``layouts`` ("2x1,1x2"); returns
+    layout -> what it saw. ``engine_args`` override the check's ``LLM`` arguments."""
+    env = {**os.environ, "BRIGADE_WORKER_MULTIPROC_METHOD": method}
+    proc = subprocess.run([sys.executable, "-c", _CHECK, str(model), json.dumps(PROMPTS), str(MAX_TOKENS),
+                           load_format, layouts, json.dumps(engine_args)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
