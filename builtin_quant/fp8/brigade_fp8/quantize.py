@@ -45,3 +45,35 @@ def dequantize_fp8_per_channel(qweight: torch.Tensor, scale: torch.Tensor,
                                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Inverse of ``quantize_fp8_per_channel``: [out, in] fp8 and [out] fp32 -> [out, in] in ``dtype``."""
     return (qweight.float() * scale.float()[:, None]).to(dtype)
+
+
+def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token activation quantization (the same rule as a weight row): ``x`` [T, K] any float dtype ->
+    (q [T, K] ``float8_e4m3fn``, scale [T, 1] float32 ``amax(|x[t]|) / 448``). The PyTorch reference of
+    ``brigade_fp8.triton_quant.per_token_quant_fp8``."""
+    xf = x.float()
+    scale = (xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=_MIN_SCALE)
+    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def quantize_fp8_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Static per-tensor activation quantization with a checkpoint's ``input_scale``: ``x`` [T, K] and a 1-element
+    fp32 ``scale`` -> ``clamp(x / scale, -448, 448)`` as [T, K] ``float8_e4m3fn`` (values past the calibrated range
+    saturate, as in vLLM's static FP8)."""
+    return (x.float() / scale.float().reshape(())).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def dequantize_fp8_blockwise(qweight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """Block-scaled FP8 (DeepSeek-V3 / Qwen3-FP8 ``weight_scale_inv``, compressed-tensors ``FP8_BLOCK``) to fp32.
+
+    Args:
+        qweight: [N, K] ``float8_e4m3fn``.
+        scale: [ceil(N / bn), ceil(K / bk)] fp32; block ``(i, j)`` of the weight is multiplied by ``scale[i, j]``.
+        block: (bn, bk), e.g. (128, 128).
+
+    Returns: [N, K] float32.
+    """
+    n, k = qweight.shape
+    bn, bk = block
+    full = scale.float().repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
+    return qweight.float() * full
