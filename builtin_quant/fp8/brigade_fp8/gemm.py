@@ -26,7 +26,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from brigade_fp8.quantize import quantize_fp8_per_token, quantize_fp8_static
+from brigade_fp8.quantize import (dequantize_fp8_blockwise, quantize_fp8_per_group, quantize_fp8_per_token,
+                                  quantize_fp8_static)
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,26 @@ def fp8_gemm_cuda(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Te
     out = torch._scaled_mm(qx, qweight.t(), scale_a=sx, scale_b=weight_scale.reshape(1, -1),
                            bias=None if bias is None else bias.to(torch.bfloat16), out_dtype=torch.bfloat16)
     return out if x.dtype == torch.bfloat16 else out.to(x.dtype)
+
+
+def fp8_block_gemm(x: torch.Tensor, qweight: torch.Tensor, block_scale: torch.Tensor, block: tuple[int, int],
+                   bias: torch.Tensor | None) -> torch.Tensor:
+    """The block-scaled W8A8 product of DeepSeek-V3-style checkpoints, by dequantization (any device).
+
+    Activations are quantized dynamically per ``block[1]``-column group of each token, as the checkpoint's scheme
+    says, then both operands are dequantized and multiplied in fp32 on the CPU (in x's dtype on CUDA, where the
+    weight is dequantized for each call: correct, but slower than bf16; a block-scaled FP8 GEMM is future work).
+
+    Args: x [T, K]; qweight [N, K] ``float8_e4m3fn``; block_scale [ceil(N / bn), ceil(K / bk)] fp32; bias [N] or
+    None. Returns [T, N] in x's dtype.
+    """
+    compute = torch.float32 if x.device.type == "cpu" else x.dtype
+    qx, sx = quantize_fp8_per_group(x, block[1])
+    xd = (qx.float() * sx.repeat_interleave(block[1], dim=1)[:, :x.shape[1]]).to(compute)
+    out = F.linear(xd, dequantize_fp8_blockwise(qweight, block_scale, block).to(compute))
+    if bias is not None:
+        out = out + bias.to(compute)
+    return out.to(x.dtype)
 
 
 def cuda_fp8_supported(device: torch.device) -> bool:

@@ -12,10 +12,10 @@ What the checkpoint holds is described by an ``Fp8Scheme``:
   ``FP8_BLOCK``: [ceil(N / 128), ceil(K / 128)]); a static scheme adds the activations' ``input_scale`` (one per
   shard; the layer uses their maximum, as vLLM does, since the shards read the same input).
 
-Whatever the checkpoint's weight granularity, the loaded layer holds one scale per output channel: per-tensor
-shard scales expand exactly to their rows; block scales are dequantized and requantized per channel at load
-(one more FP8 rounding, at most 2**-4 relative in e4m3's normal range), so every layer runs the same rowwise FP8
-GEMM. Activations are quantized per token (dynamic) unless the checkpoint gives a static ``input_scale``.
+Per-tensor and per-channel checkpoints load into one scale per output channel (per-tensor shard scales expand
+exactly to their rows), so they run the rowwise FP8 GEMM, activations quantized per token (dynamic) unless the
+checkpoint gives a static ``input_scale``. Block-scaled layers keep their [rows, cols] block scales and run
+``gemm.fp8_block_gemm`` (activations per 1x``block[1]`` group, as the scheme says; a dequantizing product).
 Scales that are not finite and positive are refused at load, naming the layer.
 """
 
@@ -29,7 +29,7 @@ from torch import nn
 from brigade.model_executor.layers.linear_method import LinearMethod
 from brigade.model_executor.weight_utils import set_weight_attrs
 
-from brigade_fp8.quantize import FP8_DTYPE, dequantize_fp8_blockwise, quantize_fp8_per_channel
+from brigade_fp8.quantize import FP8_DTYPE, quantize_fp8_per_channel
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,8 @@ def _param(data: torch.Tensor, attrs: dict) -> nn.Parameter:
 
 class Fp8LinearMethod(LinearMethod):
     """After ``process_weights_after_loading``: ``weight`` [N, K] ``float8_e4m3fn``, ``weight_scale`` [N] fp32 (so
-    ``weight.float() * weight_scale[:, None]`` approximates the checkpoint's merged weight), and ``input_scale``
+    ``weight.float() * weight_scale[:, None]`` approximates the checkpoint's merged weight; for a block-scaled
+    scheme [ceil(N / bn), ceil(K / bk)], one scale per block), and ``input_scale``
     (a 1-element fp32 static activation scale) or None (per-token dynamic activations)."""
 
     def __init__(self, scheme: Fp8Scheme = ONLINE, prefix: str = ""):
@@ -131,17 +132,21 @@ class Fp8LinearMethod(LinearMethod):
                 qweight, scale = weight, raw.float().repeat_interleave(sizes)
             elif s.weight_strategy == "channel":
                 qweight, scale = weight, raw.float().reshape(-1)
-            else:
-                qweight, scale = quantize_fp8_per_channel(dequantize_fp8_blockwise(weight, raw, s.block))
+            else:  # kept as the checkpoint has it: [rows, cols] block scales
+                qweight, scale = weight, raw.float()
             delattr(layer, s.scale_name)
         layer.weight = nn.Parameter(qweight, requires_grad=False)
         layer.register_parameter("weight_scale", nn.Parameter(scale.contiguous(), requires_grad=False))
         if s.static_input:
             self._check_scale("input_scale", layer.input_scale.data)
             layer.input_scale = nn.Parameter(layer.input_scale.data.max().reshape(1), requires_grad=False)
-        from brigade_fp8.gemm import fp8_gemm_for
+        from brigade_fp8.gemm import fp8_block_gemm, fp8_gemm_for
 
-        self.gemm = fp8_gemm_for(qweight.device, layer.input_size, layer.output_size)
+        if s.weight_strategy == "block":
+            block = s.block
+            self.gemm = lambda x, w, ws, _, bias: fp8_block_gemm(x, w, ws, block, bias)
+        else:
+            self.gemm = fp8_gemm_for(qweight.device, layer.input_size, layer.output_size)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Args: x [T, input_size] in the model dtype. Returns [T, sum(output_sizes)] in x's dtype."""

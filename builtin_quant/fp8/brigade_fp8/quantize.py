@@ -77,3 +77,15 @@ def dequantize_fp8_blockwise(qweight: torch.Tensor, scale: torch.Tensor, block: 
     bn, bk = block
     full = scale.float().repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
     return qweight.float() * full
+
+
+def quantize_fp8_per_group(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token-group activation quantization (DeepSeek-V3's 1x128 tiles, compressed-tensors ``FP8_BLOCK``
+    activations): ``x`` [T, K] -> (q [T, K] ``float8_e4m3fn``, scale [T, ceil(K / group)] fp32), each ``group``
+    consecutive columns of a row sharing ``amax / 448``."""
+    t, k = x.shape
+    pad = -k % group
+    xf = torch.nn.functional.pad(x.float(), (0, pad)).reshape(t, -1, group)
+    scale = (xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=_MIN_SCALE)
+    q = (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).reshape(t, -1)[:, :k]
+    return q, scale.squeeze(-1)
