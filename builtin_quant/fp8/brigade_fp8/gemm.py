@@ -20,6 +20,7 @@ scales) and Micikevicius et al., "FP8 Formats for Deep Learning" (2022).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -97,6 +98,7 @@ def fp8_block_gemm(x: torch.Tensor, qweight: torch.Tensor, block_scale: torch.Te
     return out.to(x.dtype)
 
 
+@functools.cache
 def cuda_fp8_supported(device: torch.device) -> bool:
     """True when ``device`` is a CUDA GPU with FP8 tensor cores (compute capability 8.9: Ada, 9.0: Hopper, and up)
     and Triton is importable (for the activation quantization)."""
