@@ -9,7 +9,8 @@
 * A small random Llama (hidden 256, heads of 64) on CUDA in fp32, online ``quantization="fp8"`` and as a
   compressed-tensors ``FP8_DYNAMIC`` checkpoint (the same FP8 weights): its layers bind ``fp8_gemm_cuda``, and the
   prompt logprobs of a fixed text stay within 0.1 nats of the CPU path (transformers on the checkpoint, which
-  ``tests/quant/test_fp8_checkpoints.py`` shows Brigade's CPU path matches within 0.08).
+  ``tests/quant/test_fp8_checkpoints.py`` shows Brigade's CPU path matches within 0.08), closer than to the
+  unquantized model.
 
 Skipped as a whole on machines without CUDA (CI); run on the H200 with ``pytest tests/cuda/test_fp8_cuda.py``.
 """
@@ -82,27 +83,34 @@ def tiny_fp8(tmp_path_factory):
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(tiny_llama_config()).eval()
+    # A gentle initializer: with 0.1 this 4-layer model amplifies FP8 rounding chaotically (its logprobs move by
+    # 1.3 nats), which would leave nothing to compare.
+    model = LlamaForCausalLM(tiny_llama_config(initializer_range=0.03)).eval()
     root = tmp_path_factory.mktemp("fp8")
     model.save_pretrained(root / "fp32")
     gen = torch.Generator().manual_seed(1)
     text = torch.randint(0, 512, (96,), generator=gen).tolist()
     calibration = [torch.randint(0, 512, (48,), generator=gen).tolist()]
     ct = compressed_tensors_checkpoint(model, root / "ct", "FP8_DYNAMIC", calibration)
+    return root, text, _hf_logprobs(ct, text), _hf_logprobs(root / "fp32", text)
+
+
+def _hf_logprobs(path, text: list[int]) -> torch.Tensor:
+    """transformers' logprob of each token of ``text`` after the first, fp32 on the CPU (compressed-tensors
+    checkpoints run with their activation quantization)."""
     from transformers import AutoModelForCausalLM
 
-    ref = AutoModelForCausalLM.from_pretrained(str(ct), dtype=torch.float32).eval()  # on the CPU
+    ref = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     with torch.inference_mode():
         logits = ref(torch.tensor([text])).logits[0].float()
-    want = torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(text[1:])[:, None])[:, 0]
-    return root, text, want
+    return torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(text[1:])[:, None])[:, 0]
 
 
 @pytest.mark.parametrize("source", ["online", "compressed-tensors"])
 def test_fp8_engine_on_cuda_matches_the_cpu_path(tiny_fp8, source):
     from brigade import LLM, SamplingParams
 
-    root, text, want = tiny_fp8
+    root, text, want, unquantized = tiny_fp8
     kwargs = {"quantization": "fp8"} if source == "online" else {}
     path = root / ("fp32" if source == "online" else "ct")
     llm = LLM(str(path), dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.3, max_model_len=512,
@@ -114,7 +122,10 @@ def test_fp8_engine_on_cuda_matches_the_cpu_path(tiny_fp8, source):
                        use_tqdm=False)[0]
     got = torch.tensor([row[t].logprob for row, t in zip(out.prompt_logprobs[1:], text[1:])])
     assert not got.isnan().any()
-    err = (got - want).abs().max().item()
-    assert err < 0.1, err
+    # The CPU path emulated with the GEMM's bf16 output rounding measured 0.057 here (0.034 without it); quantization
+    # itself moves the logprobs by 0.14-0.16.
+    err = (got.cpu() - want).abs().max().item()
+    drift = (got.cpu() - unquantized).abs().max().item()
+    assert err < 0.1 and err < drift, (err, drift)
     del llm, model
     torch.cuda.empty_cache()

@@ -72,7 +72,7 @@ def fp8_gemm_cuda(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Te
         qx, sx = per_token_quant_fp8(x)
     else:
         qx = quantize_fp8_static(x, input_scale)
-        sx = input_scale.float().reshape(1, 1).expand(x.shape[0], 1)
+        sx = input_scale.float().reshape(1, 1).expand(x.shape[0], 1).contiguous()
     out = torch._scaled_mm(qx, qweight.t(), scale_a=sx, scale_b=weight_scale.reshape(1, -1),
                            bias=None if bias is None else bias.to(torch.bfloat16), out_dtype=torch.bfloat16)
     return out if x.dtype == torch.bfloat16 else out.to(x.dtype)
