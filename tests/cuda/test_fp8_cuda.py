@@ -2,7 +2,8 @@
 
 * The Triton per-token quantization against the PyTorch rule (``quantize.quantize_fp8_per_token``): the same row
   scales, the same e4m3 codes but for rare division-rounding ties (one step at most).
-* ``fp8_gemm_cuda`` (``torch._scaled_mm``, rowwise scales) against the dequantized reference
+* ``fp8_block_gemm`` (block-scaled checkpoints, a dequantizing product) against its fp32 reference; and
+  ``fp8_gemm_cuda`` (``torch._scaled_mm``, rowwise scales) against the dequantized reference
   ``(qx * sx) @ (qw * sw).T`` in fp32, on random inputs, for the Llama-3.1-8B projection shapes (qkv, o, gate_up,
   down) at M = 1, 8, 64, 512 and 4096, dynamic and static activations, with bias: relative error below 2e-2,
   never NaN.
@@ -129,3 +130,20 @@ def test_fp8_engine_on_cuda_matches_the_cpu_path(tiny_fp8, source):
     assert err < 0.1 and err < drift, (err, drift)
     del llm, model
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("m", [1, 64, 4096])
+def test_block_scaled_product_matches_its_reference(m):
+    from brigade_fp8.gemm import fp8_block_gemm
+    from brigade_fp8.quantize import dequantize_fp8_blockwise, quantize_fp8_per_group
+
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    n, k = 4096, 14336  # down_proj
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    qw = (torch.randn(n, k, device="cuda", generator=gen) * 100).clamp(-448, 448).to(FP8_DTYPE)
+    scale = torch.rand(n // 128, k // 128, device="cuda", generator=gen) * 1e-3 + 1e-4
+    out = fp8_block_gemm(x, qw, scale, (128, 128), None)
+    qx, sx = quantize_fp8_per_group(x, 128)
+    ref = (qx.float() * sx.repeat_interleave(128, dim=1)) @ dequantize_fp8_blockwise(qw, scale, (128, 128)).T
+    assert out.dtype == torch.bfloat16 and not out.isnan().any()
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from brigade_fp8.quantize import (dequantize_fp8_blockwise, quantize_fp8_per_group, quantize_fp8_per_token,
+from brigade_fp8.quantize import (dequantize_fp8_blockwise_to, quantize_fp8_per_group, quantize_fp8_per_token,
                                   quantize_fp8_static)
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def fp8_block_gemm(x: torch.Tensor, qweight: torch.Tensor, block_scale: torch.Te
     compute = torch.float32 if x.device.type == "cpu" else x.dtype
     qx, sx = quantize_fp8_per_group(x, block[1])
     xd = (qx.float() * sx.repeat_interleave(block[1], dim=1)[:, :x.shape[1]]).to(compute)
-    out = F.linear(xd, dequantize_fp8_blockwise(qweight, block_scale, block).to(compute))
+    out = F.linear(xd, dequantize_fp8_blockwise_to(qweight, block_scale, block, compute))
     if bias is not None:
         out = out + bias.to(compute)
     return out.to(x.dtype)

@@ -73,10 +73,20 @@ def dequantize_fp8_blockwise(qweight: torch.Tensor, scale: torch.Tensor, block: 
 
     Returns: [N, K] float32.
     """
+    return dequantize_fp8_blockwise_to(qweight, scale, block, torch.float32)
+
+
+def dequantize_fp8_blockwise_to(qweight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+                                dtype: torch.dtype) -> torch.Tensor:
+    """``dequantize_fp8_blockwise`` computed and returned in ``dtype``; when the blocks tile the weight exactly it
+    broadcasts each scale over its block, so the only [N, K] tensor made is the result."""
     n, k = qweight.shape
     bn, bk = block
-    full = scale.float().repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
-    return qweight.float() * full
+    if n % bn == 0 and k % bk == 0:
+        w = qweight.to(dtype).view(n // bn, bn, k // bk, bk) * scale.to(dtype)[:, None, :, None]
+        return w.view(n, k)
+    full = scale.to(dtype).repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
+    return qweight.to(dtype) * full
 
 
 def quantize_fp8_per_group(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
