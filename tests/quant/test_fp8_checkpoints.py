@@ -174,6 +174,8 @@ TOKEN = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True, "st
      "compressed-tensors checkpoint: group 'group_0' with weight-only FP8 (no input_activations) is not supported"),
     (_ct({**FLOAT8, "strategy": "channel"}, {**TOKEN, "dynamic": False}),
      "compressed-tensors checkpoint: its quantization_config is invalid: 2 validation errors"),  # the library's
+    ({**_ct({**FLOAT8, "strategy": "channel"}, TOKEN), "kv_cache_scheme": {**FLOAT8, "strategy": "tensor"}},
+     "compressed-tensors checkpoint: a kv_cache_scheme (an FP8 KV cache with k_scale/v_scale tensors) is not"),
     ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]},
      "FP8 checkpoint with weight_block_size and activation_scheme 'static' is not supported"),
     ({"quant_method": "fp8", "weight_block_size": [128]},
@@ -182,7 +184,7 @@ TOKEN = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True, "st
     ({"quant_method": "fp8", "weight_block_size": [128, 128]},  # SmolLM2's q_proj has 576 rows
      "FP8 layer model.layers.0.self_attn.qkv_proj: block-scaled shards of out_features [576, 192, 192] are not "
      "multiples of the weight block's 128 rows"),
-], ids=["int8", "w4a16", "weight-only", "invalid-for-the-library", "block-static", "bad-block", "e5m2", "block-shape"])
+], ids=["int8", "w4a16", "weight-only", "invalid-for-the-library", "kv-cache", "block-static", "bad-block", "e5m2", "block-shape"])
 def test_unsupported_fp8_checkpoints_are_refused_by_serves_checks(smollm2_path, tmp_path, qc, needle):
     from cli_runner import serve_args
     from quant_model_utils import config_only_model

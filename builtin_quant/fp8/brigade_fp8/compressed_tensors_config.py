@@ -11,7 +11,7 @@ not by hand. Brigade runs the ``float-quantized`` format with 8-bit float symmet
   (a coarser activation scale: slightly more activation error than the checkpoint was calibrated with).
 
 Anything else (other formats or bit widths, int weights, asymmetric or dynamic weights, other strategies, weight-only
-schemes, groups whose targets are not linear layers) is refused at start-up in one line naming it. The
+schemes, sparsity, a ``kv_cache_scheme``) is refused at start-up in one line naming it. The
 ``ignore`` list (names and ``re:`` patterns, HF names) leaves layers unquantized, ``lm_head`` typically.
 """
 
@@ -100,6 +100,8 @@ class CompressedTensorsFp8Config(QuantizationConfig):
                              f"{' '.join(str(e).split())[:300]}") from e
         if qc.get("sparsity_config"):
             raise _refuse("a sparsity_config (sparse compression)")
+        if ct.kv_cache_scheme is not None:
+            raise _refuse("a kv_cache_scheme (an FP8 KV cache with k_scale/v_scale tensors)")
         groups = []
         for group, scheme in (ct.config_groups or {}).items():
             fmt = getattr(scheme, "format", None) or ct.format
