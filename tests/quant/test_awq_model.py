@@ -115,4 +115,4 @@ def test_an_awq_checkpoint_without_the_plugin_names_the_package(smollm2_path, tm
     proc = serve_with_only_fp8(model)  # brigade-awq installed but not loaded: as if it were not installed
     assert_one_line(proc, "brigade serve", "the checkpoint is quantized with 'awq'")
     assert "install brigade-awq (pip install brigade-awq)" in proc.stderr
-    assert "installed methods: fp8" in proc.stderr
+    assert "installed methods: compressed-tensors, fp8" in proc.stderr

@@ -29,7 +29,7 @@ def test_entry_point_is_discovered_and_registers_fp8():
     assert fp8["distribution"] == "brigade-fp8"
     assert fp8["group"] == "brigade.general_plugins"
     assert fp8["status"] == "loaded", fp8["reason"]
-    assert fp8["registered"]["quantization_methods"] == ["fp8"]
+    assert fp8["registered"]["quantization_methods"] == ["fp8", "compressed-tensors"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -83,11 +83,11 @@ def test_fp8_model_matches_unquantized_and_stores_fp8_weights(smollm2_path):
     assert ids[0] == ref_ids[0]
     common = set(top) & set(ref_top)
     assert len(common) >= 4, (top, ref_top)  # the top-5 sets agree but for a near-tie at the edge
-    # Measured on SmolLM2-135M (a small, quantization-sensitive model): the chosen token moves by
-    # 0.055 nats and the top-5 tail by up to 0.47; the bounds leave room for other CPUs' rounding.
-    assert abs(top[ids[0]] - ref_top[ids[0]]) < 0.1
+    # Measured on SmolLM2-135M (a small, quantization-sensitive model) with W8A8 (weights per channel, activations
+    # per token): the chosen token moves by 0.19 nats; the bounds leave room for other CPUs' rounding.
+    assert abs(top[ids[0]] - ref_top[ids[0]]) < 0.3
     diff = max(abs(top[t] - ref_top[t]) for t in common)
-    assert 0 < diff < 0.75, diff  # quantization changed the logits, but only slightly
+    assert 0 < diff < 1.5, diff  # measured 0.93 on a low-probability tail token; quantization changed the logits, but only slightly
 
     model = llm.engine.core.executor.worker.model_runner.model
     layer0 = model.model.layers[0]

@@ -152,4 +152,4 @@ def test_a_gptq_checkpoint_without_the_plugin_names_the_package(smollm2_path, tm
     proc = serve_with_only_fp8(model)  # brigade-gptq installed but not loaded: as if it were not installed
     assert_one_line(proc, "brigade serve", "the checkpoint is quantized with 'gptq'")
     assert "install brigade-gptq (pip install brigade-gptq)" in proc.stderr
-    assert "installed methods: fp8" in proc.stderr
+    assert "installed methods: compressed-tensors, fp8" in proc.stderr

@@ -1,21 +1,29 @@
-"""Fp8LinearMethod: a linear layer whose weight is stored as FP8 (e4m3) with per-output-channel scales.
+"""Fp8LinearMethod: a linear layer held as FP8 (e4m3) weights with per-output-channel scales, applied as a W8A8
+product (``brigade_fp8.gemm``: FP8 tensor cores on CUDA, an fp32 emulation elsewhere).
 
-Online quantization (vLLM's ``fp8`` method on an unquantized checkpoint): the layer first holds the
-checkpoint's weight in the model dtype, so the ordinary HF shard loaders fill it; once every
-tensor is loaded, ``process_weights_after_loading`` quantizes it and frees the original, halving
-the weight memory versus bf16 (quartering it versus fp32).
+What the checkpoint holds is described by an ``Fp8Scheme``:
 
-``apply`` is weight-only: activations stay in the model dtype. Because the scale is per output
-channel, ``x @ (q * s[:, None]).T == (x @ q.T) * s``, so the product runs on the upcast FP8 matrix
-(exact: every e4m3 value is representable in bf16/fp16/fp32) and the scale multiplies the
-``[T, out]`` result instead of the larger ``[out, in]`` weight. This path is correct on every
-device; a fused FP8 GEMM (``torch._scaled_mm`` on compute capability >= 8.9) is not used yet.
+* online (``--quantization fp8`` on an unquantized checkpoint, vLLM's online ``fp8``): the layer first holds the
+  checkpoint's weight in the model dtype, so the ordinary shard loaders fill it; ``process_weights_after_loading``
+  quantizes it per output channel and frees the original;
+* serialized: ``weight`` is already ``float8_e4m3fn`` [N, K] and its scale is per tensor (``weight_scale``, one
+  per merged shard), per output channel (compressed-tensors' ``weight_scale`` [N, 1]) or per 128x128 block
+  (``weight_scale_inv`` of ``quant_method: fp8`` checkpoints, compressed-tensors' ``weight_scale`` for
+  ``FP8_BLOCK``: [ceil(N / 128), ceil(K / 128)]); a static scheme adds the activations' ``input_scale`` (one per
+  shard; the layer uses their maximum, as vLLM does, since the shards read the same input).
+
+Per-tensor and per-channel checkpoints load into one scale per output channel (per-tensor shard scales expand
+exactly to their rows), so they run the rowwise FP8 GEMM, activations quantized per token (dynamic) unless the
+checkpoint gives a static ``input_scale``. Block-scaled layers keep their [rows, cols] block scales and run
+``gemm.fp8_block_gemm`` (activations per 1x``block[1]`` group, as the scheme says; a dequantizing product).
+Scales that are not finite and positive are refused at load, naming the layer.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from brigade.model_executor.layers.linear_method import LinearMethod
@@ -24,33 +32,122 @@ from brigade.model_executor.weight_utils import set_weight_attrs
 from brigade_fp8.quantize import FP8_DTYPE, quantize_fp8_per_channel
 
 
-class Fp8LinearMethod(LinearMethod):
-    """Weight ``[sum(output_sizes), input_size]`` in ``float8_e4m3fn`` plus ``weight_scale`` [out] fp32.
+@dataclass(frozen=True)
+class Fp8Scheme:
+    """How a checkpoint stores one FP8 layer.
 
-    Invariant after ``process_weights_after_loading``: ``layer.weight.float() * layer.weight_scale[:, None]``
-    approximates the checkpoint's merged weight (per-element relative error <= 2**-4 in e4m3's
-    normal range; see ``brigade_fp8.quantize``).
+    Attributes:
+        serialized: the checkpoint holds FP8 weights (False: online quantization of a model-dtype weight).
+        weight_strategy: "tensor", "channel" or "block" (serialized only; online is per channel).
+        block: (rows, cols) of a weight block for "block", e.g. (128, 128).
+        static_input: the checkpoint holds a per-tensor ``input_scale`` for the activations.
+        scale_name: the weight scale's checkpoint name (``weight_scale``, or ``weight_scale_inv`` for
+            ``quant_method: fp8`` block checkpoints).
     """
+
+    serialized: bool = False
+    weight_strategy: str = "channel"
+    block: tuple[int, int] | None = None
+    static_input: bool = False
+    scale_name: str = "weight_scale"
+
+
+ONLINE = Fp8Scheme()
+
+
+def _param(data: torch.Tensor, attrs: dict) -> nn.Parameter:
+    p = nn.Parameter(data, requires_grad=False)
+    set_weight_attrs(p, attrs)
+    return p
+
+
+class Fp8LinearMethod(LinearMethod):
+    """After ``process_weights_after_loading``: ``weight`` [N, K] ``float8_e4m3fn``, ``weight_scale`` [N] fp32 (so
+    ``weight.float() * weight_scale[:, None]`` approximates the checkpoint's merged weight; for a block-scaled
+    scheme [ceil(N / bn), ceil(K / bk)], one scale per block), and ``input_scale``
+    (a 1-element fp32 static activation scale) or None (per-token dynamic activations)."""
+
+    def __init__(self, scheme: Fp8Scheme = ONLINE, prefix: str = ""):
+        self.scheme = scheme
+        self.prefix = prefix
+        self.gemm = None
 
     def create_weights(self, layer: nn.Module, *, input_size: int, output_sizes: list[int],
                        dtype: torch.dtype) -> None:
-        # Checkpoint format: a plain weight in the model dtype, so merged layers load HF shards as usual.
-        weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=dtype), requires_grad=False)
-        set_weight_attrs(weight, {"output_dim": 0})
-        layer.register_parameter("weight", weight)
+        """Register the checkpoint-format parameters (see the module docstring).
+
+        Raises:
+            ValueError: a block-scaled merged layer whose shards are not whole blocks of rows (the shard's scale
+                rows could not be placed).
+        """
+        s, n, shards = self.scheme, sum(output_sizes), len(output_sizes)
+        if not s.serialized:
+            layer.register_parameter("weight", _param(torch.empty(n, input_size, dtype=dtype), {"output_dim": 0}))
+            layer.input_scale = None
+            return
+        layer.register_parameter("weight", _param(torch.empty(n, input_size, dtype=FP8_DTYPE), {"output_dim": 0}))
+        if s.weight_strategy == "tensor":
+            scale = _param(torch.empty(shards, dtype=torch.float32), {"output_dim": None})
+        elif s.weight_strategy == "channel":
+            scale = _param(torch.empty(n, 1, dtype=torch.float32), {"output_dim": 0})
+        else:
+            bn, bk = s.block
+            if shards > 1 and any(size % bn for size in output_sizes):
+                raise ValueError(f"FP8 layer {self.prefix}: block-scaled shards of out_features {output_sizes} are "
+                                 f"not multiples of the weight block's {bn} rows")
+            rows, cols = -(-n // bn), -(-input_size // bk)
+            scale = _param(torch.empty(rows, cols, dtype=torch.float32), {"output_dim": 0, "pack_factor": bn})
+        layer.register_parameter(s.scale_name, scale)
+        if s.static_input:
+            layer.register_parameter("input_scale", _param(torch.empty(shards, dtype=torch.float32),
+                                                           {"output_dim": None}))
+        else:
+            layer.input_scale = None
+
+    def _check_scale(self, name: str, scale: torch.Tensor) -> None:
+        bad = ~(torch.isfinite(scale) & (scale > 0))
+        if bool(bad.any()):
+            value = scale[bad].flatten()[0].item()
+            raise ValueError(f"FP8 layer {self.prefix}: {name} has {int(bad.sum())} value(s) that are not finite and "
+                             f"positive (e.g. {value}); FP8 scales must be > 0 and finite: the checkpoint is damaged "
+                             "or was not written for FP8")
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Replace ``layer.weight`` by its FP8 version and add ``layer.weight_scale`` (idempotent)."""
-        if layer.weight.dtype == FP8_DTYPE:
+        """Bring the weight to FP8 with per-output-channel scales (idempotent) and pick the product for its device.
+
+        Raises:
+            ValueError (one line, naming the layer): a weight or input scale that is NaN, infinite, zero or negative.
+        """
+        if self.gemm is not None:
             return
-        qweight, scale = quantize_fp8_per_channel(layer.weight.data)
-        # Re-registering drops the last reference to the model-dtype tensor, which frees it.
+        s = self.scheme
+        weight = layer.weight.data
+        if not s.serialized:
+            qweight, scale = quantize_fp8_per_channel(weight)
+        else:
+            raw = getattr(layer, s.scale_name).data
+            self._check_scale(s.scale_name, raw)
+            if s.weight_strategy == "tensor":
+                sizes = torch.tensor(layer.output_sizes, device=raw.device)
+                qweight, scale = weight, raw.float().repeat_interleave(sizes)
+            elif s.weight_strategy == "channel":
+                qweight, scale = weight, raw.float().reshape(-1)
+            else:  # kept as the checkpoint has it: [rows, cols] block scales
+                qweight, scale = weight, raw.float()
+            delattr(layer, s.scale_name)
         layer.weight = nn.Parameter(qweight, requires_grad=False)
-        layer.register_parameter("weight_scale", nn.Parameter(scale, requires_grad=False))
+        layer.register_parameter("weight_scale", nn.Parameter(scale.contiguous(), requires_grad=False))
+        if s.static_input:
+            self._check_scale("input_scale", layer.input_scale.data)
+            layer.input_scale = nn.Parameter(layer.input_scale.data.max().reshape(1), requires_grad=False)
+        from brigade_fp8.gemm import fp8_block_gemm, fp8_gemm_for
+
+        if s.weight_strategy == "block":
+            block = s.block
+            self.gemm = lambda x, w, ws, _, bias: fp8_block_gemm(x, w, ws, block, bias)
+        else:
+            self.gemm = fp8_gemm_for(qweight.device, layer.input_size, layer.output_size)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Args: x [T, input_size] in the model dtype. Returns [T, sum(output_sizes)] in x's dtype."""
-        out = F.linear(x, layer.weight.to(x.dtype)) * layer.weight_scale.to(x.dtype)
-        if bias is not None:
-            out = out + bias
-        return out
+        return self.gemm(x, layer.weight, layer.weight_scale, layer.input_scale, bias)

@@ -45,3 +45,57 @@ def dequantize_fp8_per_channel(qweight: torch.Tensor, scale: torch.Tensor,
                                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Inverse of ``quantize_fp8_per_channel``: [out, in] fp8 and [out] fp32 -> [out, in] in ``dtype``."""
     return (qweight.float() * scale.float()[:, None]).to(dtype)
+
+
+def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token activation quantization (the same rule as a weight row): ``x`` [T, K] any float dtype ->
+    (q [T, K] ``float8_e4m3fn``, scale [T, 1] float32 ``amax(|x[t]|) / 448``). The PyTorch reference of
+    ``brigade_fp8.triton_quant.per_token_quant_fp8``."""
+    xf = x.float()
+    scale = (xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=_MIN_SCALE)
+    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def quantize_fp8_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Static per-tensor activation quantization with a checkpoint's ``input_scale``: ``x`` [T, K] and a 1-element
+    fp32 ``scale`` -> ``clamp(x / scale, -448, 448)`` as [T, K] ``float8_e4m3fn`` (values past the calibrated range
+    saturate, as in vLLM's static FP8)."""
+    return (x.float() / scale.float().reshape(())).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def dequantize_fp8_blockwise(qweight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """Block-scaled FP8 (DeepSeek-V3 / Qwen3-FP8 ``weight_scale_inv``, compressed-tensors ``FP8_BLOCK``) to fp32.
+
+    Args:
+        qweight: [N, K] ``float8_e4m3fn``.
+        scale: [ceil(N / bn), ceil(K / bk)] fp32; block ``(i, j)`` of the weight is multiplied by ``scale[i, j]``.
+        block: (bn, bk), e.g. (128, 128).
+
+    Returns: [N, K] float32.
+    """
+    return dequantize_fp8_blockwise_to(qweight, scale, block, torch.float32)
+
+
+def dequantize_fp8_blockwise_to(qweight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+                                dtype: torch.dtype) -> torch.Tensor:
+    """``dequantize_fp8_blockwise`` computed and returned in ``dtype``; when the blocks tile the weight exactly it
+    broadcasts each scale over its block, so the only [N, K] tensor made is the result."""
+    n, k = qweight.shape
+    bn, bk = block
+    if n % bn == 0 and k % bk == 0:
+        w = qweight.to(dtype).view(n // bn, bn, k // bk, bk) * scale.to(dtype)[:, None, :, None]
+        return w.view(n, k)
+    full = scale.to(dtype).repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
+    return qweight.to(dtype) * full
+
+
+def quantize_fp8_per_group(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token-group activation quantization (DeepSeek-V3's 1x128 tiles, compressed-tensors ``FP8_BLOCK``
+    activations): ``x`` [T, K] -> (q [T, K] ``float8_e4m3fn``, scale [T, ceil(K / group)] fp32), each ``group``
+    consecutive columns of a row sharing ``amax / 448``."""
+    t, k = x.shape
+    pad = -k % group
+    xf = torch.nn.functional.pad(x.float(), (0, pad)).reshape(t, -1, group)
+    scale = (xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=_MIN_SCALE)
+    q = (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).reshape(t, -1)[:, :k]
+    return q, scale.squeeze(-1)

@@ -88,7 +88,8 @@ def check_model_config(hf_config: Any, config: Any) -> None:
 
 # Quantization methods of Brigade's own plugin packages (builtin_quant/), so that a checkpoint whose method is not
 # installed can name the package to install. Only names: the core never imports a plugin.
-QUANT_METHOD_PACKAGES = {"fp8": "brigade-fp8", "awq": "brigade-awq", "gptq": "brigade-gptq"}
+QUANT_METHOD_PACKAGES = {"fp8": "brigade-fp8", "compressed-tensors": "brigade-fp8", "awq": "brigade-awq",
+                         "gptq": "brigade-gptq"}
 
 
 def get_quant_config(model_config: ModelConfig, hf_config: Any) -> Any | None:
