@@ -46,3 +46,22 @@ def test_repetition_divides_positive_and_multiplies_negative(metadata_for):
     md = metadata_for([SamplingParams(repetition_penalty=2.0)], vocab_size=4, prompts=[[0]], outputs=[[1]])
     got = apply_penalties(torch.tensor([[4.0, -4.0, 4.0, -4.0]]), md.penalties)
     assert got.tolist() == [[2.0, -8.0, 4.0, -4.0]]
+
+
+def test_only_the_rows_with_a_penalty_are_built_and_scored(metadata_for):
+    torch.manual_seed(1)
+    vocab = 10
+    logits = torch.randn(4, vocab) * 3
+    params = [SamplingParams(), SamplingParams(repetition_penalty=1.7, frequency_penalty=0.3), SamplingParams(),
+              SamplingParams(presence_penalty=0.9)]
+    prompts = [[0, 1], [2, 3, 3], [4], [5, 6]]
+    outputs = [[1, 1], [3, 8, 8], [4, 4], [6, 9]]
+    md = metadata_for(params, vocab_size=vocab, prompts=prompts, outputs=outputs)
+    assert md.penalties.row_index.tolist() == [1, 3]
+    assert md.penalties.output_token_counts.shape == (2, vocab)  # two rows counted, not four
+    got = apply_penalties(logits.clone(), md.penalties)
+    for row, p in enumerate(params):
+        want = reference(logits[row].tolist(), prompts[row], outputs[row], p.presence_penalty,
+                         p.frequency_penalty, p.repetition_penalty)
+        assert torch.allclose(got[row], torch.tensor(want), atol=1e-6), row
+    assert torch.equal(got[[0, 2]], logits[[0, 2]])  # rows without a penalty untouched

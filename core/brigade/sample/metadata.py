@@ -183,13 +183,21 @@ def _pending_rows(pending: PendingTokens | None, params: list[SamplingParams], n
 
 def _maybe_build_penalties(reqs: list[SamplingRequestState], *, vocab_size: int, device: torch.device,
                            num_pending: list[int], pending_token_ids: torch.Tensor | None) -> Penalties | None:
-    """Build the penalty tensors only if some row uses a penalty; only the kinds that are used. The output
-    token counts include each row's pending token (overlapped scheduling), counted on the device."""
+    """Build the penalty tensors only if some row uses a penalty, for those rows only (a batch of 512 where 50 use
+    one counts 50 rows' tokens, not 512), and only the kinds that are used. The output token counts include each
+    row's pending token (overlapped scheduling), counted on the device."""
+    used = [i for i, r in enumerate(reqs) if uses_penalty(r.params)]
+    if not used:
+        return None
+    row_index = None
+    if len(used) < len(reqs):
+        row_index = to_device(torch.tensor(used, dtype=torch.int64), device)
+        reqs, num_pending = [reqs[i] for i in used], [num_pending[i] for i in used]
+        if pending_token_ids is not None:
+            pending_token_ids = pending_token_ids[row_index]
     params = [r.params for r in reqs]
     use_additive = any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params)
     use_repetition = any(p.repetition_penalty != 1.0 for p in params)
-    if not (use_additive or use_repetition):
-        return None
     presence = frequency = repetition = prompt_ids = None
     if use_additive:
         presence = to_device(torch.tensor([p.presence_penalty for p in params], dtype=torch.float32), device)
@@ -204,4 +212,9 @@ def _maybe_build_penalties(reqs: list[SamplingRequestState], *, vocab_size: int,
         add_counts(counts, to_device(torch.tensor(rows, dtype=torch.int64), device), pending_token_ids)
     return Penalties(presence_penalties=presence, frequency_penalties=frequency,
                      repetition_penalties=repetition, prompt_token_ids=prompt_ids,
-                     output_token_counts=counts)
+                     output_token_counts=counts, row_index=row_index)
+
+
+def uses_penalty(params: SamplingParams) -> bool:
+    """Whether a request's sampling applies a repetition, presence or frequency penalty."""
+    return params.presence_penalty != 0.0 or params.frequency_penalty != 0.0 or params.repetition_penalty != 1.0

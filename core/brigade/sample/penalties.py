@@ -18,14 +18,18 @@ __all__ = ["Penalties", "add_counts", "apply_penalties", "build_token_counts", "
 
 @dataclass(slots=True)
 class Penalties:
-    """Per-row penalty parameters of one batch, present only when at least one row uses a penalty.
+    """Penalty parameters of the rows of one batch that use a penalty (present only when at least one does).
+
+    The tensors describe R rows: every row of the batch, or only ``row_index``'s (a batch where few requests use
+    a penalty builds and scores only theirs: the counts are [R, V], not [B, V]).
 
     Attributes:
-        presence_penalties: [B] f32, OpenAI presence penalty, or None when no row uses presence/frequency.
-        frequency_penalties: [B] f32, OpenAI frequency penalty, or None together with presence_penalties.
-        repetition_penalties: [B] f32, CTRL penalty (1.0 = off), or None when no row uses it.
-        prompt_token_ids: [B, P] int64 prompt ids right-padded with ``vocab_size``; only with repetition.
-        output_token_counts: [B, V] int32, how often each token occurs in the row's output so far.
+        presence_penalties: [R] f32, OpenAI presence penalty, or None when no row uses presence/frequency.
+        frequency_penalties: [R] f32, OpenAI frequency penalty, or None together with presence_penalties.
+        repetition_penalties: [R] f32, CTRL penalty (1.0 = off), or None when no row uses it.
+        prompt_token_ids: [R, P] int64 prompt ids right-padded with ``vocab_size``; only with repetition.
+        output_token_counts: [R, V] int32, how often each token occurs in the row's output so far.
+        row_index: [R] int64 batch rows on the logits' device, or None when R is the whole batch.
     """
 
     presence_penalties: torch.Tensor | None
@@ -33,6 +37,7 @@ class Penalties:
     repetition_penalties: torch.Tensor | None
     prompt_token_ids: torch.Tensor | None
     output_token_counts: torch.Tensor
+    row_index: torch.Tensor | None = None
 
 
 def build_token_counts(token_ids: list[list[int]], *, vocab_size: int, device: torch.device) -> torch.Tensor:
@@ -81,15 +86,23 @@ def apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
 
     Args:
         logits: [B, V] f32.
-        penalties: the batch's penalty tensors.
+        penalties: the penalty tensors of the batch's rows that use one (``row_index``), or of every row.
 
     Repetition (CTRL, Keskar et al. 2019, as vLLM applies it): for every token that occurs in the
     prompt or the output, a positive logit is divided by the penalty and a negative one multiplied.
     Presence and frequency (OpenAI): ``logit -= frequency * count + presence * (count > 0)`` over
     output tokens only.
     """
+    if penalties.row_index is not None:  # only some rows: score those, then put them back (no host sync)
+        logits[penalties.row_index] = _apply(logits[penalties.row_index], penalties)
+        return logits
+    return _apply(logits, penalties)
+
+
+def _apply(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
+    """``apply_penalties`` on logits [R, V] whose rows are the penalties' rows."""
     vocab_size = logits.shape[-1]
-    counts = penalties.output_token_counts  # [B, V] int32
+    counts = penalties.output_token_counts  # [R, V] int32
     if penalties.repetition_penalties is not None:
         assert penalties.prompt_token_ids is not None
         # One spare column takes the padding id, then it is dropped.
