@@ -66,7 +66,7 @@ class BrigadeConfig:
         quantized checkpoint) by ``check_parallel_model``, once config.json is read.
 
         Raises:
-            ConfigError: data parallelism above 1; the ray executor; the uni executor with several workers;
+            ConfigError: data parallelism above 1; the uni executor with several workers;
                 tensor parallelism with a KV connector, LoRA or ``--quantization``; pipeline parallelism with a
                 KV connector, LoRA or speculative decoding.
         """
@@ -75,12 +75,9 @@ class BrigadeConfig:
         if parallel.data_parallel_size != 1:
             raise ConfigError(f"data parallelism of {parallel.data_parallel_size} is not implemented yet; run with "
                               "-dp 1 (or one server per device behind a load balancer)")
-        if parallel.distributed_executor_backend not in (None, "uni", "mp"):
-            raise ConfigError(f"--distributed-executor-backend {parallel.distributed_executor_backend} is not "
-                              "available in this build; use uni or mp")
         if parallel.world_size > 1 and parallel.distributed_executor_backend == "uni":
             raise ConfigError(f"--distributed-executor-backend uni runs one worker, but -tp {tp} -pp {pp} needs "
-                              f"{parallel.world_size}; use --distributed-executor-backend mp")
+                              f"{parallel.world_size}; use --distributed-executor-backend mp or ray")
         if tp > 1:
             for setting, flag in ((self.kv_transfer_config, "--kv-transfer-config (a KV connector)"),
                                   (self.lora_config, "--enable-lora"),
