@@ -9,7 +9,6 @@ placement group, as vLLM's Ray executor does, and waits a bounded time for the c
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import socket
@@ -34,9 +33,12 @@ def check_ray_backend() -> None:
     Raises:
         ConfigError: one line naming the problem and the fix.
     """
-    if importlib.util.find_spec("ray") is None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
         raise ConfigError("--distributed-executor-backend ray needs Ray, which is not installed; install "
-                          "brigade[ray] (pip install 'brigade[ray]') or use --distributed-executor-backend mp")
+                          "brigade[ray] (pip install 'brigade[ray]') or use --distributed-executor-backend mp") \
+            from None
     address = os.environ.get("RAY_ADDRESS", "")
     if not address or address == "auto" or "://" in address:
         return
@@ -90,7 +92,7 @@ def reserve_bundles(world_size: int, device_type: str, timeout_s: float = PLACEM
     from ray.util.placement_group import placement_group, remove_placement_group
 
     resource = "GPU" if device_type == "cuda" else "CPU"
-    group = placement_group([{resource: 1}] * world_size, strategy="PACK", name="brigade-ranks")
+    group = placement_group([{resource: 1}] * world_size, strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(group)
