@@ -105,7 +105,7 @@ def test_a_mistyped_plugin_name_gets_a_did_you_mean(smollm2_path, flags, expecte
 @pytest.mark.parametrize("flags,expected", [
     (["-tp", "2", "--enable-lora"], "--enable-lora with tensor parallelism (-tp 2) is not supported yet"),
     (["-dp", "2"], "data parallelism of 2 is not implemented yet; run with -dp 1"),
-    (["--distributed-executor-backend", "ray"], "--distributed-executor-backend ray is not available in this build"),
+    (["-tp", "3", "--distributed-executor-backend", "uni"], "--distributed-executor-backend uni runs one worker"),
     # The parser's choices listed "shm", but no installed plugin registers it: the registry has the last word.
     (["--kv-transfer-config", '{"kv_connector": "shm"}'], "--kv-transfer-config kv_connector 'shm' is not installed"),
 ])
