@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import multiprocessing.util
 import os
 import re
 import socket
@@ -84,9 +85,12 @@ class RayExecutor(MultiprocExecutor):
         self.conns: list[ReplyReceiver] = []
         self.actors, self.run_refs, self.places = [], [], []
         self.group = None
-        self.procs = []  # no local processes: the tests' "every worker exited" sees an empty list
         self._outstanding: collections.deque[PendingReplies] = collections.deque()
         self._owns_ray = connect_ray(self.world_size)
+        # A process ends without its atexit hooks (Ray's own ray.shutdown among them) when it is a multiprocessing
+        # child, as the server's EngineCore is: its finalizers run instead. Without this, a local cluster's
+        # dashboard and runtime-env agents outlive the engine.
+        multiprocessing.util.Finalize(None, self.shutdown, exitpriority=10)
         try:
             self._start(config, hf_config)
             self.worker_info: list[WorkerInfo] = self._collect()

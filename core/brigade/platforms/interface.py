@@ -91,7 +91,8 @@ class Platform:
 
     @classmethod
     def check_world_fits(cls, config: BrigadeConfig) -> None:
-        """Refuse more workers (``-tp`` x ``-pp``) than visible devices, in one line.
+        """Refuse more workers (``-tp`` x ``-pp``) than visible devices, in one line. The ray executor is not
+        bound by this machine's devices (its ranks may sit on other nodes): its placement group is its check.
 
         Raises:
             ConfigError: naming both numbers and the control variable.
@@ -99,6 +100,8 @@ class Platform:
         from brigade.config import ConfigError
 
         parallel = config.parallel_config
+        if parallel.distributed_executor_backend == "ray":
+            return
         count = cls.device_count()
         if count is not None and parallel.world_size > count:
             where = f" ({cls.device_control_env_var}={os.environ.get(cls.device_control_env_var or '', '')})" \
