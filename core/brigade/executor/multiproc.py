@@ -11,6 +11,9 @@ order, so before any other command the answers of the steps still unread are rea
 A worker that dies (killed, out of memory) or fails is noticed while the executor waits for any answer (its
 process sentinel is watched with the pipes): ``WorkerDiedError`` names the rank and the cause, the EngineCore
 fails, and the front end ends every request with that error, as for the engine's own death.
+
+The ray executor (``ray_executor.py``) keeps this protocol and replaces only its transport: the methods under
+"the transport" below (how answers are awaited and read, how a worker's end is noticed and described).
 """
 
 from __future__ import annotations
