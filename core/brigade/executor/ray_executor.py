@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 POLL_MS = 100  # while waiting for an answer, how often Ray is asked whether a worker died
 SHUTDOWN_TIMEOUT_S = 10.0
+ACTOR_START_TIMEOUT_S = 300.0  # how long the actors' processes may take to start (Python and torch imports)
 
 __all__ = ["RayExecutor", "RayWorker"]
 
@@ -116,7 +117,10 @@ class RayExecutor(MultiprocExecutor):
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.group,
                                                                  placement_group_bundle_index=i)).remote()
             for i in range(self.world_size)]
-        places = ray.get([a.place.remote() for a in actors])
+        try:
+            places = ray.get([a.place.remote() for a in actors], timeout=ACTOR_START_TIMEOUT_S)
+        except ray.exceptions.RayError as exc:  # e.g. a node without Brigade installed, or a timeout
+            raise WorkerDiedError(f"a rank's Ray actor did not start: {actor_death_cause(str(exc))}") from None
         host = ray.util.get_node_ip_address()
         order = sorted(range(len(actors)), key=lambda i: (places[i][0] != host, places[i][0], places[i][1]))
         self.actors, self.places = [actors[i] for i in order], [places[i] for i in order]
@@ -209,10 +213,13 @@ class RayExecutor(MultiprocExecutor):
 
 def actor_death_cause(message: str) -> str:
     """Ray's (multi-line) account of an actor's death in a few words: "killed by ray.kill", "died: Worker
-    unexpectedly exits with a connection error code 2"."""
+    unexpectedly exits with a connection error code 2", "failed to start: ModuleNotFoundError: ..."."""
     if "ray.kill" in message:
         return "killed by ray.kill"
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if "creation task" in message and lines:  # the actor's own start raised: its exception is the last line
+        return f"failed to start: {lines[-1][:300]}"
     detail = re.search(r"exit detail: (.+?)(?:\. |\n|$)", message)
     if detail:
         return f"died: {detail.group(1).strip()}"
-    return f"died: {message.strip().splitlines()[0][:300]}"
+    return f"died: {lines[0][:300] if lines else 'no reason given'}"
