@@ -117,6 +117,7 @@ class RayExecutor(MultiprocExecutor):
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.group,
                                                                  placement_group_bundle_index=i)).remote()
             for i in range(self.world_size)]
+        self.actors = actors  # killed by shutdown should the start fail from here on
         try:
             places = ray.get([a.place.remote() for a in actors], timeout=ACTOR_START_TIMEOUT_S)
         except ray.exceptions.RayError as exc:  # e.g. a node without Brigade installed, or a timeout
