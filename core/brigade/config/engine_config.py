@@ -66,9 +66,9 @@ class BrigadeConfig:
         quantized checkpoint) by ``check_parallel_model``, once config.json is read.
 
         Raises:
-            ConfigError: data parallelism with a KV connector; the ray executor; the uni executor with several
-                workers; tensor parallelism with a KV connector, LoRA or ``--quantization``; pipeline parallelism
-                with a KV connector, LoRA or speculative decoding.
+            ConfigError: data parallelism with a KV connector; the uni executor with several workers; tensor
+                parallelism with a KV connector, LoRA or ``--quantization``; pipeline parallelism with a KV
+                connector, LoRA or speculative decoding.
         """
         parallel = self.parallel_config
         tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
@@ -76,12 +76,9 @@ class BrigadeConfig:
             raise ConfigError(f"--kv-transfer-config ({self.kv_transfer_config.kv_connector}) with -dp "
                               f"{parallel.data_parallel_size} is not supported: each engine would run its own "
                               "connector on the same store and side channel; run one server per engine instead")
-        if parallel.distributed_executor_backend not in (None, "uni", "mp"):
-            raise ConfigError(f"--distributed-executor-backend {parallel.distributed_executor_backend} is not "
-                              "available in this build; use uni or mp")
         if parallel.world_size > 1 and parallel.distributed_executor_backend == "uni":
             raise ConfigError(f"--distributed-executor-backend uni runs one worker, but -tp {tp} -pp {pp} needs "
-                              f"{parallel.world_size}; use --distributed-executor-backend mp")
+                              f"{parallel.world_size}; use --distributed-executor-backend mp or ray")
         if tp > 1:
             for setting, flag in ((self.kv_transfer_config, "--kv-transfer-config (a KV connector)"),
                                   (self.lora_config, "--enable-lora"),

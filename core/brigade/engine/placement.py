@@ -41,12 +41,15 @@ def check_device_count(config: BrigadeConfig, platform: type[Platform]) -> None:
     """Refuse a grid that needs more devices than this process sees, before anything loads.
 
     The front end needs dp x tp x pp devices; an engine process (``data_parallel_rank`` set) tp x pp of its own.
-    A platform that cannot count its devices (``device_count()`` None, and the host) is not checked.
+    A platform that cannot count its devices (``device_count()`` None, and the host) is not checked, nor is the
+    ray executor: its ranks may sit on other nodes, and its placement group is its check.
 
     Raises:
         ConfigError: naming the grid, the count needed and the count visible.
     """
     parallel = config.parallel_config
+    if parallel.distributed_executor_backend == "ray":
+        return
     needed = parallel.num_devices_needed
     available = platform.device_count()
     if available is None or needed <= available:

@@ -18,11 +18,12 @@ class Executor(ABC):
 
     @staticmethod
     def get_class(config: BrigadeConfig) -> type[Executor]:
-        """uni for one device (or when asked), mp for several.
+        """uni for one device (or when asked), mp for several, ray when asked.
 
         Raises:
-            ConfigError: settings this build cannot run (``BrigadeConfig.check_supported``), or a KV connector
-                it cannot run (``check_kv_transfer_config``).
+            ConfigError: settings this build cannot run (``BrigadeConfig.check_supported``), a KV connector
+                it cannot run (``check_kv_transfer_config``), or ray without Ray or its cluster
+                (``ray_cluster.check_ray_backend``).
         """
         config.check_supported()
         check_kv_transfer_config(config.kv_transfer_config)
@@ -40,7 +41,15 @@ class Executor(ABC):
             from brigade.executor.multiproc import MultiprocExecutor
 
             return MultiprocExecutor
-        raise ValueError(f"--distributed-executor-backend {backend} is not available in this build; use uni or mp")
+        if backend == "ray":
+            from brigade.executor.ray_cluster import check_ray_backend
+
+            check_ray_backend()
+            from brigade.executor.ray_executor import RayExecutor
+
+            return RayExecutor
+        raise ValueError(f"--distributed-executor-backend {backend} is not available in this build; use uni, mp or "
+                         "ray")
 
     @abstractmethod
     def determine_num_kv_blocks(self) -> int:

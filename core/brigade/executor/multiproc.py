@@ -11,6 +11,9 @@ order, so before any other command the answers of the steps still unread are rea
 A worker that dies (killed, out of memory) or fails is noticed while the executor waits for any answer (its
 process sentinel is watched with the pipes): ``WorkerDiedError`` names the rank and the cause, the EngineCore
 fails, and the front end ends every request with that error, as for the engine's own death.
+
+The ray executor (``ray_executor.py``) keeps this protocol and replaces only its transport: the methods under
+"the transport" below (how answers are awaited and read, how a worker's end is noticed and described).
 """
 
 from __future__ import annotations
@@ -139,7 +142,7 @@ class MultiprocExecutor(Executor):
         return self._collect()
 
     def _collect(self) -> list[Any]:
-        return [self._receive(rank) for rank in range(len(self.conns))]
+        return [self._receive(rank) for rank in range(self.world_size)]
 
     def _receive(self, rank: int, *, step: bool = False) -> Any:
         """Rank ``rank``'s next answer. Meanwhile any worker's death raises instead of leaving the wait hanging,
@@ -149,39 +152,62 @@ class MultiprocExecutor(Executor):
         Raises:
             WorkerDiedError: naming the rank and the cause.
         """
-        conn = self.conns[rank]
-        others = [c for r, c in enumerate(self.conns) if r != rank] if step else []
+        others = [r for r in range(self.world_size) if r != rank] if step else []
         while True:
-            ready = wait([conn, *others, *(p.sentinel for p in self.procs)])
-            if conn in ready:
+            ready = self._wait_replies([rank, *others])
+            if rank in ready:
                 return self._read(rank)
-            for other, other_conn in enumerate(self.conns):
-                if other_conn in ready:  # only a failure comes unasked
-                    self._read(other)
+            for other in ready:  # only a failure comes unasked
+                self._read(other)
             self._check_alive()
 
     def _read(self, rank: int) -> Any:
         try:
-            reply: WorkerReply = self.conns[rank].recv()
+            reply: WorkerReply = self._recv(rank)
         except (EOFError, OSError):
-            proc = self.procs[rank]
-            proc.join(timeout=1.0)
-            raise WorkerDiedError(f"worker rank {rank} (pid {proc.pid}) {death_cause(proc.exitcode)}") from None
+            raise WorkerDiedError(self._death_of(rank)) from None
         if reply.error is not None:
             # A rank killed in a collective makes its peers fail too (the connection closed): name the dead one.
-            wait([p.sentinel for p in self.procs], timeout=DEATH_GRACE_S)
+            self._wait_for_death(DEATH_GRACE_S)
             self._check_alive(read_errors=False)
             raise WorkerDiedError(f"worker rank {rank} failed: {reply.error}")
         return reply.value
 
     def _check_alive(self, *, read_errors: bool = True) -> None:
-        """Raises WorkerDiedError for the first worker process that has ended (with the error it reported, when
-        it reported one before exiting)."""
-        for rank, proc in enumerate(self.procs):
-            if not proc.is_alive():
-                if read_errors and self.conns[rank].poll():
-                    self._read(rank)
-                raise WorkerDiedError(f"worker rank {rank} (pid {proc.pid}) {death_cause(proc.exitcode)}")
+        """Raises WorkerDiedError for the first worker that has ended (with the error it reported, when it
+        reported one before exiting)."""
+        for rank, cause in self._ended():
+            if read_errors and self._has_reply(rank):
+                self._read(rank)
+            raise WorkerDiedError(cause)
+
+    # ---- the transport: pipes and process sentinels (the ray executor replaces these) -----------
+    def _wait_replies(self, ranks: list[int]) -> set[int]:
+        """Block until one of ``ranks`` has an answer ready or any worker ended; the ranks with an answer."""
+        conns = {self.conns[r]: r for r in ranks}
+        ready = wait([*conns, *(p.sentinel for p in self.procs)])
+        return {conns[c] for c in ready if c in conns}
+
+    def _recv(self, rank: int) -> WorkerReply:
+        """Rank ``rank``'s next reply (there is one). Raises EOFError or OSError when the worker is gone."""
+        return self.conns[rank].recv()
+
+    def _has_reply(self, rank: int) -> bool:
+        return self.conns[rank].poll()
+
+    def _death_of(self, rank: int) -> str:
+        """How worker ``rank`` ended, in one line: "worker rank 1 (pid 42) killed by SIGKILL"."""
+        proc = self.procs[rank]
+        proc.join(timeout=1.0)
+        return f"worker rank {rank} (pid {proc.pid}) {death_cause(proc.exitcode)}"
+
+    def _ended(self) -> list[tuple[int, str]]:
+        """The workers that have ended, as (rank, how it ended)."""
+        return [(rank, self._death_of(rank)) for rank, proc in enumerate(self.procs) if not proc.is_alive()]
+
+    def _wait_for_death(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for any worker to end."""
+        wait([p.sentinel for p in self.procs], timeout=timeout_s)
 
     # ---- the Executor interface -----------------------------------------------------------------
     def determine_num_kv_blocks(self) -> int:

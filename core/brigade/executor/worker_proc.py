@@ -1,10 +1,12 @@
-"""The body of one worker process of the mp executor: join the world, build the worker, serve commands.
+"""The body of one worker of the mp and ray executors: join the world, build the worker, serve commands.
 
 A worker reads its commands from the executor's ``BroadcastChannel`` (one pickled message for all ranks) and
-answers on its own pipe: every command but a step, which only the driver rank answers (the others reply only
-when the step failed on them). Under tensor or pipeline parallelism it first joins the ``torch.distributed``
-world (``init_parallel_state``; TCP store on loopback), so the model's layers find their groups as they are
-built; on SHUTDOWN it tears the groups down (device groups before CPU groups, then the world).
+answers on its own connection (a pipe under mp, a ZMQ socket under ray): every command but a step, which only the
+driver rank answers (the others reply only when the step failed on them). Under tensor or pipeline parallelism it
+first joins the ``torch.distributed`` world (``init_parallel_state``; a TCP store on loopback under mp, on the
+driver node's address under ray), so the model's layers find their groups as they are built; on SHUTDOWN it tears
+the groups down (device groups before CPU groups, then the world). ``run_worker`` is the body both executors
+run: ``worker_main`` in an mp process, ``RayWorker.run`` in a Ray actor.
 """
 
 from __future__ import annotations
@@ -66,16 +68,24 @@ class WorkerSpec:
     driver_rank: int  # the rank whose step outputs come back (the last stage's first TP rank)
     start_method: str
     channel: str  # the BroadcastChannel's address
-    init_method: str  # tcp://127.0.0.1:PORT of the torch.distributed store
+    init_method: str  # tcp://HOST:PORT of the torch.distributed store
+    local_rank: int | None = None  # its device index on its node; None: the rank (one node)
 
 
 def worker_main(config: BrigadeConfig, hf_config, spec: WorkerSpec, conn) -> None:
-    """Body of a worker process: build the platform's worker, then serve commands until SHUTDOWN."""
-    from brigade.executor.broadcast import BroadcastSubscriber
+    """Body of an mp worker process: watch the parent, then ``run_worker``."""
     from brigade.parent_watch import watch_parent
-    from brigade.plugins import load_plugins
 
     watch_parent(f"worker rank {spec.rank}")  # a worker whose engine (or offline LLM) was killed exits too
+    run_worker(config, hf_config, spec, conn)
+
+
+def run_worker(config: BrigadeConfig, hf_config, spec: WorkerSpec, conn) -> None:
+    """Load the plugins, build the platform's worker, answer its start-up on ``conn`` (a ``WorkerInfo``), then
+    serve commands until SHUTDOWN. ``conn`` is anything with ``send(WorkerReply)``: a pipe, a ``ReplySender``."""
+    from brigade.executor.broadcast import BroadcastSubscriber
+    from brigade.plugins import load_plugins
+
     state = worker = None
     try:
         load_plugins("engine")  # a no-op after fork, a real load after spawn
@@ -100,7 +110,8 @@ def _start_worker(config: BrigadeConfig, hf_config, spec: WorkerSpec):
     from brigade.utils import resolve_obj_by_qualname
 
     platform = current_platform()
-    worker = resolve_obj_by_qualname(config.parallel_config.worker_cls)(config, local_rank=spec.rank,
+    local_rank = spec.rank if spec.local_rank is None else spec.local_rank
+    worker = resolve_obj_by_qualname(config.parallel_config.worker_cls)(config, local_rank=local_rank,
                                                                         rank=spec.rank)
     state = None
     if spec.world_size > 1:
@@ -111,7 +122,7 @@ def _start_worker(config: BrigadeConfig, hf_config, spec: WorkerSpec):
             config.model_config.enforce_eager = True
         grid = RankGrid(dp=1, pp=parallel.pipeline_parallel_size, tp=parallel.tensor_parallel_size)
         # Device communicators are made lazily, at the first collective, on the device bound by init_device.
-        state = init_parallel_state(grid, spec.rank, local_rank=spec.rank, device=worker.device,
+        state = init_parallel_state(grid, spec.rank, local_rank=local_rank, device=worker.device,
                                     init_method=spec.init_method)
     worker.init_device(hf_config)  # the runner sizes its KV cache for its stage and heads
     if state is not None:

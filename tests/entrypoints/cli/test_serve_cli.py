@@ -106,7 +106,7 @@ def test_a_mistyped_plugin_name_gets_a_did_you_mean(smollm2_path, flags, expecte
     (["-tp", "2", "--enable-lora"], "--enable-lora with tensor parallelism (-tp 2) is not supported yet"),
     (["-dp", "2", "--kv-transfer-config", '{"kv_connector": "shm", "kv_role": "kv_both"}'],
      "--kv-transfer-config (shm) with -dp 2 is not supported: each engine would run its own connector"),
-    (["--distributed-executor-backend", "ray"], "--distributed-executor-backend ray is not available in this build"),
+    (["-tp", "3", "--distributed-executor-backend", "uni"], "--distributed-executor-backend uni runs one worker"),
     # The parser's choices listed "shm", but no installed plugin registers it: the registry has the last word.
     (["--kv-transfer-config", '{"kv_connector": "shm"}'], "--kv-transfer-config kv_connector 'shm' is not installed"),
 ])

@@ -428,8 +428,8 @@ def check_chat_template(template: str) -> None:
 
 
 def runnable_config_from_args(args: argparse.Namespace) -> BrigadeConfig:
-    """``config_from_args``, then ``BrigadeConfig.check_supported`` and ``check_kv_transfer_config``: what every
-    command that starts an engine needs before anything loads.
+    """``config_from_args``, then ``BrigadeConfig.check_supported``, ``check_kv_transfer_config`` and, for the ray
+    executor, ``check_ray_backend``: what every command that starts an engine needs before anything loads.
 
     Raises:
         ConfigError: a bad flag, or a setting this build cannot run; one line either way.
@@ -437,6 +437,10 @@ def runnable_config_from_args(args: argparse.Namespace) -> BrigadeConfig:
     config = config_from_args(args)
     config.check_supported()
     check_kv_transfer_config(config.kv_transfer_config)
+    if config.parallel_config.distributed_executor_backend == "ray":
+        from brigade.executor.ray_cluster import check_ray_backend
+
+        check_ray_backend()
     return config
 
 
