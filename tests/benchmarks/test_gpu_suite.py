@@ -13,7 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "benchmarks" / "run_gpu_suite.sh"
-RESULTS = ROOT / "benchmarks" / "results" / "h200" / "2026-12-01"
+RESULTS = ROOT / "benchmarks" / "results" / "h200" / "2026-12-01T1615Z"  # benches 0-4 of one call
+SERVE_RESULTS = RESULTS.with_name("2026-12-01T1625Z")  # bench 5 of the next
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -60,12 +61,15 @@ def test_bad_arguments_are_refused(args):
 def test_summary_of_a_kept_result_folder():
     rows = {row["bench"] + "|" + row["name"]: row for row in _summary_module().summarize(RESULTS)}
     latency = next(row for key, row in rows.items() if key.startswith("bench1|"))
-    assert latency["figure"] == pytest.approx(3.951, abs=1e-3)
-    assert latency["ratio"] == pytest.approx(1.095, abs=1e-3) and latency["met"] is True
+    assert latency["figure"] == pytest.approx(3.994, abs=1e-3)
+    assert latency["ratio"] == pytest.approx(1.116, abs=1e-3) and latency["met"] is True
     peers = next(row for key, row in rows.items() if key.startswith("bench4|"))
-    assert peers["ratio"] == pytest.approx(15.45, abs=0.01) and peers["met"] is False
-    serve = next(row for key, row in rows.items() if key.startswith("bench5_16|"))
-    assert serve["figure"] == pytest.approx(5.11, abs=0.01) and serve["met"] is True
+    assert peers["ratio"] == pytest.approx(4.27, abs=0.01) and peers["met"] is False
+    penalized = next(row for key, row in rows.items() if key.startswith("bench3p|"))
+    assert penalized["ratio"] == pytest.approx(0.540, abs=1e-3) and penalized["met"] is False
+    serve_rows = {row["bench"] + "|" + row["name"]: row for row in _summary_module().summarize(SERVE_RESULTS)}
+    serve = next(row for key, row in serve_rows.items() if key.startswith("bench5_16|"))
+    assert serve["figure"] == pytest.approx(5.156, abs=0.01) and serve["met"] is True
 
 
 def test_summary_against_a_baseline_counts_a_faster_tpot_as_better(tmp_path):
