@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 import transformers
-from parallel_check import MAX_TOKENS, PROMPTS
+from parallel_check import save_with_greedy_references
 
 
 @pytest.fixture(scope="module")
@@ -14,14 +13,6 @@ def tiny_llama(tmp_path_factory):
     config = transformers.LlamaConfig(vocab_size=200, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
                                       rms_norm_eps=1e-5, tie_word_embeddings=False, architectures=["LlamaForCausalLM"])
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
     path = tmp_path_factory.mktemp("tiny-llama-kv1")
-    model.save_pretrained(path)
-    refs = []
-    with torch.inference_mode():
-        for prompt in PROMPTS:
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
-                                 do_sample=False)
-            refs.append(out[0, len(prompt):].tolist())
-    return path, refs, sum(p.numel() * 4 for p in model.parameters())
+    refs, param_bytes = save_with_greedy_references(config, path)
+    return path, refs, param_bytes

@@ -62,3 +62,37 @@ def run_check(model, method: str, load_format: str, layouts: str, **engine_args)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def save_with_greedy_references(config, path) -> tuple[list[list[int]], int]:
+    """Build a random-weight ``LlamaForCausalLM`` from ``config`` (seed 0), save it at ``path``, and return
+    transformers' greedy tokens (fp32) on ``PROMPTS`` and the model's parameter bytes."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(path)
+    refs = []
+    with torch.inference_mode():
+        for prompt in PROMPTS:
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
+                                 do_sample=False)
+            refs.append(out[0, len(prompt):].tolist())
+    return refs, sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def kill_rank_mid_stream(server, body: dict, pid: int) -> str:
+    """Stream ``body`` from ``server``, SIGKILL the worker ``pid`` after the first chunk, check the stream ends with
+    an error event then ``[DONE]`` and the server exits 1; returns the server's last log line."""
+    import signal
+
+    import httpx
+
+    with httpx.stream("POST", server.url("/v1/completions"), json=body, timeout=60) as stream:
+        assert stream.status_code == 200, stream.read()
+        lines = (line for line in stream.iter_lines() if line.startswith("data: "))
+        assert "error" not in next(lines)
+        os.kill(pid, signal.SIGKILL)
+        rest = list(lines)
+    assert rest[-1] == "data: [DONE]" and '"engine_unavailable"' in rest[-2], rest[-3:]
+    assert server.proc.wait(timeout=60) == 1, server.log_tail()
+    return server.log_tail().strip().splitlines()[-1]

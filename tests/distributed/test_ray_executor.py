@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,9 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import pytest
-from parallel_check import MAX_TOKENS, PROMPTS
+from parallel_check import MAX_TOKENS, PROMPTS, kill_rank_mid_stream
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "entrypoints"))
 from cli_runner import assert_one_line, run_cli  # noqa: E402
@@ -174,15 +172,7 @@ def test_killed_actor_process_fails_the_stream_and_the_server_exits(tiny_llama, 
         assert placed, server.log_tail()
         pids = [int(placed.group(1)), int(placed.group(2))]
         body = {"model": "tiny", "prompt": [1, 5, 7, 9], "max_tokens": 100, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", server.url("/v1/completions"), json=body, timeout=60) as stream:
-            assert stream.status_code == 200, stream.read()
-            lines = (line for line in stream.iter_lines() if line.startswith("data: "))
-            assert "error" not in next(lines)
-            os.kill(pids[1], signal.SIGKILL)
-            rest = list(lines)
-        assert rest[-1] == "data: [DONE]" and '"engine_unavailable"' in rest[-2], rest[-3:]
-        assert server.proc.wait(timeout=60) == 1, server.log_tail()
-        last = server.log_tail().strip().splitlines()[-1]
+        last = kill_rank_mid_stream(server, body, pids[1])
         assert last.startswith("brigade serve: error: the engine died (") and \
             f"worker rank 1 (Ray actor on " in last and f"pid {pids[1]}) died" in last, last
     finally:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from parallel_check import MAX_TOKENS, PROMPTS, run_check
+from parallel_check import run_check, save_with_greedy_references
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -17,17 +17,8 @@ def gpu_llama(tmp_path_factory):
     config = transformers.LlamaConfig(vocab_size=300, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
                                       rms_norm_eps=1e-5, tie_word_embeddings=False, architectures=["LlamaForCausalLM"])
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
     path = tmp_path_factory.mktemp("gpu-llama-kv1")
-    model.save_pretrained(path)
-    refs = []
-    with torch.inference_mode():
-        for prompt in PROMPTS:
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
-                                 do_sample=False)
-            refs.append(out[0, len(prompt):].tolist())
-    return path, refs
+    return path, save_with_greedy_references(config, path)[0]
 
 
 @pytest.mark.skipif(GPUS < 2, reason="needs two CUDA devices")

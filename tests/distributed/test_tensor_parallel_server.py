@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +20,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "entrypoints"))
+from parallel_check import kill_rank_mid_stream  # noqa: E402
 from remote_server import RemoteServer  # noqa: E402
 
 MODEL = "smollm2"
@@ -104,14 +104,7 @@ def test_killed_worker_fails_the_stream_and_the_server_exits(server):
     tree = _process_tree(server.proc.pid)
     assert set(pids.values()) <= set(tree)
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 50, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", server.url("/v1/completions"), json=body, timeout=60) as stream:
-        lines = (line for line in stream.iter_lines() if line.startswith("data: "))
-        assert "error" not in next(lines)
-        os.kill(pids[1], signal.SIGKILL)
-        rest = list(lines)
-    assert rest[-1] == "data: [DONE]" and '"engine_unavailable"' in rest[-2], rest[-3:]
-    assert server.proc.wait(timeout=60) == 1, server.log_tail()
-    last = server.log_tail().strip().splitlines()[-1]
+    last = kill_rank_mid_stream(server, body, pids[1])
     assert last.startswith("brigade serve: error: the engine died (") and \
         f"worker rank 1 (pid {pids[1]}) killed by SIGKILL" in last, last
     deadline = time.monotonic() + 10
