@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # The GPU test suite (tests/cuda) on a GPU machine set up as benchmarks/gpu_setup.sh says, with brigade-gptq and
-# brigade-awq installed for their kernel tests. The whole suite takes longer than one 10-minute device call, so it
-# comes in two parts of about 8 minutes each on an H200:
-#   part 1: the kernel files (attention, rotary + KV write, fused ops, GEMMs, sampler, input copies, compile watch)
-#   part 2: every other file of tests/cuda (engine, model, quantized GEMMs, LoRA/speculative decoding, serving)
+# brigade-awq and brigade-fp8 installed for their kernel tests. Two parts, about 3 and 4 minutes on an H200, so the
+# whole suite fits one 10-minute device call:
+#   part 1: the kernel files (attention, rotary + KV write, fused ops, GEMMs, sampler, input copies, compile watch,
+#           the Triton Llama, overlapped sampling), on GPU_TEST_WORKERS pytest-xdist workers (default 8)
+#   part 2: every other file of tests/cuda (engine, model, quantized GEMMs, MoE, LoRA/speculative decoding, serving),
+#           one test at a time: they start engines that size their KV pool from the free device memory
 # pytest's output goes to ${OUT:-/tmp}/gpu-tests/part<N>.log and a JUnit XML beside it.
 set -uo pipefail
 
 usage() {
   cat <<'EOF'
 Usage: benchmarks/run_gpu_tests.sh [--part 1|2|all] [--no-setup] [--dry-run] [-- PYTEST_ARGS...]
-  --part 1|2|all   which half of tests/cuda (default: all, about 16 minutes: use two calls on the device tool)
+  --part 1|2|all   which half of tests/cuda (default: all, about 7 minutes)
   --no-setup       skip benchmarks/gpu_setup.sh (already done on this machine)
   --dry-run        print the commands, run nothing
-Environment: TESTS_TIMEOUT (seconds per part, default 560).
+Environment: TESTS_TIMEOUT (seconds per part, default 300), GPU_TEST_WORKERS (part 1, default 8).
 EOF
 }
 
@@ -32,12 +34,13 @@ case $part in 1|2|all) ;; *) echo "--part must be 1, 2 or all" >&2; exit 2 ;; es
 
 cd "$(dirname "$0")/.." || exit 1
 if [ "$setup" = 1 ]; then
-  GPU_SETUP_EXTRA="builtin_quant/gptq builtin_quant/awq" GPU_SETUP_DRY_RUN=$dry source benchmarks/gpu_setup.sh \
+  GPU_SETUP_EXTRA="builtin_quant/gptq builtin_quant/awq builtin_quant/fp8" GPU_SETUP_DRY_RUN=$dry source benchmarks/gpu_setup.sh \
     || { echo "set-up failed" >&2; exit 1; }
 fi
 
 KERNEL_FILES="test_triton_attention.py test_varlen_attention.py test_rotary_kv_write.py test_triton_ops.py
-              test_triton_gemm.py test_fused_sampler_cuda.py test_host_to_device_cuda.py test_compile_watch_cuda.py"
+              test_triton_gemm.py test_fused_sampler_cuda.py test_host_to_device_cuda.py test_compile_watch_cuda.py
+              test_llama_triton.py test_overlapped_sampling_cuda.py"
 files_of_part() {
   local f name
   for f in tests/cuda/test_*.py; do
@@ -54,11 +57,12 @@ out=${OUT:-/tmp}/gpu-tests
 status=0
 for p in $([ "$part" = all ] && echo 1 2 || echo "$part"); do
   files=$(files_of_part "$p" | tr '\n' ' ')
+  if [ "$p" = 1 ]; then spread=(-n "${GPU_TEST_WORKERS:-8}" --dist loadfile); else spread=(--continue-on-collection-errors); fi
   cmd=(python3 -m pytest -q -p no:warnings -p no:cacheprovider --durations=10 --junitxml "$out/part$p.xml"
-       $files "${extra[@]}")
-  echo "+ [part $p, ${TESTS_TIMEOUT:-560}s] ${cmd[*]}"
+       "${spread[@]}" $files "${extra[@]}")
+  echo "+ [part $p, ${TESTS_TIMEOUT:-300}s] ${cmd[*]}"
   [ "$dry" = 1 ] && continue
-  timeout "${TESTS_TIMEOUT:-560}" "${cmd[@]}" > "$out/part$p.log" 2>&1
+  timeout "${TESTS_TIMEOUT:-300}" "${cmd[@]}" > "$out/part$p.log" 2>&1
   rc=$?
   tail -25 "$out/part$p.log"
   [ "$rc" = 0 ] || { echo "!! part $p: exit status $rc (124: over its time limit)"; status=$rc; }
