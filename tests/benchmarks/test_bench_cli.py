@@ -101,20 +101,29 @@ def test_serve_launches_a_server_and_streams(smollm2_path, tmp_path, free_port):
     assert record["config"]["engine"]["model_config"]["dtype"] == "float32"
 
 
-def test_llama_8b_config_has_the_llama_3_1_8b_shape():
+# (hidden, layers, heads, KV heads, intermediate, vocab, positions) and parameter count of the public configs.
+LLAMA_SHAPES = {
+    "llama-3.1-8b": ((4096, 32, 32, 8, 14336, 128256, 131072), 8_030_261_248),
+    "llama-3.1-70b": ((8192, 80, 64, 8, 28672, 128256, 131072), 70_553_706_496),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA_SHAPES))
+def test_llama_configs_have_the_public_shapes(name):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    config = AutoConfig.from_pretrained(LLAMA_8B_DIR)
+    path = REPO_ROOT / "benchmarks" / "configs" / name
+    shape, num_params = LLAMA_SHAPES[name]
+    config = AutoConfig.from_pretrained(path)
     assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
-            config.intermediate_size, config.vocab_size, config.max_position_embeddings) == \
-        (4096, 32, 32, 8, 14336, 128256, 131072)
+            config.intermediate_size, config.vocab_size, config.max_position_embeddings) == shape
     assert config.rope_parameters["rope_type"] == "llama3" and config.rope_parameters["factor"] == 8.0
     assert config.rope_parameters["rope_theta"] == 500000.0 and not config.tie_word_embeddings
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
-    tokenizer = AutoTokenizer.from_pretrained(LLAMA_8B_DIR)
+    assert sum(p.numel() for p in model.parameters()) == num_params
+    tokenizer = AutoTokenizer.from_pretrained(path)
     assert tokenizer.decode(tokenizer.encode("héllo")) == "héllo"
 
 
