@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
-# The GPU test suite (tests/cuda) on a GPU machine set up as benchmarks/gpu_setup.sh says, with brigade-gptq and
-# brigade-awq and brigade-fp8 installed for their kernel tests. Two parts, about 3 and 4 minutes on an H200, so the
-# whole suite fits one 10-minute device call:
+# The GPU test suite (tests/cuda) on a GPU machine set up as benchmarks/gpu_setup.sh says, with brigade-gptq,
+# brigade-awq and brigade-fp8 installed for their kernel tests, on GPU_TEST_WORKERS pytest-xdist workers (default 8,
+# a test file per worker at a time). The engine tests give their KV pool a fixed size (one file profiles the device
+# and takes half of it), so files run side by side; the whole suite takes about 6 minutes on an H200, inside one
+# device call. Two parts are there for re-running a half:
 #   part 1: the kernel files (attention, rotary + KV write, fused ops, GEMMs, sampler, input copies, compile watch,
-#           the Triton Llama, overlapped sampling), on GPU_TEST_WORKERS pytest-xdist workers (default 8)
-#   part 2: every other file of tests/cuda (engine, model, quantized GEMMs, MoE, LoRA/speculative decoding, serving),
-#           one test at a time: they start engines that size their KV pool from the free device memory
-# pytest's output goes to ${OUT:-/tmp}/gpu-tests/part<N>.log and a JUnit XML beside it.
+#           the Triton Llama, overlapped sampling)
+#   part 2: every other file of tests/cuda (engine, model, quantized GEMMs, MoE, LoRA/speculative decoding, serving)
+# pytest's output goes to ${OUT:-/tmp}/gpu-tests/<part>.log and a JUnit XML beside it.
 set -uo pipefail
 
 usage() {
   cat <<'EOF'
 Usage: benchmarks/run_gpu_tests.sh [--part 1|2|all] [--no-setup] [--dry-run] [-- PYTEST_ARGS...]
-  --part 1|2|all   which half of tests/cuda (default: all, about 7 minutes)
+  --part 1|2|all   which half of tests/cuda (default: all, in one pytest run)
   --no-setup       skip benchmarks/gpu_setup.sh (already done on this machine)
   --dry-run        print the commands, run nothing
-Environment: TESTS_TIMEOUT (seconds per part, default 300), GPU_TEST_WORKERS (part 1, default 8).
+Environment: TESTS_TIMEOUT (seconds per run, default 480), GPU_TEST_WORKERS (default 8).
 EOF
 }
 
@@ -54,17 +55,15 @@ files_of_part() {
 
 out=${OUT:-/tmp}/gpu-tests
 [ "$dry" = 1 ] || mkdir -p "$out"
-status=0
-for p in $([ "$part" = all ] && echo 1 2 || echo "$part"); do
-  files=$(files_of_part "$p" | tr '\n' ' ')
-  if [ "$p" = 1 ]; then spread=(-n "${GPU_TEST_WORKERS:-8}" --dist loadfile); else spread=(--continue-on-collection-errors); fi
-  cmd=(python3 -m pytest -q -p no:warnings -p no:cacheprovider --durations=10 --junitxml "$out/part$p.xml"
-       "${spread[@]}" $files "${extra[@]}")
-  echo "+ [part $p, ${TESTS_TIMEOUT:-300}s] ${cmd[*]}"
-  [ "$dry" = 1 ] && continue
-  timeout "${TESTS_TIMEOUT:-300}" "${cmd[@]}" > "$out/part$p.log" 2>&1
-  rc=$?
-  tail -25 "$out/part$p.log"
-  [ "$rc" = 0 ] || { echo "!! part $p: exit status $rc (124: over its time limit)"; status=$rc; }
-done
-exit $status
+if [ "$part" = all ]; then files="tests/cuda"; else files=$(files_of_part "$part" | tr '\n' ' '); fi
+# Two compute threads per worker process: eight workers' OpenMP pools would fight over the host's cores.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+cmd=(python3 -m pytest -q -p no:warnings -p no:cacheprovider --durations=15 -rfE --junitxml "$out/part-$part.xml"
+     -n "${GPU_TEST_WORKERS:-8}" --dist loadfile $files "${extra[@]}")
+echo "+ [part $part, ${TESTS_TIMEOUT:-480}s] ${cmd[*]}"
+[ "$dry" = 1 ] && exit 0
+timeout "${TESTS_TIMEOUT:-480}" "${cmd[@]}" > "$out/part-$part.log" 2>&1
+rc=$?
+tail -40 "$out/part-$part.log"
+[ "$rc" = 0 ] || echo "!! part $part: exit status $rc (124: over its time limit)"
+exit $rc

@@ -32,13 +32,13 @@ def test_two_engines_on_two_gpus_give_the_outputs_of_one(tiny_model, monkeypatch
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     # One prompt per call: every step is a batch of one on both sides, so the kernels and their numerics match.
-    one = LLM(tiny_model, skip_tokenizer_init=True, max_model_len=512, gpu_memory_utilization=0.3)
+    one = LLM(tiny_model, skip_tokenizer_init=True, max_model_len=512, kv_cache_memory_gib=2)
     expected = [one.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
     one.shutdown()
     del one
     torch.cuda.empty_cache()
     free_before = [torch.cuda.mem_get_info(i)[0] for i in range(2)]
-    two = LLM(tiny_model, skip_tokenizer_init=True, max_model_len=512, gpu_memory_utilization=0.3,
+    two = LLM(tiny_model, skip_tokenizer_init=True, max_model_len=512, kv_cache_memory_gib=2,
               data_parallel_size=2)
     try:
         # Each engine holds its weights and a KV pool of about 30% on its own GPU.

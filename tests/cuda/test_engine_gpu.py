@@ -60,7 +60,7 @@ def test_engine_greedy_equals_transformers_on_gpu(tiny_llama, kwargs):
     from brigade import LLM, SamplingParams
 
     path, prompts, expected = tiny_llama
-    llm = LLM(path, dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.3,
+    llm = LLM(path, dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.5,
               **{"max_model_len": 512, **kwargs})
     assert llm.engine.core.overlap == kwargs.get("async_scheduling", True)
     runner = llm.engine.core.executor.worker.model_runner
@@ -102,7 +102,7 @@ def test_short_context_graphs_give_the_same_tokens(tiny_llama, monkeypatch, env)
     single_split_len.cache_clear()
     short_graph_lens.cache_clear()
     try:
-        llm = LLM(path, dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.3, max_model_len=512)
+        llm = LLM(path, dtype="float32", skip_tokenizer_init=True, kv_cache_memory_gib=2, max_model_len=512)
         graphs = llm.engine.core.executor.worker.model_runner.graphs.decode
         assert (1, 64) in graphs.graphs and (1, 512) in graphs.graphs
         params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)

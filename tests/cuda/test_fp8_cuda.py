@@ -114,7 +114,7 @@ def test_fp8_engine_on_cuda_matches_the_cpu_path(tiny_fp8, source):
     root, text, want, unquantized = tiny_fp8
     kwargs = {"quantization": "fp8"} if source == "online" else {}
     path = root / ("fp32" if source == "online" else "ct")
-    llm = LLM(str(path), dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.3, max_model_len=512,
+    llm = LLM(str(path), dtype="float32", skip_tokenizer_init=True, kv_cache_memory_gib=2, max_model_len=512,
               **kwargs)
     model = llm.engine.core.executor.worker.model_runner.model
     assert model.model.layers[0].mlp.down_proj.quant_method.gemm is fp8_gemm_cuda

@@ -138,7 +138,7 @@ def test_moe_engine_greedy_equals_transformers_on_gpu(name, eager, tmp_path):
                                  attention_mask=torch.ones_like(ids))
             expected.append(out[0, len(p):].tolist())
     del model
-    llm = LLM(str(tmp_path), dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.3,
+    llm = LLM(str(tmp_path), dtype="float32", skip_tokenizer_init=True, kv_cache_memory_gib=2,
               max_model_len=512, max_num_batched_tokens=128, enforce_eager=eager)
     moe = llm.engine.core.executor.worker.model_runner.model.model.layers[0].mlp.experts
     assert moe.impl_name == "cuda"

@@ -90,7 +90,7 @@ def test_lora_batches_equal_merged_transformers(tiny, eager):
     from brigade.lora import LoRARequest
 
     path, adapters, prompts, expected = tiny
-    llm = LLM(path, dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.3, max_model_len=512,
+    llm = LLM(path, dtype="float32", skip_tokenizer_init=True, kv_cache_memory_gib=2, max_model_len=512,
               enable_lora=True, max_loras=2, max_lora_rank=8, enforce_eager=eager)
     assert llm.engine.core.executor.worker.model_runner.attn_backend.name == "triton"
     requests = {name: LoRARequest(name, i, str(p)) for i, (name, p) in enumerate(adapters.items(), start=1)}
@@ -118,7 +118,7 @@ def test_ngram_speculation_equals_transformers(tiny, eager):
 
     path, _, prompts, expected = tiny
     spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
-    llm = LLM(path, dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.3, max_model_len=512,
+    llm = LLM(path, dtype="float32", skip_tokenizer_init=True, kv_cache_memory_gib=2, max_model_len=512,
               speculative_config=spec, enforce_eager=eager)
     runner = llm.engine.core.executor.worker.model_runner
     dispatch = pad_steps(runner)  # counts the verification steps run padded (its switches stay off)

@@ -47,7 +47,7 @@ def assert_quantized_engine_matches(path: str, prompts: list[list[int]], expecte
 
     from brigade import LLM, SamplingParams
 
-    llm = LLM(path, dtype="float32", skip_tokenizer_init=True, gpu_memory_utilization=0.3, max_model_len=512,
+    llm = LLM(path, dtype="float32", skip_tokenizer_init=True, kv_cache_memory_gib=2, max_model_len=512,
               enforce_eager=eager)
     model = llm.engine.core.executor.worker.model_runner.model
     assert model.model.layers[0].mlp.down_proj.quant_method.gemm is gemm
