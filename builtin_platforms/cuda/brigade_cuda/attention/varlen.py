@@ -21,18 +21,18 @@ Within a program the keys stream in ``BLOCK_N`` tiles through the block table wi
 ``seq_len - query_len + i`` and sees keys ``0..that position``, all read from the paged cache (the KV write runs
 first), so prefix-cached and chunked prefills and decodes take the same path.
 
-Split-KV (flash-decoding inside the varlen launch; Dao et al., "Flash-Decoding for long-context inference",
-2023, as ``decode.py``): without it a decode with a long context is streamed by only ``num_kv_heads`` programs,
-one key tile after another (a 32k-token decode made a mixed step 4x slower than the eager split-KV step, session
-11). A tiny plan kernel (``varlen_plan``, once per step: every layer reuses it) gives each request with a
-one-block query (decodes, draft verification, short chunks) ``s`` splits of its context, at least
-``min_chunk`` tokens each, up to ``max_splits``, and caps them so that all requests' extra programs stay within
-``extra``: the grid gets ``extra`` more programs, which is all a graph has to know. Programs then find their
-request by binary search over the plan's prefix sums of work items. The split programs of a (request, KV head)
-write partial outputs and log-sum-exps to a small persistent buffer; the last of them to finish (an atomic
-counter, reset by it) merges them in log-sum-exp weights and writes the output, so no merge kernel is launched.
-Every split but the last covers whole key tiles before the query's first position, visible to every row; the
-last also takes the causal tail, so every row of every non-empty split sees at least one key.
+Split-KV (flash-decoding inside the varlen launch; Dao et al., "Flash-Decoding for long-context inference", 2023, as
+``decode.py``): without it a decode with a long context is streamed by only ``num_kv_heads`` programs, one key tile
+after another (a 32k-token decode made a mixed step 4x slower than the eager split-KV step). A tiny plan kernel
+(``varlen_plan``, once per step: every layer reuses it) gives each request with a one-block query (decodes, draft
+verification, short chunks) ``s`` splits of its context, at least ``min_chunk`` tokens each, up to ``max_splits``,
+and caps them so that all requests' extra programs stay within ``extra``: the grid gets ``extra`` more programs,
+which is all a graph has to know. Programs then find their request by binary search over the plan's prefix sums of
+work items. The split programs of a (request, KV head) write partial outputs and log-sum-exps to a small persistent
+buffer; the last of them to finish (an atomic counter, reset by it) merges them in log-sum-exp weights and writes
+the output, so no merge kernel is launched. Every split but the last covers whole key tiles before the query's first
+position, visible to every row; the last also takes the causal tail, so every row of every non-empty split sees at
+least one key.
 """
 
 from __future__ import annotations
