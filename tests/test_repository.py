@@ -89,10 +89,9 @@ def findings(patterns: dict[str, re.Pattern]) -> list[str]:
         for what, pattern in patterns.items():
             if allowed(name, what):
                 continue
-            for number, line in enumerate(text.splitlines(), 1):
-                match = pattern.search(line)
-                if match:
-                    found.append(f"{name}:{number}: {what}: {match.group(0)!r}")
+            for match in pattern.finditer(text):  # over the whole text: a name may wrap onto the next line
+                number = text.count("\n", 0, match.start()) + 1
+                found.append(f"{name}:{number}: {what}: {match.group(0)!r}")
     return found
 
 
