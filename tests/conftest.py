@@ -157,6 +157,19 @@ _LIBC_NAME = ctypes.util.find_library("c")
 _LIBC = ctypes.CDLL(_LIBC_NAME) if _LIBC_NAME and hasattr(ctypes.CDLL(_LIBC_NAME), "malloc_trim") else None
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module's tests, the previous count restored after it. For transformers' MoE
+    models on the CPU: they add each expert's output with ``index_add_``, whose parallel CPU kernel takes tens of
+    milliseconds per call on a busy two-core machine, against microseconds on one thread."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""

@@ -33,12 +33,12 @@ OUTSIDE = {
 
 # Work-round names, in text and in file names.
 JOURNAL = {
-    "a numbered session": re.compile(r"(?i)(?<![a-z])sessio[n][ _]?[0-9]+"),
-    "a lettered call": re.compile(r"\bcal[l] [A-Z]{1,2}\b"),
+    "a numbered session": re.compile(r"(?i)(?<![a-z])sessio[n][\s_]?[0-9]+"),
+    "a lettered call": re.compile(r"\bcal[l]\s[A-Z]{1,2}\b"),
     "a one-off run script": re.compile(r"\bru[n]_[a-z]{1,2}\.sh\b"),
-    "a numbered review": re.compile(r"(?i)(?<![a-z])revie[w][ _]?[0-9]+"),
-    "a numbered issue": re.compile(r"(?i)\bissu[e] [0-9]+"),
-    "a numbered round": re.compile(r"(?i)\broun[d] [0-9]"),
+    "a numbered review": re.compile(r"(?i)(?<![a-z])revie[w][\s_]?[0-9]+"),
+    "a numbered issue": re.compile(r"(?i)\bissu[e]\s[0-9]+"),
+    "a numbered round": re.compile(r"(?i)\broun[d]\s[0-9]"),
 }
 # File and folder names only: result folders named after work rounds and tests named after chapters of a book.
 JOURNAL_NAMES = {
@@ -89,10 +89,9 @@ def findings(patterns: dict[str, re.Pattern]) -> list[str]:
         for what, pattern in patterns.items():
             if allowed(name, what):
                 continue
-            for number, line in enumerate(text.splitlines(), 1):
-                match = pattern.search(line)
-                if match:
-                    found.append(f"{name}:{number}: {what}: {match.group(0)!r}")
+            for match in pattern.finditer(text):  # over the whole text: a name may wrap onto the next line
+                number = text.count("\n", 0, match.start()) + 1
+                found.append(f"{name}:{number}: {what}: {match.group(0)!r}")
     return found
 
 

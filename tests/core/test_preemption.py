@@ -3,36 +3,21 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
+import scheduler_steps
+from scheduler_steps import run_step, run_until_done
 
-from brigade.config import CacheConfig, SchedulerConfig
-from brigade.core.request import Request, RequestStatus
-from brigade.core.scheduler import Scheduler
-from brigade.interfaces import ModelRunnerOutput
-from brigade.sampling_params import SamplingParams
-
-EOS = 0
+from brigade.core.request import RequestStatus
 
 
-def make_scheduler(policy, num_blocks=5, block_size=4, budget=64, max_seqs=8):
-    return Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, policy=policy),
-                     CacheConfig(block_size=block_size, enable_prefix_caching=False),
-                     max_model_len=256, num_blocks=num_blocks)
+def make_scheduler(policy, num_blocks=5, block_size=4):
+    """Without prefix caching, with a 64-token budget."""
+    return scheduler_steps.make_scheduler(policy=policy, num_blocks=num_blocks, block_size=block_size, budget=64,
+                                          caching=False)
 
 
 def make_request(rid, prompt, priority=0, max_tokens=8):
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    return Request(rid, list(prompt), params, EOS, time.time(), priority=priority, max_tokens=max_tokens)
-
-
-def run_step(sched, token=7):
-    out = sched.schedule()
-    ids = list(out.num_scheduled_tokens)
-    sampled = [[token] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens else []
-               for r in ids]
-    return out, sched.update_from_output(out, ModelRunnerOutput(ids, sampled))
+    return scheduler_steps.make_request(rid, prompt, max_tokens=max_tokens, priority=priority, ignore_eos=True)
 
 
 def three_running(policy):
@@ -109,49 +94,13 @@ def staggered_requests():
             for i, priority in enumerate([7, 5, 0, 6, 1, 2])]
 
 
+@pytest.mark.parametrize("overlapped", [False, True], ids=["stepwise", "overlapped"])
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
-def test_every_request_finishes_and_blocks_return_under_pressure(policy):
+def test_every_request_finishes_and_blocks_return_under_pressure(policy, overlapped):
+    """Overlapped: step N+1 is scheduled before step N's tokens are known; victims may have a token in flight."""
     sched = make_scheduler(policy, num_blocks=8, block_size=4)
-    arriving = staggered_requests()
-    finished: dict[str, int] = {}
-    preempted = False
-    for _ in range(300):
-        if arriving:
-            sched.add_request(arriving.pop(0))
-        out, outputs = run_step(sched)
-        preempted |= bool(out.preempted_req_ids)
-        assert out.total_num_scheduled_tokens == sum(out.num_scheduled_tokens.values()) <= 64
-        for o in outputs.outputs:
-            finished[o.request_id] = finished.get(o.request_id, 0) + len(o.new_token_ids)
-        if not sched.requests and not arriving:
-            break
+    finished, preempted = run_until_done(sched, staggered_requests(), max_steps=400 if overlapped else 300,
+                                         overlapped=overlapped)
     assert preempted, "7 blocks cannot hold six growing requests"
-    assert finished == {str(i): 10 for i in range(6)}
-    assert sched.kv_cache_manager.get_num_free_blocks() == 7
-
-
-@pytest.mark.parametrize("policy", ["fcfs", "priority"])
-def test_overlapped_scheduling_under_pressure(policy):
-    """Step N+1 is scheduled before step N's tokens are known; victims may have a token in flight."""
-    sched = make_scheduler(policy, num_blocks=8, block_size=4)
-    arriving = staggered_requests()
-    in_flight = None
-    finished: dict[str, int] = {}
-    preempted = False
-    for _ in range(400):
-        if arriving:
-            sched.add_request(arriving.pop(0))
-        out = sched.schedule()
-        ids = list(out.num_scheduled_tokens)
-        sampled = [[7] if sched.requests[r].num_computed_tokens == sched.requests[r].num_tokens_with_placeholders - 1
-                   else [] for r in ids]
-        preempted |= bool(out.preempted_req_ids)
-        if in_flight is not None:
-            for o in sched.update_from_output(*in_flight).outputs:
-                finished[o.request_id] = finished.get(o.request_id, 0) + len(o.new_token_ids)
-        in_flight = (out, ModelRunnerOutput(ids, sampled)) if ids else None
-        if not sched.requests and in_flight is None and not arriving:
-            break
-    assert preempted
     assert finished == {str(i): 10 for i in range(6)}
     assert sched.kv_cache_manager.get_num_free_blocks() == 7

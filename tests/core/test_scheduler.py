@@ -1,35 +1,8 @@
 """Scheduler: token budget, chunked prefill mixed with decodes, preemption, prefix hits."""
 
-import time
+from scheduler_steps import EOS, make_request, make_scheduler, run_step, run_until_done
 
-from brigade.config import CacheConfig, SchedulerConfig
-from brigade.core.request import Request, RequestStatus
-from brigade.core.scheduler import Scheduler
-from brigade.interfaces import ModelRunnerOutput
-from brigade.sampling_params import SamplingParams
-
-EOS = 0
-
-
-def make_scheduler(num_blocks=64, block_size=4, budget=32, max_seqs=8, caching=True, max_model_len=256):
-    return Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget),
-                     CacheConfig(block_size=block_size, enable_prefix_caching=caching),
-                     max_model_len=max_model_len, num_blocks=num_blocks)
-
-
-def make_request(rid, prompt, max_tokens=4, **kw):
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, **kw)
-    return Request(rid, list(prompt), params, EOS, time.time(), max_tokens=max_tokens)
-
-
-def run_step(sched, token=7):
-    out = sched.schedule()
-    ids = list(out.num_scheduled_tokens)
-    sampled = []
-    for rid in ids:
-        req = sched.requests[rid]
-        sampled.append([token] if req.num_computed_tokens >= req.num_tokens else [])
-    return out, sched.update_from_output(out, ModelRunnerOutput(ids, sampled))
+from brigade.core.request import RequestStatus
 
 
 def test_chunked_prefill_mixes_with_decode_within_budget():
@@ -111,8 +84,7 @@ def test_max_num_seqs_limits_running():
 
 
 def test_priority_policy_orders_waiting():
-    sched = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64, policy="priority"),
-                      CacheConfig(block_size=4), max_model_len=64, num_blocks=32)
+    sched = make_scheduler(policy="priority", max_seqs=1, budget=64, max_model_len=64, num_blocks=32)
     low = make_request("low", [1, 2])
     low.priority = 5
     high = make_request("high", [3, 4])
@@ -132,23 +104,7 @@ def test_overlapped_scheduling_with_placeholders_and_preemption():
     sched = make_scheduler(num_blocks=7, block_size=4, budget=64)
     for i in range(3):
         sched.add_request(make_request(str(i), range(10 * i + 1, 10 * i + 7), max_tokens=10, ignore_eos=True))
-    in_flight = None
-    finished: dict[str, int] = {}
-    preempted = False
-    for _ in range(200):
-        out = sched.schedule()
-        ids = list(out.num_scheduled_tokens)
-        # A request samples when this step reaches its last token; schedule() then added a placeholder.
-        sampled = [[7] if sched.requests[r].num_computed_tokens == sched.requests[r].num_tokens_with_placeholders - 1
-                   else [] for r in ids]
-        preempted |= bool(out.preempted_req_ids)
-        if in_flight is not None:
-            outputs = sched.update_from_output(*in_flight)
-            for o in outputs.outputs:
-                finished[o.request_id] = finished.get(o.request_id, 0) + len(o.new_token_ids)
-        in_flight = (out, ModelRunnerOutput(ids, sampled)) if ids else None
-        if not sched.requests and in_flight is None:
-            break
+    finished, preempted = run_until_done(sched, [], max_steps=200, overlapped=True)
     assert preempted, "7 blocks cannot hold three growing requests"
     assert finished == {"0": 10, "1": 10, "2": 10}
     assert sched.kv_cache_manager.get_num_free_blocks() == 6

@@ -44,8 +44,8 @@ def test_grid_rejects_bad_sizes():
 
 def _rank_main(rank: int, grid: RankGrid, init_method: str, results) -> None:
     try:
-        state = init_parallel_state(grid, rank, local_rank=rank, device=torch.device("cpu"), init_method=init_method,
-                                    timeout_s=60)
+        state = init_parallel_state(grid, rank, local_rank=rank, device=torch.device("cpu"), backend="gloo",
+                                    init_method=init_method, timeout_s=60)
         out = {"tp": state.tp.ranks, "pp": state.pp.ranks, "dp": state.dp.ranks, "ep": state.ep.ranks,
                "tp_rank": state.tp.rank_in_group, "pp_rank": state.pp.rank_in_group}
         # all-reduce over TP: sum of (rank + 1) over the TP group

@@ -41,14 +41,8 @@ ENGINE = {"max_model_len": 128, "block_size": 16, "num_gpu_blocks_override": 13,
           "max_num_seqs": 6}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: transformers' MoE adds each expert's output with ``index_add_``, whose parallel CPU
-    kernel takes tens of milliseconds per call on a busy two-core machine, against microseconds on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# One intra-op thread: transformers' MoE adds each expert's output with ``index_add_``, slow in parallel on 2 cores.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

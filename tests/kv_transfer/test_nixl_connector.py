@@ -12,25 +12,22 @@ The connector comes from the installed brigade-nixl distribution through its ent
 
 from __future__ import annotations
 
-import argparse
 import gc
-import importlib.metadata
 import json
 import logging
 import socket
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from connector_plugins import assert_connector_comes_from, parse_serve
 
 from brigade import LLM, SamplingParams
 from brigade.config import ConfigError, KVTransferConfig
-from brigade.entrypoints.cli import serve
 from brigade.entrypoints.cli.engine_args import runnable_config_from_args
-from brigade.kv_transfer import KVConnectorRole, get_connector_class, make_kv_connector
-from brigade.plugins import PluginLoadError, load_plugins, plugin_choices, registries
+from brigade.kv_transfer import KVConnectorRole, make_kv_connector
+from brigade.plugins import PluginLoadError
 
 BLOCK = 16
 MAX_NEW_TOKENS = 8
@@ -113,16 +110,7 @@ def consumer(smollm2_path, producer):
 
 
 def test_the_connector_comes_from_the_installed_brigade_nixl_entry_point():
-    points = [p for p in importlib.metadata.entry_points(group="brigade.general_plugins")
-              if p.value == "brigade_nixl.plugin"]
-    assert len(points) == 1, "brigade-nixl is not installed: run ./scripts/setup.sh"
-    assert points[0].name == "nixl" and points[0].dist.name == "brigade-nixl"
-    load_plugins("engine")
-    entry = registries.kv_connectors.entry("NixlConnector")
-    assert (entry.source.plugin, entry.source.distribution) == ("nixl", "brigade-nixl")
-    assert "NixlConnector" in plugin_choices()["kv_connector"]
-    cls = get_connector_class(KVTransferConfig("NixlConnector"))
-    assert cls.__module__ == "brigade_nixl.connector"
+    assert_connector_comes_from("nixl", "brigade-nixl", "NixlConnector")
 
 
 def test_the_consumer_reads_the_producers_blocks_and_matches_transformers(producer, consumer, prompts, expected):
@@ -240,10 +228,3 @@ def test_once_the_producer_is_gone_the_consumer_warns_and_computes_everything(pr
     assert worker_side.num_failed_loads == failed + 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "request late-read computes its 16 tokens from token 0" in warnings[0], warnings
-
-
-def parse_serve(model: Path, kv_json: str) -> argparse.Namespace:
-    load_plugins("engine")
-    parser = argparse.ArgumentParser(prog="brigade")
-    serve.add_parser(parser.add_subparsers(dest="command"), plugin_choices())
-    return parser.parse_args(["serve", str(model), "--kv-transfer-config", kv_json])

@@ -11,9 +11,7 @@ one line each. The connector comes from the installed brigade-shm distribution t
 
 from __future__ import annotations
 
-import argparse
 import gc
-import importlib.metadata
 import logging
 import os
 from pathlib import Path
@@ -21,13 +19,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from connector_plugins import assert_connector_comes_from, parse_serve
 
 from brigade import LLM, SamplingParams
-from brigade.config import ConfigError, KVTransferConfig
-from brigade.entrypoints.cli import serve
+from brigade.config import ConfigError
 from brigade.entrypoints.cli.engine_args import runnable_config_from_args
-from brigade.kv_transfer import KVCacheLayout, get_connector_class
-from brigade.plugins import load_plugins, plugin_choices, registries
+from brigade.kv_transfer import KVCacheLayout
 
 BLOCK = 16
 MAX_NEW_TOKENS = 12
@@ -102,16 +99,7 @@ def consumer(smollm2_path, store):
 
 
 def test_the_connector_comes_from_the_installed_brigade_shm_entry_point():
-    points = [p for p in importlib.metadata.entry_points(group="brigade.general_plugins")
-              if p.value == "brigade_shm.plugin"]
-    assert len(points) == 1, "brigade-shm is not installed: run ./scripts/setup.sh"
-    assert points[0].name == "shm" and points[0].dist.name == "brigade-shm"
-    load_plugins("engine")
-    entry = registries.kv_connectors.entry("SharedMemoryConnector")
-    assert (entry.source.plugin, entry.source.distribution) == ("shm", "brigade-shm")
-    assert "SharedMemoryConnector" in plugin_choices()["kv_connector"]
-    cls = get_connector_class(KVTransferConfig("SharedMemoryConnector"))
-    assert cls.__module__ == "brigade_shm.connector"
+    assert_connector_comes_from("shm", "brigade-shm", "SharedMemoryConnector")
 
 
 def test_the_producer_saves_each_distinct_full_prompt_block_once(store, prompts, expected):
@@ -263,10 +251,3 @@ def test_good_settings_pass_and_an_unknown_connector_is_one_line(smollm2_path, t
         runnable_config_from_args(parse_serve(smollm2_path, '{"kv_connector": "nixl"}'))
     with pytest.raises(ConfigError, match=r"^--kv-transfer-config kv_connector 'nixl' is not installed"):
         LLM(str(smollm2_path), kv_transfer_config={"kv_connector": "nixl"})
-
-
-def parse_serve(model: Path, kv_json: str) -> argparse.Namespace:
-    load_plugins("engine")
-    parser = argparse.ArgumentParser(prog="brigade")
-    serve.add_parser(parser.add_subparsers(dest="command"), plugin_choices())
-    return parser.parse_args(["serve", str(model), "--kv-transfer-config", kv_json])

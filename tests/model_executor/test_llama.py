@@ -9,6 +9,8 @@ in fp32. The real-model case does the same on SmolLM2-135M-Instruct.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import transformers
@@ -47,6 +49,15 @@ def hf_logits(hf_model, token_ids: list[int]) -> torch.Tensor:
         return hf_model(torch.tensor([token_ids])).logits[0]  # [L, vocab]
 
 
+def load_with_transformers(path: Path) -> tuple[transformers.PretrainedConfig, torch.nn.Module, torch.nn.Module]:
+    """The checkpoint at ``path`` loaded twice in fp32 on the CPU: (its HF config, Brigade's model on the
+    reference attention backend, transformers' model in eval mode)."""
+    hf_config = get_hf_config(str(path))
+    model = load_model(ModelConfig(model=str(path)), hf_config, dtype=torch.float32, device=torch.device("cpu"),
+                       attn_backend=ReferenceAttentionBackend)
+    return hf_config, model, transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
 def run_three_steps(model, hf_model, steps, vocab_size: int, seed: int = 0) -> None:
     """Prefill a, b, c; decode a, b, c; decode a, b while prefilling d. Check every step's logits."""
     gen = torch.Generator().manual_seed(seed)
@@ -80,10 +91,7 @@ def run_three_steps(model, hf_model, steps, vocab_size: int, seed: int = 0) -> N
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_transformers_through_paged_cache(case, tmp_path, paged_steps_for, save_random_hf_model):
     path = save_random_hf_model(tmp_path / case, CASES[case]())
-    hf_config = get_hf_config(str(path))
-    model = load_model(ModelConfig(model=str(path)), hf_config, dtype=torch.float32, device=torch.device("cpu"),
-                       attn_backend=ReferenceAttentionBackend)
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    hf_config, model, hf_model = load_with_transformers(path)
     assert type(model).__name__ == "LlamaForCausalLM"
     assert model.lm_head.tied == bool(hf_config.tie_word_embeddings)
     run_three_steps(model, hf_model, paged_steps_for(hf_config), hf_config.vocab_size)
@@ -168,10 +176,7 @@ def test_folded_norms_match_transformers(case, tmp_path, paged_steps_for, save_r
     reads it (not into a head tied to the embedding); the model then normalizes inside the GEMMs, adds each
     residual in its branch's last GEMM, and still gives transformers' logits."""
     path = save_random_hf_model(tmp_path / case, CASES[case]())
-    hf_config = get_hf_config(str(path))
-    model = load_model(ModelConfig(model=str(path)), hf_config, dtype=torch.float32, device=torch.device("cpu"),
-                       attn_backend=ReferenceAttentionBackend)
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    hf_config, model, hf_model = load_with_transformers(path)
     tied = bool(hf_config.tie_word_embeddings)
     norms = [m for layer in model.model.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
     assert all(n.weight_folded and bool((n.weight == 1).all()) for n in norms)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from test_llama import run_three_steps
+from test_llama import load_with_transformers, run_three_steps
 
 from brigade.attention.reference import ReferenceAttentionBackend
 from brigade.config import BrigadeConfig, ConfigError, LoRAConfig, ModelConfig, ParallelConfig
@@ -38,23 +38,14 @@ CASES = {
 SPARSE_LAYERS = {"mixtral": [0, 1, 2], "qwen2-moe": [0, 2], "qwen3-moe": [1]}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: transformers' MoE adds each expert's output with ``index_add_``, whose parallel CPU
-    kernel takes tens of milliseconds per call on a busy two-core machine, against microseconds on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# One intra-op thread: transformers' MoE adds each expert's output with ``index_add_``, slow in parallel on 2 cores.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_transformers_through_paged_cache(case, tmp_path, paged_steps_for, save_random_hf_model):
     path = save_random_hf_model(tmp_path / case, CASES[case]())
-    hf_config = get_hf_config(str(path))
-    model = load_model(ModelConfig(model=str(path)), hf_config, dtype=torch.float32, device=torch.device("cpu"),
-                       attn_backend=ReferenceAttentionBackend)
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    hf_config, model, hf_model = load_with_transformers(path)
     assert type(model).__name__ == hf_config.architectures[0]
     sparse = [i for i, layer in enumerate(model.model.layers) if isinstance(layer.mlp, SparseMoeBlock)]
     assert sparse == SPARSE_LAYERS[case]

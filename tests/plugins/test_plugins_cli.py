@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
+import subprocess
+import sys
 
 from brigade.entrypoints.cli import plugins as plugins_cli
-from brigade.plugins import plugin_choices
+from brigade.plugins import load_plugins, plugin_choices, registries
+from brigade.plugins.kernels import kernel_table
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -50,3 +54,22 @@ def test_table_lists_columns_and_the_active_platform_line():
 
 def test_plugin_choices_keys_match_the_engine_flags():
     assert set(plugin_choices()) == {"quantization", "attention_backend", "kv_connector", "io_processor"}
+
+
+def test_the_command_fits_a_100_column_terminal_stderr_included():
+    """As a user types it: no log line beside the table (the platform choice is the table's own line)."""
+    env = {k: v for k, v in os.environ.items() if k != "BRIGADE_LOGGING_LEVEL"}
+    proc = subprocess.run([sys.executable, "-m", "brigade.entrypoints.cli.main", "plugins"], capture_output=True,
+                          text=True, timeout=120, env={**env, "COLUMNS": "100"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr == "", proc.stderr[-3000:]
+    assert "active platform: " in proc.stdout
+    assert all(len(line) <= 100 for line in proc.stdout.splitlines()), proc.stdout
+
+
+def test_the_cuda_kernels_section_names_each_op_within_100_columns():
+    load_plugins("api")
+    kernels = kernel_table(registries.kernels, "cuda")  # brigade-cuda registers them on any host
+    lines = plugins_cli.render_kernels(kernels, "cuda", width=100)
+    assert lines[1].split() == ["OP", "KERNEL", "PLUGIN"] and all(len(line) <= 100 for line in lines), lines
+    assert {line.split()[0] for line in lines[2:]} == {k["op"] for k in kernels} >= {"dense_gemm", "rms_norm"}

@@ -1,6 +1,6 @@
 """Helpers the quantized-model tests share (tests/quant/test_gptq_model.py, test_awq_model.py): transformers'
-greedy reference on a dequantized checkpoint, a weightless SmolLM2 folder for start-up checks, and ``brigade serve``
-run with a quantization plugin left unloaded."""
+greedy reference on a dequantized checkpoint, a weightless SmolLM2 folder for start-up checks (and the one-line
+refusal ``brigade serve``'s checks give it), and ``brigade serve`` run with a quantization plugin left unloaded."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
+from cli_runner import assert_one_line, serve_args
 from remote_server import brigade_command
 
 
@@ -52,3 +54,27 @@ def serve_with_only_fp8(model: Path) -> subprocess.CompletedProcess:
     env["BRIGADE_PLUGINS"] = "fp8"
     return subprocess.run([*brigade_command(), "serve", str(model)], capture_output=True, text=True, timeout=120,
                           env=env)
+
+
+def serve_check_refusal(smollm2_path: Path, root: Path, quantization_config: dict, **overrides) -> str:
+    """The ConfigError that ``brigade serve``'s checks raise, in one line, for a weightless SmolLM2 folder with
+    ``quantization_config`` and ``overrides`` in its config.json (written under ``root``)."""
+    from brigade.config import ConfigError
+    from brigade.entrypoints.cli import serve
+
+    model = config_only_model(Path(smollm2_path), root, quantization_config=quantization_config, **overrides)
+    with pytest.raises(ConfigError) as info:
+        serve.check(serve_args(str(model)))
+    assert "\n" not in str(info.value), str(info.value)
+    return str(info.value)
+
+
+def assert_unloaded_method_names_its_package(smollm2_path: Path, root: Path, quantization_config: dict,
+                                             method: str) -> None:
+    """``brigade serve`` on a checkpoint quantized with ``method`` while only the fp8 plugin loads stops with one
+    line naming the method, the package to install (``brigade-METHOD``) and the methods that are installed."""
+    model = config_only_model(Path(smollm2_path), root, quantization_config=quantization_config)
+    proc = serve_with_only_fp8(model)  # the method's package installed but not loaded: as if it were not installed
+    assert_one_line(proc, "brigade serve", f"the checkpoint is quantized with '{method}'")
+    assert f"install brigade-{method} (pip install brigade-{method})" in proc.stderr
+    assert "installed methods: compressed-tensors, fp8" in proc.stderr

@@ -17,12 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 from awq_checkpoint import E2E_GROUP_SIZE, awq_quantization_config
-from quant_model_utils import config_only_model, hf_greedy, serve_with_only_fp8
-from cli_runner import assert_one_line, run_cli, serve_args
+from quant_model_utils import assert_unloaded_method_names_its_package, hf_greedy, serve_check_refusal
+from cli_runner import assert_one_line, run_cli
 
 from brigade import LLM, SamplingParams
-from brigade.config import ConfigError
-from brigade.entrypoints.cli import serve
 from brigade_awq.method import AWQLinearMethod
 
 BIN = Path(sys.executable).parent
@@ -99,10 +97,7 @@ AWQ_QC = awq_quantization_config(64)
      "AWQ layer model.layers.0.mlp.gate_up_proj: out_features 1540 (of [1540, 1540]) is not a multiple of 8"),
 ])
 def test_unsupported_checkpoints_are_refused_by_serves_checks(smollm2_path, tmp_path, qc, overrides, needle):
-    model = config_only_model(Path(smollm2_path), tmp_path / "m", quantization_config=qc, **overrides)
-    with pytest.raises(ConfigError) as info:
-        serve.check(serve_args(str(model)))
-    assert needle in str(info.value) and "\n" not in str(info.value)
+    assert needle in serve_check_refusal(smollm2_path, tmp_path / "m", qc, **overrides)
 
 
 def test_quantization_awq_on_an_unquantized_checkpoint_is_one_line(smollm2_path):
@@ -111,8 +106,4 @@ def test_quantization_awq_on_an_unquantized_checkpoint_is_one_line(smollm2_path)
 
 
 def test_an_awq_checkpoint_without_the_plugin_names_the_package(smollm2_path, tmp_path):
-    model = config_only_model(Path(smollm2_path), tmp_path / "m", quantization_config=AWQ_QC)
-    proc = serve_with_only_fp8(model)  # brigade-awq installed but not loaded: as if it were not installed
-    assert_one_line(proc, "brigade serve", "the checkpoint is quantized with 'awq'")
-    assert "install brigade-awq (pip install brigade-awq)" in proc.stderr
-    assert "installed methods: compressed-tensors, fp8" in proc.stderr
+    assert_unloaded_method_names_its_package(smollm2_path, tmp_path / "m", AWQ_QC, "awq")

@@ -18,12 +18,10 @@ import pytest
 import torch
 from gptq_checkpoint import E2E_SPECS
 from remote_server import RemoteServer
-from quant_model_utils import config_only_model, hf_greedy, serve_with_only_fp8
-from cli_runner import assert_one_line, run_cli, serve_args
+from quant_model_utils import assert_unloaded_method_names_its_package, hf_greedy, serve_check_refusal
+from cli_runner import assert_one_line, run_cli
 
 from brigade import LLM, SamplingParams
-from brigade.config import ConfigError
-from brigade.entrypoints.cli import serve
 from brigade_gptq.method import GPTQLinearMethod
 
 BIN = Path(sys.executable).parent
@@ -136,10 +134,7 @@ GPTQ_QC = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": Fal
      "GPTQ layer model.layers.0.self_attn.qkv_proj: out_features 6 (of [12, 6, 6]) is not a multiple of 4"),
 ])
 def test_unsupported_checkpoints_are_refused_by_serves_checks(smollm2_path, tmp_path, qc, overrides, needle):
-    model = config_only_model(Path(smollm2_path), tmp_path / "m", quantization_config=qc, **overrides)
-    with pytest.raises(ConfigError) as info:
-        serve.check(serve_args(str(model)))
-    assert needle in str(info.value) and "\n" not in str(info.value)
+    assert needle in serve_check_refusal(smollm2_path, tmp_path / "m", qc, **overrides)
 
 
 def test_quantization_gptq_on_an_unquantized_checkpoint_is_one_line(smollm2_path):
@@ -148,8 +143,4 @@ def test_quantization_gptq_on_an_unquantized_checkpoint_is_one_line(smollm2_path
 
 
 def test_a_gptq_checkpoint_without_the_plugin_names_the_package(smollm2_path, tmp_path):
-    model = config_only_model(Path(smollm2_path), tmp_path / "m", quantization_config=GPTQ_QC)
-    proc = serve_with_only_fp8(model)  # brigade-gptq installed but not loaded: as if it were not installed
-    assert_one_line(proc, "brigade serve", "the checkpoint is quantized with 'gptq'")
-    assert "install brigade-gptq (pip install brigade-gptq)" in proc.stderr
-    assert "installed methods: compressed-tensors, fp8" in proc.stderr
+    assert_unloaded_method_names_its_package(smollm2_path, tmp_path / "m", GPTQ_QC, "gptq")

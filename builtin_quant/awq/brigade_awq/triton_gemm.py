@@ -48,8 +48,8 @@ import torch
 import triton
 import triton.language as tl
 
-from brigade_cuda.ops.quant_gemm import (choose_split_k, choose_tile, num_sms, split_k_slices, split_k_sum,
-                                         split_k_workspace, store_output_tile)
+from brigade_cuda.ops.quant_gemm import (check_packed_operands, choose_split_k, choose_tile, num_sms, output_for,
+                                         split_k_slices, split_k_sum, split_k_workspace, store_output_tile)
 
 
 # Batch sizes must not compile variants mid-serving: M, and the workspace's split stride M * N (whose divisibility
@@ -119,6 +119,28 @@ def block_k_for_groups(block_k: int, group_size: int, groups: int) -> tuple[int,
     return block_k, True
 
 
+def _check_shapes(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                  bias: torch.Tensor | None, group_size: int) -> tuple[int, int, int, int]:
+    """``(M, K, N, groups)`` of one AWQ layer's operands (see ``awq_gemm``); ValueError when they describe none."""
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"awq_gemm takes float16, bfloat16 or float32 activations, not {x.dtype}")
+    if x.dim() != 2 or qweight.dim() != 2 or qzeros.dim() != 2 or scales.dim() != 2:
+        raise ValueError("awq_gemm takes a 2-D x and 2-D qweight, qzeros and scales")
+    if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
+        raise ValueError(f"qweight and qzeros must be int32, not {qweight.dtype} and {qzeros.dtype}")
+    m, k = x.shape
+    n = qweight.shape[1] * 8
+    if group_size <= 0 or k % group_size:
+        raise ValueError(f"group_size {group_size} does not divide K {k}")
+    groups = k // group_size
+    if qweight.shape[0] != k or scales.shape != (groups, n) or qzeros.shape != (groups, n // 8):
+        raise ValueError(f"AWQ shapes do not match: x {tuple(x.shape)}, qweight {tuple(qweight.shape)}, qzeros "
+                         f"{tuple(qzeros.shape)}, scales {tuple(scales.shape)}, group_size {group_size}")
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias must be [{n}], not {tuple(bias.shape)}")
+    return m, k, n, groups
+
+
 def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
              bias: torch.Tensor | None = None, *, group_size: int, out: torch.Tensor | None = None,
              tile: tuple[int, int, int, int, int] | None = None, split_k: int | None = None) -> torch.Tensor:
@@ -141,33 +163,13 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scale
     Raises:
         ValueError: shapes that do not describe one AWQ layer, or an unsupported dtype.
     """
-    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(f"awq_gemm takes float16, bfloat16 or float32 activations, not {x.dtype}")
-    if x.dim() != 2 or qweight.dim() != 2 or qzeros.dim() != 2 or scales.dim() != 2:
-        raise ValueError("awq_gemm takes a 2-D x and 2-D qweight, qzeros and scales")
-    if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32:
-        raise ValueError(f"qweight and qzeros must be int32, not {qweight.dtype} and {qzeros.dtype}")
-    m, k = x.shape
-    n = qweight.shape[1] * 8
-    if group_size <= 0 or k % group_size:
-        raise ValueError(f"group_size {group_size} does not divide K {k}")
-    groups = k // group_size
-    if qweight.shape[0] != k or scales.shape != (groups, n) or qzeros.shape != (groups, n // 8):
-        raise ValueError(f"AWQ shapes do not match: x {tuple(x.shape)}, qweight {tuple(qweight.shape)}, qzeros "
-                         f"{tuple(qzeros.shape)}, scales {tuple(scales.shape)}, group_size {group_size}")
-    if bias is not None and bias.shape != (n,):
-        raise ValueError(f"bias must be [{n}], not {tuple(bias.shape)}")
+    m, k, n, groups = _check_shapes(x, qweight, qzeros, scales, bias, group_size)
     if x.stride(1) != 1:
         x = x.contiguous()
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()
-    for name, t in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
-        if t.stride(1) != 1:
-            raise ValueError(f"{name} must have unit stride along N")
-    if out is None:
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
-        raise ValueError(f"out must be [{m}, {n}] {x.dtype} with unit stride along N")
+    check_packed_operands(qweight=qweight, qzeros=qzeros, scales=scales)
+    out = output_for(x, n, out)
     if m == 0:
         return out
     block_m, block_n, block_k, num_warps, num_stages = tile or choose_tile(m, n, x.dtype)

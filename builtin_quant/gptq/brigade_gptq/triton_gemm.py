@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from brigade_cuda.ops.quant_gemm import (choose_split_k, choose_tile, num_sms, split_k_slices, split_k_sum,
-                                         split_k_workspace, store_output_tile)
+from brigade_cuda.ops.quant_gemm import (check_packed_operands, choose_split_k, choose_tile, num_sms, output_for,
+                                         split_k_slices, split_k_sum, split_k_workspace, store_output_tile)
 
 
 # Batch sizes must not compile variants mid-serving: M, and the split-K workspace's stride M * N.
@@ -81,6 +81,17 @@ def _gptq_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, M, N, K
     store_output_tile(acc, y_ptr, b_ptr, offs_m, offs_n, m_ok, n_ok, pid_s, N, stride_ym, stride_ys, SPLIT_K, HAS_BIAS)
 
 
+def _block_k_for_groups(block_k: int, group_size: int, groups: int, trivial_g_idx: bool) -> tuple[int, bool]:
+    """``(BLOCK_K, PER_ROW_GROUPS)``: with a trivial ``g_idx``, the largest of ``block_k``, 64 and 32 (at most
+    ``block_k``) that divides ``group_size`` (any with one group), read with one zero/scale row per K block;
+    otherwise ``block_k`` with a group looked up per row."""
+    if trivial_g_idx:
+        for bk in sorted({block_k, min(block_k, 64), min(block_k, 32)}, reverse=True):
+            if groups == 1 or group_size % bk == 0:
+                return bk, False
+    return block_k, True
+
+
 def gptq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
               g_idx: torch.Tensor, *, bits: int, zero_offset: int, group_size: int, trivial_g_idx: bool,
               bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
@@ -119,22 +130,12 @@ def gptq_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
                          f"{tuple(qzeros.shape)}, scales {tuple(scales.shape)}, g_idx {tuple(g_idx.shape)}")
     if x.stride(1) != 1:
         x = x.contiguous()
-    for name, t in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
-        if t.stride(1) != 1:
-            raise ValueError(f"{name} must have unit stride along N")
-    if out is None:
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
-        raise ValueError(f"out must be [{m}, {n}] {x.dtype} with unit stride along N")
+    check_packed_operands(qweight=qweight, qzeros=qzeros, scales=scales)
+    out = output_for(x, n, out)
     if m == 0:
         return out
     block_m, block_n, block_k, num_warps, num_stages = tile or choose_tile(m, n, x.dtype)
-    per_row = True
-    if trivial_g_idx:
-        for bk in sorted({block_k, min(block_k, 64), min(block_k, 32)}, reverse=True):
-            if groups == 1 or group_size % bk == 0:
-                block_k, per_row = bk, False
-                break
+    block_k, per_row = _block_k_for_groups(block_k, group_size, groups, trivial_g_idx)
     if split_k is None:
         split_k = choose_split_k(m, n, k, block_m, block_n, block_k, num_sms(x.device), min_k=SPLIT_K_MIN_K)
     split_k, k_per_split = split_k_slices(k, block_k, split_k)  # raises on a split_k that is no power of two

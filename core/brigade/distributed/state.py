@@ -73,12 +73,7 @@ def get_pp_group() -> GroupCoordinator:
     return _SINGLE["pp"] if _STATE is None else _STATE.pp
 
 
-def device_backend(device: torch.device) -> str:
-    """The ``torch.distributed`` backend for tensors on ``device``: NCCL on CUDA, gloo elsewhere."""
-    return "nccl" if device.type == "cuda" else "gloo"
-
-
-def init_parallel_state(grid: RankGrid, rank: int, local_rank: int, device: torch.device, *,
+def init_parallel_state(grid: RankGrid, rank: int, local_rank: int, device: torch.device, *, backend: str,
                         init_method: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> ParallelState:
     """Join the world as ``rank`` and build every group of ``grid``.
 
@@ -86,7 +81,10 @@ def init_parallel_state(grid: RankGrid, rank: int, local_rank: int, device: torc
         grid: the DP x PP x TP layout; its world size is the number of processes that call this.
         rank: this process's global rank.
         local_rank: its device index on its node (for ``cuda:<local_rank>``; logged, not used to place it).
-        device: where its tensors live; picks the device groups' backend.
+        device: where its tensors live.
+        backend: the ``torch.distributed`` backend of the world and the device groups: the platform's
+            ``Platform.dist_backend`` ("nccl" on CUDA, "gloo" on the CPU; an out-of-tree platform names its own).
+            The CPU groups are gloo whatever it is.
         init_method: ``tcp://HOST:PORT`` of the rendezvous store, the same for every rank.
         timeout_s: how long a collective may stall before it raises.
     Returns:
@@ -94,7 +92,6 @@ def init_parallel_state(grid: RankGrid, rank: int, local_rank: int, device: torc
     Raises:
         RuntimeError: the rendezvous or a group creation failed (from ``torch.distributed``).
     """
-    backend = device_backend(device)
     timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(backend=backend, init_method=init_method, world_size=grid.world_size, rank=rank,
                             timeout=timeout)

@@ -62,8 +62,10 @@ def test_interactive_chat_goes_on_after_a_refused_message(server):
         os.close(controller)
         os.close(terminal)
     assert proc.returncode == 0, err[-3000:]
-    assert "Traceback" not in err and len(err.splitlines()) == 1, err[-3000:]
-    assert err.startswith("brigade chat: error: ") and "(HTTP 400)" in err
+    assert "Traceback" not in err and len(err.splitlines()) == 2, err[-3000:]
+    first, error = err.splitlines()  # without --model, at a terminal it says which model answers
+    assert first == f"chatting with {MODEL_NAME} (the server's first model) at {server.base_url}/v1; an empty line quits"
+    assert error.startswith("brigade chat: error: ") and "(HTTP 400)" in error
     assert out.count("> ") == 3 and len(out.replace("> ", "").strip()) > 0, out  # the second message's answer
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -31,6 +32,8 @@ def test_one_request_may_not_start_more_than_the_sequence_cap(server):
     error = response.json()["error"]
     assert error["param"] == "prompt" and f"at most {MAX_SEQUENCES_PER_REQUEST}" in error["message"]
     assert httpx.get(server.url("/health")).status_code == 200
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "server.md").read_text()
+    assert f"at most {MAX_SEQUENCES_PER_REQUEST:,} sequences" in docs, "the limit is documented"
 
 
 def test_health_answers_while_thousands_of_prompts_are_aborted(server):

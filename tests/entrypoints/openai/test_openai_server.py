@@ -368,6 +368,22 @@ def test_bearer_scheme_is_case_insensitive_and_the_key_exact(server):
     assert status("Bearer") == 401 and status(API_KEY) == 401
 
 
+def test_the_key_is_compared_as_two_digests_of_one_length(monkeypatch):
+    """Both sides are hashed before the constant-time comparison, so neither the key's bytes nor its length show in
+    the time a wrong key takes (comparing the raw values would stop at the first length mismatch)."""
+    import hmac
+
+    from brigade.entrypoints.openai.api_server import APIKeyMiddleware
+
+    compared = []
+    compare = hmac.compare_digest
+    monkeypatch.setattr(hmac, "compare_digest", lambda a, b: compared.append((len(a), len(b))) or compare(a, b))
+    middleware = APIKeyMiddleware(app=None, api_key=API_KEY)
+    headers = [f"Bearer {API_KEY}", f"bearer {API_KEY}", "Bearer x", f"Bearer {API_KEY * 50}", "Bearer", API_KEY]
+    assert [middleware._authorized(h.encode()) for h in headers] == [True, True, False, False, False, False]
+    assert compared == [(32, 32)] * len(headers)
+
+
 def test_kept_alive_connection_answers_as_fast_as_a_fresh_one(server):
     # Without TCP_NODELAY on accepted sockets, each response on a reused connection waits ~40 ms for a delayed ACK.
     def median_s(get) -> float:

@@ -21,18 +21,18 @@ Within a program the keys stream in ``BLOCK_N`` tiles through the block table wi
 ``seq_len - query_len + i`` and sees keys ``0..that position``, all read from the paged cache (the KV write runs
 first), so prefix-cached and chunked prefills and decodes take the same path.
 
-Split-KV (flash-decoding inside the varlen launch; Dao et al., "Flash-Decoding for long-context inference",
-2023, as ``decode.py``): without it a decode with a long context is streamed by only ``num_kv_heads`` programs,
-one key tile after another (a 32k-token decode made a mixed step 4x slower than the eager split-KV step, session
-11). A tiny plan kernel (``varlen_plan``, once per step: every layer reuses it) gives each request with a
-one-block query (decodes, draft verification, short chunks) ``s`` splits of its context, at least
-``min_chunk`` tokens each, up to ``max_splits``, and caps them so that all requests' extra programs stay within
-``extra``: the grid gets ``extra`` more programs, which is all a graph has to know. Programs then find their
-request by binary search over the plan's prefix sums of work items. The split programs of a (request, KV head)
-write partial outputs and log-sum-exps to a small persistent buffer; the last of them to finish (an atomic
-counter, reset by it) merges them in log-sum-exp weights and writes the output, so no merge kernel is launched.
-Every split but the last covers whole key tiles before the query's first position, visible to every row; the
-last also takes the causal tail, so every row of every non-empty split sees at least one key.
+Split-KV (flash-decoding inside the varlen launch; Dao et al., "Flash-Decoding for long-context inference", 2023, as
+``decode.py``): without it a decode with a long context is streamed by only ``num_kv_heads`` programs, one key tile
+after another (a 32k-token decode made a mixed step 4x slower than the eager split-KV step). A tiny plan kernel
+(``varlen_plan``, once per step: every layer reuses it) gives each request with a one-block query (decodes, draft
+verification, short chunks) ``s`` splits of its context, at least ``min_chunk`` tokens each, up to ``max_splits``,
+and caps them so that all requests' extra programs stay within ``extra``: the grid gets ``extra`` more programs,
+which is all a graph has to know. Programs then find their request by binary search over the plan's prefix sums of
+work items. The split programs of a (request, KV head) write partial outputs and log-sum-exps to a small persistent
+buffer; the last of them to finish (an atomic counter, reset by it) merges them in log-sum-exp weights and writes
+the output, so no merge kernel is launched. Every split but the last covers whole key tiles before the query's first
+position, visible to every row; the last also takes the causal tail, so every row of every non-empty split sees at
+least one key.
 """
 
 from __future__ import annotations
@@ -291,6 +291,27 @@ def varlen_plan(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, *, num_re
     return plan
 
 
+def _check_operands(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                    query_start_loc: torch.Tensor, out: torch.Tensor, num_reqs: int) -> None:
+    """Raise ValueError unless the operands are ``varlen_attention``'s (shapes, dtypes, strides; see its Args)."""
+    if query.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+        raise ValueError(f"expected query [T, heads, head_size] and kv_cache [2, blocks, block_size, kv_heads, "
+                         f"head_size], got {tuple(query.shape)} and {tuple(kv_cache.shape)}")
+    num_kv_heads, head_size = kv_cache.shape[3], kv_cache.shape[4]
+    if query.shape[2] != head_size or query.shape[1] % num_kv_heads:
+        raise ValueError(f"query {tuple(query.shape)} does not match kv_cache {tuple(kv_cache.shape)} (head size, "
+                         f"or num_heads not a multiple of num_kv_heads)")
+    if out.shape != query.shape:
+        raise ValueError(f"out {tuple(out.shape)} must have query's shape {tuple(query.shape)}")
+    if kv_cache.dtype != query.dtype:
+        raise ValueError(f"kv_cache dtype {kv_cache.dtype} differs from query dtype {query.dtype}")
+    if query.stride(2) != 1 or out.stride(2) != 1 or kv_cache.stride(4) != 1 or block_table.stride(1) != 1:
+        raise ValueError("query, out and kv_cache need a contiguous last dimension, block_table contiguous rows")
+    if block_table.shape[0] < num_reqs or seq_lens.shape[0] < num_reqs or query_start_loc.shape[0] < num_reqs + 1:
+        raise ValueError(f"num_reqs {num_reqs} exceeds block_table {tuple(block_table.shape)}, seq_lens "
+                         f"{tuple(seq_lens.shape)} or query_start_loc {tuple(query_start_loc.shape)}")
+
+
 def varlen_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      query_start_loc: torch.Tensor, out: torch.Tensor, *, num_reqs: int, scale: float,
                      tile: tuple[int, int, int, int] | None = None, split: VarlenSplit = DEFAULT_SPLIT,
@@ -341,28 +362,25 @@ def varlen_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         raise ValueError(f"num_reqs must be non-negative, got {num_reqs}")
     if num_reqs == 0:
         return
-    if query.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-        raise ValueError(f"expected query [T, heads, head_size] and kv_cache [2, blocks, block_size, kv_heads, "
-                         f"head_size], got {tuple(query.shape)} and {tuple(kv_cache.shape)}")
+    _check_operands(query, kv_cache, block_table, seq_lens, query_start_loc, out, num_reqs)
+    group = query.shape[1] // kv_cache.shape[3]
+    tile_config = varlen_tile(query.dtype, kv_cache.shape[4], group, tile)
+    if plan is None:
+        plan = varlen_plan(query_start_loc, seq_lens, num_reqs=num_reqs, block_q=tile_config[0],
+                           block_n=tile_config[2], split=split)
+    _launch(query, kv_cache, block_table, seq_lens, query_start_loc, out, plan, num_reqs=num_reqs, scale=scale,
+            tile_config=tile_config, split=split)
+
+
+def _launch(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+            query_start_loc: torch.Tensor, out: torch.Tensor, plan: torch.Tensor, *, num_reqs: int, scale: float,
+            tile_config: tuple[int, int, int, int, int], split: VarlenSplit) -> None:
+    """Launch ``_varlen_kernel`` on checked operands (``varlen_attention``) with ``varlen_tile``'s
+    ``(block_q, block_m, block_n, num_warps, num_stages)`` and the step's ``plan``."""
     _, _, block_size, num_kv_heads, head_size = kv_cache.shape
     num_tokens, num_heads, _ = query.shape
-    if query.shape[2] != head_size or num_heads % num_kv_heads:
-        raise ValueError(f"query {tuple(query.shape)} does not match kv_cache {tuple(kv_cache.shape)} (head size, "
-                         f"or num_heads not a multiple of num_kv_heads)")
-    if out.shape != query.shape:
-        raise ValueError(f"out {tuple(out.shape)} must have query's shape {tuple(query.shape)}")
-    if kv_cache.dtype != query.dtype:
-        raise ValueError(f"kv_cache dtype {kv_cache.dtype} differs from query dtype {query.dtype}")
-    if query.stride(2) != 1 or out.stride(2) != 1 or kv_cache.stride(4) != 1 or block_table.stride(1) != 1:
-        raise ValueError("query, out and kv_cache need a contiguous last dimension, block_table contiguous rows")
-    if block_table.shape[0] < num_reqs or seq_lens.shape[0] < num_reqs or query_start_loc.shape[0] < num_reqs + 1:
-        raise ValueError(f"num_reqs {num_reqs} exceeds block_table {tuple(block_table.shape)}, seq_lens "
-                         f"{tuple(seq_lens.shape)} or query_start_loc {tuple(query_start_loc.shape)}")
     group = num_heads // num_kv_heads
-    block_q, block_m, block_n, num_warps, num_stages = varlen_tile(query.dtype, head_size, group, tile)
-    if plan is None:
-        plan = varlen_plan(query_start_loc, seq_lens, num_reqs=num_reqs, block_q=block_q, block_n=block_n,
-                           split=split)
+    block_q, block_m, block_n, num_warps, num_stages = tile_config
     head_p2 = max(16, triton.next_power_of_2(head_size))
     mid_o, mid_lse, counters = _buffers(query.device, 2 * split.extra, num_kv_heads, block_m, head_p2)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
@@ -379,6 +397,5 @@ def varlen_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=num_warps, num_stages=num_stages,
     )
-
 
 __all__ = ["DEFAULT_SPLIT", "VarlenSplit", "varlen_attention", "varlen_plan", "varlen_tile"]

@@ -113,6 +113,28 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def check_packed_operands(**packed: torch.Tensor) -> None:
+    """Raise ValueError naming the first packed operand (``qweight``, ``qzeros``, ``scales``: 2-D) without unit
+    stride along N, which the GEMM kernels index as contiguous."""
+    for name, tensor in packed.items():
+        if tensor.stride(1) != 1:
+            raise ValueError(f"{name} must have unit stride along N")
+
+
+def output_for(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
+    """The GEMM's ``[M, N]`` output in x's dtype: ``out`` once checked, or a new tensor when it is None.
+
+    Raises:
+        ValueError: ``out`` is not ``[M, N]`` in x's dtype with unit stride along N.
+    """
+    m = x.shape[0]
+    if out is None:
+        return torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be [{m}, {n}] {x.dtype} with unit stride along N")
+    return out
+
+
 def split_k_workspace(split_k: int, m: int, n: int, device: torch.device) -> torch.Tensor:
     """The fp32 ``[split_k, M, N]`` partial tiles of a split-K launch (contiguous)."""
     return torch.empty(split_k, m, n, dtype=torch.float32, device=device)
@@ -132,5 +154,5 @@ def split_k_sum(workspace: torch.Tensor, bias: torch.Tensor | None, out: torch.T
         SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=block, num_warps=2)
 
 
-__all__ = ["choose_split_k", "choose_tile", "num_sms", "split_k_slices", "split_k_sum", "split_k_workspace",
-           "store_output_tile"]
+__all__ = ["check_packed_operands", "choose_split_k", "choose_tile", "num_sms", "output_for", "split_k_slices",
+           "split_k_sum", "split_k_workspace", "store_output_tile"]

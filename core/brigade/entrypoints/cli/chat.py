@@ -82,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"brigade chat: error: {what}", file=sys.stderr)
         return 1
     interactive = sys.stdin.isatty()
+    if interactive and not args.model:  # say which model answers; piped input keeps stderr for errors only
+        print(f"chatting with {model} (the server's first model) at {args.url}; an empty line quits",
+              file=sys.stderr, flush=True)
     messages = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
     while True:
         try:

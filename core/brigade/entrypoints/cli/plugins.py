@@ -8,10 +8,13 @@ list their choices (``plugin_choices``); this command then only reads the record
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import sys
 from typing import Any, TextIO
 
+from brigade import envs
 from brigade.plugins import (HOOKSPEC_VERSION, PluginLoadError, load_plugins, platform_choice, plugin_choices,
                              plugin_records, registries)
 from brigade.entrypoints.cli.text_table import GAP, WIDTH, TableLayout, wrap_text
@@ -108,10 +111,28 @@ def render_kernels(kernels: list[dict[str, str]], platform: str, width: int = WI
     return lines
 
 
+@contextlib.contextmanager
+def _info_lines_held():
+    """Drop the plugin loader's log records below WARNING while the listing is collected, unless
+    ``BRIGADE_LOGGING_LEVEL`` is set: its INFO line on the platform choice is the listing's own "active platform"
+    line, and a log line that long would not fit a 100-column terminal. Warnings still show."""
+    if envs.VARIABLES["BRIGADE_LOGGING_LEVEL"].is_set():
+        yield
+        return
+    plugin_log = logging.getLogger("brigade.plugins")
+    warnings_only = lambda record: record.levelno >= logging.WARNING  # noqa: E731
+    plugin_log.addFilter(warnings_only)
+    try:
+        yield
+    finally:
+        plugin_log.removeFilter(warnings_only)
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Print the listing; returns the exit status (1 when the platform cannot be resolved)."""
     out = out or sys.stdout
-    data = collect()
+    with _info_lines_held():
+        data = collect()
     if args.json:
         json.dump(data, out, indent=2)
         out.write("\n")

@@ -76,7 +76,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     h.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     h.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     h.add_argument("--api-key", default=None,
-                   help=f"require 'Authorization: Bearer KEY' on /v1/* (also read from ${API_KEY_ENV})")
+                   help=f"require 'Authorization: Bearer KEY' on /v1/* and POST /pooling (also read from "
+                        f"${API_KEY_ENV})")
     h.add_argument("--uvicorn-log-level", default="info", help=f"one of {', '.join(UVICORN_LOG_LEVELS)}")
     h.add_argument("--enable-log-requests", action="store_true",
                    help="log each request's id, prompt length and sampling parameters at INFO (off by default, "

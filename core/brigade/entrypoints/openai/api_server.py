@@ -68,7 +68,7 @@ class ServerSettings:
     host: str = "0.0.0.0"
     port: int = 8000
     api_key: str | None = None
-    """Checked on /v1/* as ``Authorization: Bearer <key>``; None disables the check."""
+    """Checked on /v1/* and /pooling as ``Authorization: Bearer <key>``; None disables the check."""
     uvicorn_log_level: str = "info"
     log_requests: bool = False
     """Log each request's id, prompt length and sampling parameters at INFO (``--enable-log-requests``)."""

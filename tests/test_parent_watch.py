@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "entrypoints"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "entrypoints"))
 from remote_server import RemoteServer  # noqa: E402
 
 EXIT_WITHIN_S = 3.0  # the watch polls every 0.2 s and allows 0.5 s of clean-up; the rest is slack for CI
