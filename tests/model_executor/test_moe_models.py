@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from moe_checkpoints import moe_config
 from test_llama import run_three_steps
 
 from brigade.attention.reference import ReferenceAttentionBackend
@@ -18,22 +19,14 @@ from brigade.model_executor.layers.moe_router import select_experts
 from brigade.model_executor.loader import check_model_config, get_hf_config, load_model
 from brigade.model_executor.models.sparse_moe import SparseMoeBlock
 
-TINY = dict(vocab_size=160, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=128, rms_norm_eps=1e-5)
+TINY = dict(vocab_size=160, num_hidden_layers=3, max_position_embeddings=128, initializer_range=0.02)
 
 CASES = {
-    "mixtral": lambda: transformers.MixtralConfig(**TINY, intermediate_size=48, num_local_experts=4,
-                                                  num_experts_per_tok=2, architectures=["MixtralForCausalLM"]),
+    "mixtral": lambda: moe_config("mixtral", **TINY),
     # layer 1 is dense (mlp_only_layers), layers 0 and 2 sparse with a shared expert; top-k not renormalised
-    "qwen2-moe": lambda: transformers.Qwen2MoeConfig(**TINY, intermediate_size=80, moe_intermediate_size=24,
-                                                     shared_expert_intermediate_size=40, num_experts=6,
-                                                     num_experts_per_tok=2, mlp_only_layers=[1],
-                                                     architectures=["Qwen2MoeForCausalLM"]),
+    "qwen2-moe": lambda: moe_config("qwen2-moe", **TINY, mlp_only_layers=[1]),
     # decoder_sparse_step 2: only layer 1 is sparse; q/k norms; top-k renormalised
-    "qwen3-moe": lambda: transformers.Qwen3MoeConfig(**TINY, head_dim=32, intermediate_size=80,
-                                                     moe_intermediate_size=24, num_experts=8, num_experts_per_tok=3,
-                                                     norm_topk_prob=True, decoder_sparse_step=2,
-                                                     architectures=["Qwen3MoeForCausalLM"]),
+    "qwen3-moe": lambda: moe_config("qwen3-moe", **TINY, decoder_sparse_step=2),
 }
 SPARSE_LAYERS = {"mixtral": [0, 1, 2], "qwen2-moe": [0, 2], "qwen3-moe": [1]}
 
@@ -153,9 +146,9 @@ def test_unsupported_moe_configs_are_one_line(case, overrides, kwargs, needle, t
     for key, value in overrides.items():
         setattr(hf_config, key, value)
     config = _config(tmp_path, **kwargs)
-    if needle is None:  # expert parallelism over DP x TP = 4 ranks: 6 experts do not divide
+    if needle is None:  # expert parallelism over the 4 TP ranks: 6 experts do not divide
         config.parallel_config.enable_expert_parallel = True
-        needle = "Qwen2Moe: 6 experts do not divide over the expert-parallel group of 4 ranks (DP x TP)"
+        needle = "Qwen2Moe: 6 experts do not divide over the expert-parallel group of 4 ranks (-tp 4 with"
     with pytest.raises(ConfigError) as info:
         check_model_config(hf_config, config)
     assert needle in str(info.value) and "\n" not in str(info.value)

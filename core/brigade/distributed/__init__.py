@@ -2,8 +2,8 @@
 
 from brigade.distributed.grid import RankCoords, RankGrid
 from brigade.distributed.group import GroupCoordinator
-from brigade.distributed.state import (ParallelState, device_backend, get_parallel_state, get_pp_group, get_tp_group,
-                                       init_parallel_state)
+from brigade.distributed.state import (ParallelState, device_backend, get_ep_group, get_parallel_state, get_pp_group,
+                                       get_tp_group, init_parallel_state)
 
-__all__ = ["GroupCoordinator", "ParallelState", "RankCoords", "RankGrid", "device_backend", "get_parallel_state",
-           "get_pp_group", "get_tp_group", "init_parallel_state"]
+__all__ = ["GroupCoordinator", "ParallelState", "RankCoords", "RankGrid", "device_backend", "get_ep_group",
+           "get_parallel_state", "get_pp_group", "get_tp_group", "init_parallel_state"]
