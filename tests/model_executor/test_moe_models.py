@@ -160,3 +160,33 @@ def test_unsupported_moe_configs_are_one_line(case, overrides, kwargs, needle, t
 def test_supported_configs_pass_the_check(tmp_path):
     for case in CASES:
         check_model_config(CASES[case](), _config(tmp_path))
+
+
+def test_tensor_parallel_rank_holds_its_slice_of_gate_and_up_each_and_of_down():
+    """Rank 1 of -tp 2: rows [3, 6) of each expert's gate and of its up (w13 stays gate rows then up rows), and
+    columns [3, 6) of its down."""
+    layer = FusedMoE(4, 2, 8, 6, dtype=torch.float32, tp_rank=1, tp_size=2)
+    gate, up, down = torch.randn(6, 8), torch.randn(6, 8), torch.randn(8, 6)
+    layer.weight_loader(layer.w13_weight, gate, (2, "w1"))
+    layer.weight_loader(layer.w13_weight, up, (2, "w3"))
+    layer.weight_loader(layer.w2_weight, down, (2, "w2"))
+    assert layer.w13_weight.shape == (4, 6, 8) and layer.w2_weight.shape == (4, 8, 3)
+    assert torch.equal(layer.w13_weight[2], torch.cat([gate[3:], up[3:]]))
+    assert torch.equal(layer.w2_weight[2], down[:, 3:])
+
+
+def test_expert_parallel_rank_holds_whole_experts_and_zeroes_the_others_routing():
+    """Rank 1 of an expert-parallel group of 2 over 4 experts holds experts 2 and 3 whole; another rank's expert
+    is skipped unread (a tensor that would not fit is not even looked at); its routing sees local ids, and the
+    other rank's assignments at weight 0."""
+    layer = FusedMoE(4, 2, 8, 6, dtype=torch.float32, ep_rank=1, ep_size=2)
+    assert layer.w13_weight.shape == (2, 12, 8) and layer.w2_weight.shape == (2, 8, 6)
+    assert {e for e, _ in layer.w13_weight.shard_ids} == {2, 3}
+    layer.weight_loader(layer.w13_weight, torch.zeros(1), (0, "w1"))  # expert 0 lives on rank 0
+    down = torch.randn(8, 6)
+    layer.weight_loader(layer.w2_weight, down, (3, "w2"))
+    assert torch.equal(layer.w2_weight[1], down)
+    weights, ids = torch.tensor([[0.7, 0.3], [0.6, 0.4]]), torch.tensor([[3, 0], [1, 2]])
+    local_weights, local_ids = layer.local_routing(weights, ids)
+    assert local_ids.tolist() == [[1, 0], [0, 0]]
+    assert local_weights.tolist() == [[pytest.approx(0.7), 0.0], [0.0, pytest.approx(0.4)]]

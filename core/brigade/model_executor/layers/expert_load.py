@@ -37,7 +37,8 @@ class ExpertLoad(nn.Module):
         expert ids."""
         num_tokens, top_k = topk_ids.shape
         real = (torch.arange(num_tokens, device=topk_ids.device) < self.num_tokens).to(torch.int64)  # [T]
-        self.counts[row].scatter_add_(0, topk_ids.reshape(-1).long(), real.repeat_interleave(top_k))
+        ones = real[:, None].expand(num_tokens, top_k).reshape(-1)  # [T * k], no host sync (graph-safe)
+        self.counts[row].scatter_add_(0, topk_ids.reshape(-1).long(), ones)
 
     def begin_step(self, num_tokens: int) -> None:
         """The next forward's real token count (no sync: a fill of a device scalar)."""
