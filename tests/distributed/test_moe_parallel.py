@@ -1,7 +1,7 @@
 """Mixture-of-experts models over two CPU ranks (mp executor, real gloo groups), in both layouts: ``-tp 2``, every
 expert sliced on its intermediate dimension (and Qwen2-MoE's shared expert like a dense MLP), and ``-tp 2
 --enable-expert-parallel``, each rank holding half of the experts whole. Both give transformers' greedy tokens
-(fp32) on tiny random-weight Mixtral and Qwen2-MoE checkpoints, with chunked prefill, preemption and prefix
+(fp32) on tiny random-weight Mixtral, Qwen2-MoE and Qwen3-MoE checkpoints, with chunked prefill, preemption and prefix
 caching, and each rank holds exactly half of the experts' bytes."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from parallel_check import MAX_TOKENS, PROMPTS, run_check
 SMALL = dict(vocab_size=256, max_position_embeddings=128)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2-moe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2-moe", "qwen3-moe"])
 def test_tp2_and_expert_parallel_greedy_tokens_match_transformers(family, tmp_path):
     config = moe_config(family, **SMALL)
     model = save_moe_checkpoint(config, tmp_path)
