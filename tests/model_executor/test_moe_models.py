@@ -190,3 +190,19 @@ def test_expert_parallel_rank_holds_whole_experts_and_zeroes_the_others_routing(
     local_weights, local_ids = layer.local_routing(weights, ids)
     assert local_ids.tolist() == [[1, 0], [0, 0]]
     assert local_weights.tolist() == [[pytest.approx(0.7), 0.0], [0.0, pytest.approx(0.4)]]
+
+
+def test_dummy_expert_weights_do_not_depend_on_the_layout():
+    """--load-format dummy draws each stacked parameter over the whole layer's shape, then a TP or EP rank keeps its
+    part: the same experts as one rank draws."""
+    from brigade.model_executor.weight_utils import initialize_dummy_weights
+
+    whole = FusedMoE(4, 2, 8, 6, dtype=torch.float32)
+    tp1 = FusedMoE(4, 2, 8, 6, dtype=torch.float32, tp_rank=1, tp_size=2)
+    ep1 = FusedMoE(4, 2, 8, 6, dtype=torch.float32, ep_rank=1, ep_size=2)
+    for layer in (whole, tp1, ep1):
+        initialize_dummy_weights(layer, seed=3)
+    w13, w2 = whole.w13_weight, whole.w2_weight
+    assert torch.equal(tp1.w13_weight, torch.cat([w13[:, 3:6], w13[:, 9:12]], dim=1))
+    assert torch.equal(tp1.w2_weight, w2[:, :, 3:])
+    assert torch.equal(ep1.w13_weight, w13[2:]) and torch.equal(ep1.w2_weight, w2[2:])

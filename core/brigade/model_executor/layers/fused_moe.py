@@ -92,6 +92,9 @@ class FusedMoE(CustomOp):
                                            "shard_ids": tuple((e, p) for e in experts for p in (GATE, UP))})
         set_weight_attrs(self.w2_weight, {"weight_loader": self.weight_loader,
                                           "shard_ids": tuple((e, DOWN) for e in experts)})
+        if tp_size > 1 or ep_size > 1:  # the whole layer's shapes, for dummy weights drawn layout-independently
+            set_weight_attrs(self.w13_weight, {"full_shape": (num_experts, 2 * intermediate_size, hidden_size)})
+            set_weight_attrs(self.w2_weight, {"full_shape": (num_experts, hidden_size, intermediate_size)})
 
     def shard_intermediate(self, loaded_weight: torch.Tensor, dim: int) -> torch.Tensor:
         """This rank's slice of a checkpoint tensor (or lazy ``CheckpointTensor``) along its intermediate
@@ -117,12 +120,16 @@ class FusedMoE(CustomOp):
         Args:
             param: ``w13_weight`` or ``w2_weight``.
             loaded_weight: the checkpoint tensor: gate or up [I, H], down [H, I].
-            shard_id: ``(expert_id, "w1" | "w3" | "w2")``.
+            shard_id: ``(expert_id, "w1" | "w3" | "w2")``; or None with the whole layer's stacked tensor of
+                ``full_shape`` (dummy weights under TP or EP), of which the rank keeps its part.
 
         Raises:
             ValueError: no or an unknown shard id, an expert id out of range, a projection that does not belong
                 to ``param``, or a tensor that does not fit its slice.
         """
+        if shard_id is None and tuple(loaded_weight.shape) == getattr(param, "full_shape", None):
+            self._load_stacked(param, loaded_weight)
+            return
         if not isinstance(shard_id, tuple) or len(shard_id) != 2:
             raise ValueError(f"{type(self).__name__} loads one expert's projection at a time: the shard id is "
                              f"(expert_id, 'w1' | 'w3' | 'w2'), got {shard_id!r}")
@@ -145,6 +152,17 @@ class FusedMoE(CustomOp):
             raise ValueError(f"expert {expert_id}'s {proj} of shape {tuple(loaded_weight.shape)} does not fit its "
                              f"slice of shape {tuple(target.shape)}")
         target.copy_(source)
+
+    def _load_stacked(self, param: torch.Tensor, stacked: torch.Tensor) -> None:
+        """Keep this rank's part of the whole layer's stacked tensor (``full_shape``: ``--load-format dummy``
+        draws it so, the same whatever the layout), one local expert and projection at a time."""
+        inter = self.intermediate_size
+        for expert in range(self.expert_start, self.expert_start + self.num_local_experts):
+            if param is self.w13_weight:
+                self.weight_loader(param, stacked[expert, :inter], (expert, GATE))
+                self.weight_loader(param, stacked[expert, inter:], (expert, UP))
+            else:
+                self.weight_loader(param, stacked[expert], (expert, DOWN))
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """This rank's share of the experts' output: the whole of it with one rank; under TP or EP a partial sum
