@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -164,9 +164,9 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: Any, *, dtype: torch.dtype, attn_backend: type[AttentionBackend],
                  quant_config: QuantizationConfig | None, prefix: str = "model",
-                 layer_cls: type[nn.Module] = LlamaDecoderLayer):
+                 layer_cls: Callable[..., nn.Module] = LlamaDecoderLayer):
         """``layer_cls``: the decoder layer, built with ``LlamaDecoderLayer``'s arguments (the MoE models pass
-        theirs)."""
+        theirs, bound to their own options with ``functools.partial``)."""
         super().__init__()
         head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         rope = get_rope_parameters(config)

@@ -170,7 +170,8 @@ class MoEForCausalLM(LlamaForCausalLM):
     def check_config(cls, hf_config: Any, config: Any) -> None:
         """Refuse, in one line, an MoE config Brigade cannot run as its checkpoint means (``BrigadeConfig``
         ``config``): another router or scoring function, an activation other than SiLU, ``top_k`` outside
-        ``[1, num_experts]``, experts that do not divide over the expert-parallel group, LoRA.
+        ``[1, num_experts]``, experts that do not divide over the expert-parallel group (``-tp`` with
+        ``--enable-expert-parallel``), an expert width ``-tp`` does not divide (without it), LoRA.
 
         Raises:
             ConfigError: naming the unsupported setting and what Brigade runs.
