@@ -60,7 +60,8 @@ def test_metrics_count_the_tokens_routed_to_each_expert(qwen2_moe):
     path, config, tokens, counts = qwen2_moe
     srv = RemoteServer(path, ["--dtype", "float32", "-tp", "2", "--enable-expert-parallel", "--max-model-len", "32",
                               "--block-size", "8", "--num-gpu-blocks-override", "9", "--served-model-name", "tiny-moe",
-                              "--disable-log-requests"])
+                              "--disable-log-requests"],
+                       env={"BRIGADE_WORKER_MULTIPROC_METHOD": "fork"})  # forked from the engine: no re-import
     try:
         completion = srv.openai_client().completions.create(model="tiny-moe", prompt=PROMPT, max_tokens=MAX_TOKENS,
                                                             temperature=0.0, extra_body={"ignore_eos": True})
