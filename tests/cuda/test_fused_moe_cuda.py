@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
+from moe_checkpoints import greedy_reference, moe_config, save_moe_checkpoint
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
@@ -106,16 +106,28 @@ def test_layers_built_on_cuda_bind_the_triton_kernel(cuda_ops_registered, rel_er
     assert rel_err(layer(x, weights, ids), layer.forward_native(x, weights, ids)) < 1e-2
 
 
-TINY = dict(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=1024, rms_norm_eps=1e-5, initializer_range=0.1, tie_word_embeddings=False,
-            bos_token_id=None, eos_token_id=None)
+# The tiny MoE families of tests/moe_checkpoints.py, wider, with more experts.
+WIDE = dict(vocab_size=512, hidden_size=256, max_position_embeddings=1024)
 MODELS = {
-    "mixtral": lambda: transformers.MixtralConfig(**TINY, intermediate_size=96, num_local_experts=8,
-                                                  num_experts_per_tok=2, architectures=["MixtralForCausalLM"]),
-    "qwen3-moe": lambda: transformers.Qwen3MoeConfig(**TINY, head_dim=64, intermediate_size=160,
-                                                     moe_intermediate_size=48, num_experts=16, num_experts_per_tok=4,
-                                                     norm_topk_prob=True, architectures=["Qwen3MoeForCausalLM"]),
+    "mixtral": lambda: moe_config("mixtral", **WIDE, intermediate_size=96, num_local_experts=8),
+    "qwen3-moe": lambda: moe_config("qwen3-moe", **WIDE, head_dim=64, intermediate_size=160,
+                                    moe_intermediate_size=48, num_experts=16, num_experts_per_tok=4),
 }
+
+
+def test_expert_parallel_rank_share_on_cuda(cuda_ops_registered, rel_err):
+    """A rank holding experts 4..7 of 8 (--enable-expert-parallel): the Triton kernel, given the local routing
+    (other ranks' assignments at weight 0), gives the reference's share of those experts."""
+    with torch.device("cuda"):
+        layer = FusedMoE(8, 2, 256, 512, dtype=torch.bfloat16, ep_rank=1, ep_size=2)
+    assert layer.impl_name == "cuda" and layer.w13_weight.shape[0] == 4
+    layer.w13_weight.data.normal_(0, 256 ** -0.5)
+    layer.w2_weight.data.normal_(0, 512 ** -0.5)
+    x = torch.randn(33, 256, device="cuda").bfloat16()
+    weights, ids = select_experts(torch.randn(33, 8, device="cuda"), 2, True)
+    local_weights, local_ids = layer.local_routing(weights, ids)
+    want = fused_moe_reference(x, layer.w13_weight, layer.w2_weight, local_weights, local_ids)
+    assert rel_err(layer(x, weights, ids), want) < 1e-2
 
 
 @pytest.mark.parametrize("eager", [False, True], ids=["cudagraphs", "eager"])
@@ -123,20 +135,11 @@ MODELS = {
 def test_moe_engine_greedy_equals_transformers_on_gpu(name, eager, tmp_path):
     from brigade import LLM, SamplingParams
 
-    torch.manual_seed(0)
     config = MODELS[name]()
-    model = getattr(transformers, config.architectures[0])(config).eval()
-    model.save_pretrained(tmp_path)
+    model = save_moe_checkpoint(config, tmp_path)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (3, 17, 64, 129, 7, 250)]
-    model = model.cuda()
-    expected = []
-    with torch.inference_mode():
-        for p in prompts:
-            ids = torch.tensor([p], device="cuda")
-            out = model.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0,
-                                 attention_mask=torch.ones_like(ids))
-            expected.append(out[0, len(p):].tolist())
+    expected = greedy_reference(model.cuda(), prompts, 24)
     del model
     llm = LLM(str(tmp_path), dtype="float32", skip_tokenizer_init=True, kv_cache_memory_gib=2,
               max_model_len=512, max_num_batched_tokens=128, enforce_eager=eager)
@@ -145,5 +148,10 @@ def test_moe_engine_greedy_equals_transformers_on_gpu(name, eager, tmp_path):
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == expected
+    # Expert load counted on the device, graph padding rows left out: every forwarded token (the prompt and all
+    # but the last output token) once per expert of its top-k, in each (sparse) layer.
+    reported = llm.engine.core.executor.worker.model_runner.expert_counts.reported
+    forwarded = sum(len(p) + 24 - 1 for p in prompts)
+    assert reported.sum(dim=1).tolist() == [forwarded * config.num_experts_per_tok] * config.num_hidden_layers
     del llm
     torch.cuda.empty_cache()

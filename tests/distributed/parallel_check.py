@@ -25,12 +25,15 @@ def main():
     model, prompts, load_format = sys.argv[1], json.loads(sys.argv[2]), sys.argv[4]
     out = {}
     for layout in sys.argv[5].split(","):
-        tp, pp = map(int, layout.split("x"))
+        shape, _, ep = layout.partition("+")  # "2x1+ep": --enable-expert-parallel
+        tp, pp = map(int, shape.split("x"))
         # a small step budget and a small pool: prompts are chunked, and requests are preempted
         kwargs = dict(dtype="float32", max_model_len=32, skip_tokenizer_init=True, load_format=load_format,
                       max_num_batched_tokens=8, num_gpu_blocks_override=6, block_size=8, enable_prefix_caching=True,
                       async_scheduling=True)
         kwargs.update(json.loads(sys.argv[6]))
+        if ep:
+            kwargs["enable_expert_parallel"] = True
         llm = LLM(model, tensor_parallel_size=tp, pipeline_parallel_size=pp, **kwargs)
         executor = llm.engine.core.executor
         infos = getattr(executor, "worker_info", [])
@@ -41,6 +44,7 @@ def main():
                    "preemptions": scheduler.num_preemptions_total,
                    "peak_in_flight": llm.engine.core.peak_batches_in_flight,
                    "methods": [i.start_method for i in infos], "param_bytes": [i.param_bytes for i in infos],
+                   "expert_param_bytes": [i.expert_param_bytes for i in infos],
                    "places": [i.place for i in infos], "pids": [i.pid for i in infos]}
         llm.engine.core.shutdown()
         out[layout]["alive"] = [p.is_alive() for p in getattr(executor, "procs", [])]
@@ -52,8 +56,9 @@ if __name__ == "__main__":
 
 
 def run_check(model, method: str, load_format: str, layouts: str, **engine_args) -> dict:
-    """Run ``_CHECK`` in a fresh interpreter for each ``TPxPP`` layout of ``layouts`` ("2x1,1x2"); returns
-    layout -> what it saw. ``engine_args`` override the check's ``LLM`` arguments."""
+    """Run ``_CHECK`` in a fresh interpreter for each ``TPxPP`` layout of ``layouts`` ("2x1,1x2"; "2x1+ep" adds
+    ``enable_expert_parallel``); returns layout -> what it saw. ``engine_args`` override the check's ``LLM``
+    arguments."""
     env = {**os.environ, "BRIGADE_WORKER_MULTIPROC_METHOD": method}
     proc = subprocess.run([sys.executable, "-c", _CHECK, str(model), json.dumps(PROMPTS), str(MAX_TOKENS),
                            load_format, layouts, json.dumps(engine_args)],

@@ -6,7 +6,6 @@ Qwen3-MoE in a real ``brigade serve`` answering concurrent requests of the ``ope
 
 from __future__ import annotations
 
-import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,6 +14,7 @@ import httpx
 import pytest
 import torch
 import transformers
+from moe_checkpoints import greedy_reference, moe_config, save_moe_checkpoint
 
 from brigade import LLM, SamplingParams
 
@@ -23,19 +23,6 @@ from remote_server import RemoteServer  # noqa: E402
 
 MAX_NEW_TOKENS = 20
 PROMPT_LENS = (5, 23, 40, 61, 9, 34)
-TINY = dict(vocab_size=49152, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=256, rms_norm_eps=1e-5, initializer_range=0.1, tie_word_embeddings=False,
-            bos_token_id=None, eos_token_id=None)
-MODELS = {
-    "mixtral": lambda: transformers.MixtralConfig(**TINY, intermediate_size=48, num_local_experts=4,
-                                                  num_experts_per_tok=2, architectures=["MixtralForCausalLM"]),
-    "qwen2-moe": lambda: transformers.Qwen2MoeConfig(**TINY, intermediate_size=80, moe_intermediate_size=24,
-                                                     shared_expert_intermediate_size=40, num_experts=6,
-                                                     num_experts_per_tok=2, architectures=["Qwen2MoeForCausalLM"]),
-    "qwen3-moe": lambda: transformers.Qwen3MoeConfig(**TINY, head_dim=32, intermediate_size=80,
-                                                     moe_intermediate_size=24, num_experts=8, num_experts_per_tok=3,
-                                                     norm_topk_prob=True, architectures=["Qwen3MoeForCausalLM"]),
-}
 # 16-token blocks, 13 of them (12 usable: 192 tokens): one request of max_model_len fits, the six together do not.
 ENGINE = {"max_model_len": 128, "block_size": 16, "num_gpu_blocks_override": 13, "max_num_batched_tokens": 16,
           "max_num_seqs": 6}
@@ -59,26 +46,11 @@ def moe_model(tmp_path_factory, smollm2_path, prompts):
     def make(name: str):
         if name not in made:
             path = tmp_path_factory.mktemp(name)
-            torch.manual_seed(0)
-            model = getattr(transformers, MODELS[name]().architectures[0])(MODELS[name]()).eval()
-            model.save_pretrained(str(path))
-            for file in ("tokenizer.json", "tokenizer_config.json"):
-                shutil.copy(Path(smollm2_path) / file, path / file)
-            made[name] = (path, _hf_greedy(model, prompts))
+            model = save_moe_checkpoint(moe_config(name), path, tokenizer_dir=smollm2_path)
+            made[name] = (path, greedy_reference(model, prompts, MAX_NEW_TOKENS))
         return made[name]
 
     return make
-
-
-def _hf_greedy(model, prompts: list[list[int]]) -> list[list[int]]:
-    outs = []
-    with torch.inference_mode():
-        for ids in prompts:
-            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 max_new_tokens=MAX_NEW_TOKENS, min_new_tokens=MAX_NEW_TOKENS, do_sample=False,
-                                 eos_token_id=[], pad_token_id=0)
-            outs.append(out[0, len(ids):].tolist())
-    return outs
 
 
 @pytest.mark.parametrize("name", ["mixtral", "qwen2-moe"])

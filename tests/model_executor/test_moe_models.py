@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from moe_checkpoints import moe_config
 from test_llama import load_with_transformers, run_three_steps
 
 from brigade.attention.reference import ReferenceAttentionBackend
@@ -18,22 +19,14 @@ from brigade.model_executor.layers.moe_router import select_experts
 from brigade.model_executor.loader import check_model_config, get_hf_config, load_model
 from brigade.model_executor.models.sparse_moe import SparseMoeBlock
 
-TINY = dict(vocab_size=160, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=128, rms_norm_eps=1e-5)
+TINY = dict(vocab_size=160, num_hidden_layers=3, max_position_embeddings=128, initializer_range=0.02)
 
 CASES = {
-    "mixtral": lambda: transformers.MixtralConfig(**TINY, intermediate_size=48, num_local_experts=4,
-                                                  num_experts_per_tok=2, architectures=["MixtralForCausalLM"]),
+    "mixtral": lambda: moe_config("mixtral", **TINY),
     # layer 1 is dense (mlp_only_layers), layers 0 and 2 sparse with a shared expert; top-k not renormalised
-    "qwen2-moe": lambda: transformers.Qwen2MoeConfig(**TINY, intermediate_size=80, moe_intermediate_size=24,
-                                                     shared_expert_intermediate_size=40, num_experts=6,
-                                                     num_experts_per_tok=2, mlp_only_layers=[1],
-                                                     architectures=["Qwen2MoeForCausalLM"]),
+    "qwen2-moe": lambda: moe_config("qwen2-moe", **TINY, mlp_only_layers=[1]),
     # decoder_sparse_step 2: only layer 1 is sparse; q/k norms; top-k renormalised
-    "qwen3-moe": lambda: transformers.Qwen3MoeConfig(**TINY, head_dim=32, intermediate_size=80,
-                                                     moe_intermediate_size=24, num_experts=8, num_experts_per_tok=3,
-                                                     norm_topk_prob=True, decoder_sparse_step=2,
-                                                     architectures=["Qwen3MoeForCausalLM"]),
+    "qwen3-moe": lambda: moe_config("qwen3-moe", **TINY, decoder_sparse_step=2),
 }
 SPARSE_LAYERS = {"mixtral": [0, 1, 2], "qwen2-moe": [0, 2], "qwen3-moe": [1]}
 
@@ -138,15 +131,18 @@ def _config(path, **kwargs) -> BrigadeConfig:
      "num_experts_per_tok 5 must be between 1 and the number of experts (4)"),
     ("qwen2-moe", {}, {"parallel_config": ParallelConfig(tensor_parallel_size=4)}, None),
     ("qwen2-moe", {}, {"lora_config": LoRAConfig()}, "Qwen2Moe: LoRA on mixture-of-experts models is not supported"),
+    ("qwen3-moe", {"moe_intermediate_size": 30}, {"parallel_config": ParallelConfig(tensor_parallel_size=4)},
+     "Qwen3Moe: the experts' intermediate size 30 does not divide over -tp 4; choose a -tp that divides it, or use "
+     "--enable-expert-parallel"),
 ])
 def test_unsupported_moe_configs_are_one_line(case, overrides, kwargs, needle, tmp_path):
     hf_config = CASES[case]()
     for key, value in overrides.items():
         setattr(hf_config, key, value)
     config = _config(tmp_path, **kwargs)
-    if needle is None:  # expert parallelism over DP x TP = 4 ranks: 6 experts do not divide
+    if needle is None:  # expert parallelism over the 4 TP ranks: 6 experts do not divide
         config.parallel_config.enable_expert_parallel = True
-        needle = "Qwen2Moe: 6 experts do not divide over the expert-parallel group of 4 ranks (DP x TP)"
+        needle = "Qwen2Moe: 6 experts do not divide over the expert-parallel group of 4 ranks (-tp 4 with"
     with pytest.raises(ConfigError) as info:
         check_model_config(hf_config, config)
     assert needle in str(info.value) and "\n" not in str(info.value)
@@ -155,3 +151,49 @@ def test_unsupported_moe_configs_are_one_line(case, overrides, kwargs, needle, t
 def test_supported_configs_pass_the_check(tmp_path):
     for case in CASES:
         check_model_config(CASES[case](), _config(tmp_path))
+
+
+def test_tensor_parallel_rank_holds_its_slice_of_gate_and_up_each_and_of_down():
+    """Rank 1 of -tp 2: rows [3, 6) of each expert's gate and of its up (w13 stays gate rows then up rows), and
+    columns [3, 6) of its down."""
+    layer = FusedMoE(4, 2, 8, 6, dtype=torch.float32, tp_rank=1, tp_size=2)
+    gate, up, down = torch.randn(6, 8), torch.randn(6, 8), torch.randn(8, 6)
+    layer.weight_loader(layer.w13_weight, gate, (2, "w1"))
+    layer.weight_loader(layer.w13_weight, up, (2, "w3"))
+    layer.weight_loader(layer.w2_weight, down, (2, "w2"))
+    assert layer.w13_weight.shape == (4, 6, 8) and layer.w2_weight.shape == (4, 8, 3)
+    assert torch.equal(layer.w13_weight[2], torch.cat([gate[3:], up[3:]]))
+    assert torch.equal(layer.w2_weight[2], down[:, 3:])
+
+
+def test_expert_parallel_rank_holds_whole_experts_and_zeroes_the_others_routing():
+    """Rank 1 of an expert-parallel group of 2 over 4 experts holds experts 2 and 3 whole; another rank's expert
+    is skipped unread (a tensor that would not fit is not even looked at); its routing sees local ids, and the
+    other rank's assignments at weight 0."""
+    layer = FusedMoE(4, 2, 8, 6, dtype=torch.float32, ep_rank=1, ep_size=2)
+    assert layer.w13_weight.shape == (2, 12, 8) and layer.w2_weight.shape == (2, 8, 6)
+    assert {e for e, _ in layer.w13_weight.shard_ids} == {2, 3}
+    layer.weight_loader(layer.w13_weight, torch.zeros(1), (0, "w1"))  # expert 0 lives on rank 0
+    down = torch.randn(8, 6)
+    layer.weight_loader(layer.w2_weight, down, (3, "w2"))
+    assert torch.equal(layer.w2_weight[1], down)
+    weights, ids = torch.tensor([[0.7, 0.3], [0.6, 0.4]]), torch.tensor([[3, 0], [1, 2]])
+    local_weights, local_ids = layer.local_routing(weights, ids)
+    assert local_ids.tolist() == [[1, 0], [0, 0]]
+    assert local_weights.tolist() == [[pytest.approx(0.7), 0.0], [0.0, pytest.approx(0.4)]]
+
+
+def test_dummy_expert_weights_do_not_depend_on_the_layout():
+    """--load-format dummy draws each stacked parameter over the whole layer's shape, then a TP or EP rank keeps its
+    part: the same experts as one rank draws."""
+    from brigade.model_executor.weight_utils import initialize_dummy_weights
+
+    whole = FusedMoE(4, 2, 8, 6, dtype=torch.float32)
+    tp1 = FusedMoE(4, 2, 8, 6, dtype=torch.float32, tp_rank=1, tp_size=2)
+    ep1 = FusedMoE(4, 2, 8, 6, dtype=torch.float32, ep_rank=1, ep_size=2)
+    for layer in (whole, tp1, ep1):
+        initialize_dummy_weights(layer, seed=3)
+    w13, w2 = whole.w13_weight, whole.w2_weight
+    assert torch.equal(tp1.w13_weight, torch.cat([w13[:, 3:6], w13[:, 9:12]], dim=1))
+    assert torch.equal(tp1.w2_weight, w2[:, :, 3:])
+    assert torch.equal(ep1.w13_weight, w13[2:]) and torch.equal(ep1.w2_weight, w2[2:])

@@ -19,6 +19,10 @@ class ParallelConfig:
     data_parallel_rank: int | None = None
     """Which replica this engine is (0 .. data_parallel_size - 1): set by the front end in each engine process's
     copy of the config; None in the front end itself (and in an engine the offline LLM runs in-process)."""
+    enable_expert_parallel: bool = False
+    """MoE models (``--enable-expert-parallel``, vLLM's flag): each rank of the expert-parallel group (the engine's
+    TP ranks) holds ``num_experts / tp`` whole experts instead of a ``1 / tp`` slice of every expert's
+    intermediate dimension (docs/moe.md). Refused with data parallelism, whose engines share no process group."""
     distributed_executor_backend: str | None = None
     """uni, mp or ray; None picks uni for one device and mp for more."""
     worker_cls: str = "auto"
@@ -32,6 +36,10 @@ class ParallelConfig:
         if rank is not None and not 0 <= rank < self.data_parallel_size:
             raise ConfigError(f"data_parallel_rank {rank} is outside 0..{self.data_parallel_size - 1} "
                               f"(-dp {self.data_parallel_size}); leave it unset, the front end sets it per engine")
+        if self.enable_expert_parallel and self.data_parallel_size > 1:
+            raise ConfigError(f"--enable-expert-parallel with -dp {self.data_parallel_size} is not supported: "
+                              "data-parallel engines share no process group, so experts spread over one engine's "
+                              "TP ranks only; use -tp N --enable-expert-parallel with -dp 1")
         if self.distributed_executor_backend not in (None, "uni", "mp", "ray"):
             raise ConfigError(f"--distributed-executor-backend {self.distributed_executor_backend!r} "
                               "is not known; use uni, mp or ray")

@@ -339,8 +339,9 @@ class Scheduler:
                 # A request preempted while its token was in flight finishes from the waiting queue.
                 (self.running if was_running else self.waiting).remove(request)
                 self._free_request(request)
-        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(scheduler_output),
-                                 timestamp=time.time())
+        stats = self.make_stats(scheduler_output)
+        stats.expert_tokens = runner_output.expert_tokens  # plain lists, counted by the runner
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=stats, timestamp=time.time())
 
     def _finish_failed(self, failures: dict[str, RequestFailure]) -> list[EngineCoreOutput]:
         """Finish the requests the runner left out of a step because they cannot run (aborted), then those that

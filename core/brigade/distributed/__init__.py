@@ -2,8 +2,8 @@
 
 from brigade.distributed.grid import RankCoords, RankGrid
 from brigade.distributed.group import GroupCoordinator
-from brigade.distributed.state import (ParallelState, get_parallel_state, get_pp_group, get_tp_group,
+from brigade.distributed.state import (ParallelState, get_ep_group, get_parallel_state, get_pp_group, get_tp_group,
                                        init_parallel_state)
 
-__all__ = ["GroupCoordinator", "ParallelState", "RankCoords", "RankGrid", "get_parallel_state",
+__all__ = ["GroupCoordinator", "ParallelState", "RankCoords", "RankGrid", "get_ep_group", "get_parallel_state",
            "get_pp_group", "get_tp_group", "init_parallel_state"]

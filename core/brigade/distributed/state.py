@@ -60,7 +60,7 @@ def get_parallel_state() -> ParallelState | None:
     return _STATE
 
 
-_SINGLE = {name: GroupCoordinator(name, [0], 0, 0, torch.device("cpu"), None, None) for name in ("tp", "pp")}
+_SINGLE = {name: GroupCoordinator(name, [0], 0, 0, torch.device("cpu"), None, None) for name in ("tp", "pp", "ep")}
 
 
 def get_tp_group() -> GroupCoordinator:
@@ -71,6 +71,12 @@ def get_tp_group() -> GroupCoordinator:
 def get_pp_group() -> GroupCoordinator:
     """The pipeline-parallel group of this process; a one-rank group without a world."""
     return _SINGLE["pp"] if _STATE is None else _STATE.pp
+
+
+def get_ep_group() -> GroupCoordinator:
+    """The expert-parallel group of this process (the DP x TP ranks of its stage; inside one engine, whose grid
+    has one replica, its TP ranks); a one-rank group without a world."""
+    return _SINGLE["ep"] if _STATE is None else _STATE.ep
 
 
 def init_parallel_state(grid: RankGrid, rank: int, local_rank: int, device: torch.device, *, backend: str,

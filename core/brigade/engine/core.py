@@ -51,7 +51,8 @@ def prepare_config(config: BrigadeConfig):
 def check_parallel_architecture(config: BrigadeConfig, hf_config) -> None:
     """Refuse tensor (pipeline) parallelism for a model class that does not shard its layers (split them into
     stages): no ``supports_tensor_parallel`` (``supports_pipeline_parallel``) set True, in one line, before
-    anything loads.
+    anything loads; and ``--enable-expert-parallel`` for a model without experts (no ``supports_expert_parallel``;
+    vLLM ignores the flag there with a log line, Brigade refuses it so that a typo'd model path is not silent).
 
     Raises:
         ConfigError: naming the architecture.
@@ -59,6 +60,11 @@ def check_parallel_architecture(config: BrigadeConfig, hf_config) -> None:
     from brigade.model_executor.loader import get_model_class
 
     tp, pp = config.parallel_config.tensor_parallel_size, config.parallel_config.pipeline_parallel_size
+    if config.parallel_config.enable_expert_parallel:
+        model_cls = get_model_class(hf_config)
+        if not getattr(model_cls, "supports_expert_parallel", False):
+            raise ConfigError(f"--enable-expert-parallel applies to mixture-of-experts models; {model_cls.__name__} "
+                              "has no experts, so drop the flag")
     if tp > 1 or pp > 1:
         model_cls = get_model_class(hf_config)
         if tp > 1 and not getattr(model_cls, "supports_tensor_parallel", False):

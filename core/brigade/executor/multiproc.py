@@ -221,7 +221,9 @@ class MultiprocExecutor(Executor):
                         "of its own KV heads", parallel.pipeline_parallel_size, parallel.tensor_parallel_size,
                         self.world_size, self.driver_rank, num_blocks)
             for info in self.worker_info:
-                logger.info("  %s, pid %d, %.1f MiB of parameters", info.place, info.pid, info.param_bytes / 2**20)
+                experts = f" ({info.expert_param_bytes / 2**20:.1f} MiB of experts)" if info.expert_param_bytes else ""
+                logger.info("  %s, pid %d, %.1f MiB of parameters%s", info.place, info.pid, info.param_bytes / 2**20,
+                            experts)
 
     def kv_cache_layout(self):
         return self._call(WorkerCommand.KV_CACHE_LAYOUT)[0]

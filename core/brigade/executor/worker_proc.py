@@ -49,6 +49,7 @@ class WorkerInfo:
     device: str = "cpu"
     place: str = ""  # its rank, local rank and rank in each group (ParallelState.describe), "" with one worker
     param_bytes: int = 0  # bytes of the model's parameters this rank holds
+    expert_param_bytes: int = 0  # of which the MoE experts' stacked weights (0 for a dense model)
 
 
 @dataclass(slots=True)
@@ -127,7 +128,7 @@ def _start_worker(config: BrigadeConfig, hf_config, spec: WorkerSpec):
     worker.init_device(hf_config)  # the runner sizes its KV cache for its stage and heads
     if state is not None:
         # Make every device communicator now: CUDA graphs capture the collectives of a communicator that exists.
-        for group in (state.world, state.tp, state.pp):
+        for group in (state.world, state.tp, state.pp, state.ep):
             group.all_reduce(torch.zeros(1, device=worker.device))
     worker.load_model()
     model = worker.model_runner.model
@@ -135,7 +136,9 @@ def _start_worker(config: BrigadeConfig, hf_config, spec: WorkerSpec):
                       plugins={r.name: r.status.name.lower() for r in plugin_records()},
                       attention_backend=worker.attn_backend.name, device=str(worker.device),
                       place=state.describe() if state is not None else "",
-                      param_bytes=sum(p.numel() * p.element_size() for p in model.parameters()))
+                      param_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+                      expert_param_bytes=sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+                                             if ".experts." in name))
     return worker, state, info
 
 

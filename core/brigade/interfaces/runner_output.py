@@ -38,6 +38,9 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
     # Scheduled requests that failed in this step or could not run in it: request id -> why.
     failures: dict[str, RequestFailure] = field(default_factory=dict)
+    # MoE models: decoder layer index -> tokens routed to each expert ([num_experts], global expert ids) since
+    # the last step that reported (steps that sample nothing report on the next one); None for dense models.
+    expert_tokens: dict[int, list[int]] | None = None
 
     @classmethod
     def make_empty(cls) -> ModelRunnerOutput:

@@ -43,6 +43,8 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     running_lora_adapters: dict[str, int] = {}
     waiting_lora_adapters: dict[str, int] = {}
     spec_decoding: SpecDecodingStats | None = None  # with --speculative-config
+    # MoE models: decoder layer index -> tokens routed to each expert since the last report (ModelRunnerOutput's)
+    expert_tokens: dict[int, list[int]] | None = None
     engine_index: int = 0  # the data-parallel engine these are from (0 .. dp - 1); /metrics' ``engine`` label
 
 

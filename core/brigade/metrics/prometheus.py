@@ -10,6 +10,11 @@ counters, LoRA info) carries vLLM's ``engine`` label too, the data-parallel engi
 parallelism): with ``-dp N`` each engine has its own series, and a total is their sum (``sum without (engine)``).
 What the front end counts (tokens, finished requests, latencies, speculative-decoding counters) has no ``engine``
 label: those series are already totals over the engines.
+
+MoE models add ``brigade:moe_expert_tokens_total`` (labels ``engine``, ``layer``: the decoder layer index,
+``expert``: the global expert id): assignments of a token to an expert, summed over steps, so that each layer's
+series sum to its tokens times ``top_k``; an operator reads expert imbalance from their spread. The series appear
+with the first step an MoE engine reports.
 """
 
 from __future__ import annotations
@@ -102,6 +107,9 @@ class PrometheusStatLogger(StatLoggerBase):
                 "num_draft_tokens": counter("spec_decode_num_draft_tokens", "Draft tokens verified."),
                 "num_accepted_tokens": counter("spec_decode_num_accepted_tokens", "Draft tokens accepted."),
                 "per_pos": [per_pos.labels(model_name, str(i)) for i in range(num_speculative_tokens)]}
+        self.moe_expert_tokens = Counter("brigade:moe_expert_tokens", "Tokens routed to each expert of each MoE "
+                                         "layer (a token counts once per expert of its top-k).",
+                                         labels + ["engine", "layer", "expert"], registry=reg)
         self.time_per_output_token = histogram("request_time_per_output_token_seconds",
                                                "Mean time per output token after the first, per request.",
                                                ITL_BUCKETS)
@@ -132,6 +140,8 @@ class PrometheusStatLogger(StatLoggerBase):
                 engine["kv_usage"].set(scheduler_stats.kv_cache_usage)
             if self.lora_info is not None:
                 self._set_lora_info(scheduler_stats)
+            if scheduler_stats.expert_tokens:
+                self._count_expert_tokens(scheduler_stats)
             spec = scheduler_stats.spec_decoding
             if self.spec_decode is not None and spec is not None:
                 self.spec_decode["num_drafts"].inc(spec.num_drafts)
@@ -150,6 +160,12 @@ class PrometheusStatLogger(StatLoggerBase):
             self.e2e_request_latency.observe(finished.e2e_latency_s)
             if finished.tpot_s is not None:
                 self.time_per_output_token.observe(finished.tpot_s)
+
+    def _count_expert_tokens(self, stats: SchedulerStats) -> None:
+        engine = str(stats.engine_index)
+        for layer, counts in stats.expert_tokens.items():
+            for expert, count in enumerate(counts):
+                self.moe_expert_tokens.labels(self._model_name, engine, str(layer), str(expert)).inc(count)
 
     def _set_lora_info(self, stats: SchedulerStats) -> None:
         labels = (str(self.max_loras), ",".join(sorted(stats.running_lora_adapters)),

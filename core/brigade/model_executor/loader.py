@@ -161,7 +161,8 @@ def check_quantized_layers(model_config: ModelConfig, hf_config: Any) -> None:
 
 
 def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype, device: torch.device,
-               attn_backend: type[AttentionBackend], fold_norms: bool = True) -> nn.Module:
+               attn_backend: type[AttentionBackend], fold_norms: bool = True,
+               expert_parallel: bool = False) -> nn.Module:
     """Build the model on ``device`` in ``dtype`` and load its weights; returns it in eval mode. Logs at INFO
     which quantization method holds each layer family (quant_summary).
 
@@ -172,6 +173,8 @@ def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype,
     ``process_weights_after_loading`` call after either. Where the platform registered an ``rms_norm_gemm``
     (a ``register_kernels`` kernel), the model's ``fold_norm_weights`` then runs, when it has one,
     unless ``fold_norms`` is False (LoRA: the adapters' deltas read the normalized input, norm weight included).
+    ``expert_parallel`` (``--enable-expert-parallel``) is passed to the model class, an MoE one (the engine refuses
+    the flag for the others): its ranks hold whole experts, and read only theirs.
 
     Raises:
         ConfigError: unsupported architecture or load format.
@@ -185,6 +188,8 @@ def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype,
         kwargs = {"dtype": dtype, "attn_backend": attn_backend}
         if quant_config is not None:
             kwargs["quant_config"] = quant_config
+        if expert_parallel:
+            kwargs["expert_parallel"] = True
         model = model_cls(hf_config, **kwargs)
     fmt = model_config.load_format
     if fmt == "dummy":

@@ -58,6 +58,8 @@ class SampledTokens:
             (_to_host(out.logprobs.token_ids), _to_host(out.logprobs.logprobs), _to_host(out.logprobs.ranks))
         self.event = None
         self._output = output
+        # (an MoE model's ExpertCounts, its totals copied before the event below): reported by get()
+        self.expert_counts = None
         self._token_list: list[int] | None = None  # the samples, once on the host
         if out.sampled_token_ids.device.type == "cuda":
             self.event = torch.cuda.Event()
@@ -81,6 +83,9 @@ class SampledTokens:
         sampled = {rid: [tok] for rid, tok in zip(self.sampling_req_ids, self._token_list)}
         self._output.req_ids = self.req_ids
         self._output.sampled_token_ids = [sampled.get(r, []) for r in self.req_ids]
+        if self.expert_counts is not None:
+            counts, snapshot = self.expert_counts
+            self._output.expert_tokens = counts.take(snapshot)
         if self.logprobs is not None:
             ids, lps, ranks = (t.tolist() for t in self.logprobs)
             for row, (rid, k) in enumerate(zip(self.sampling_req_ids, self.num_logprobs)):

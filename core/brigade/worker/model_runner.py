@@ -21,6 +21,7 @@ from brigade.sample.rejection_sampler import RejectionSampler
 from brigade.worker.async_output import InFlightSamples, ReadyOutput, SampledTokens
 from brigade.worker.cuda_graph import DecodeGraphs, default_capture_sizes
 from brigade.worker.draft_verifier import DraftVerifier
+from brigade.worker.expert_counts import ExpertCounts
 from brigade.worker.graph_dispatch import GraphDispatch, StepPlan
 from brigade.worker.input_batch import HostToDevice, StepInputs, build_step_inputs
 from brigade.worker.kv_cache import KVCacheSpec
@@ -57,6 +58,7 @@ class ModelRunner:
         self.graphs = GraphDispatch(config, attn_backend, device)
         self.lora_manager = None  # brigade.lora.manager.LoRAManager with --enable-lora
         self.kv_connector: KVConnectorBase | None = None  # the worker-role KV connector (--kv-transfer-config)
+        self.expert_counts: ExpertCounts | None = None  # an MoE model's routed tokens per expert, to report
 
     # ---- set-up ---------------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -64,7 +66,10 @@ class ModelRunner:
 
         lora_config = self.config.lora_config
         self.model = load_model(self.config.model_config, self.hf_config, dtype=self.dtype, device=self.device,
-                                attn_backend=self.attn_backend, fold_norms=lora_config is None)
+                                attn_backend=self.attn_backend, fold_norms=lora_config is None,
+                                expert_parallel=self.config.parallel_config.enable_expert_parallel)
+        load = getattr(self.model, "expert_load", None)
+        self.expert_counts = ExpertCounts(load) if load is not None else None  # MoE models
         self.vocab_size = self.hf_config.vocab_size
         if lora_config is not None:
             self._init_lora(lora_config)
@@ -118,6 +123,8 @@ class ModelRunner:
         if self.device.type != "cpu" and self.pp.world_size == 1:  # nothing is compiled on first use on the CPU
             self.warm_up_mixed_steps()
             self.warm_up_sampler()
+        if self.expert_counts is not None:  # only served tokens count
+            self.expert_counts.reset()
 
     def profile_run(self, num_tokens: int, num_reqs: int) -> None:
         """One forward pass of ``num_reqs`` dummy prompts totalling ``num_tokens`` (``DummySteps.profile``)."""
@@ -166,6 +173,8 @@ class ModelRunner:
         batch = self.requests.batch(num_scheduled, scheduler_output.scheduled_spec_decode_tokens)
         plan = self.graphs.plan(batch, lora=self.lora_manager is not None)
         inputs = self._build_inputs(batch, plan)
+        if self.expert_counts is not None:  # rows past the step's tokens (graph padding) are not counted
+            self.expert_counts.load.begin_step(batch.num_tokens)
         logits, hidden = self._forward(inputs, plan, keep_hidden=batch.want_prompt_logprobs)
         if connector_meta is not None:
             self.kv_connector.save_kv(connector_meta, self.kv_caches)
@@ -252,6 +261,8 @@ class ModelRunner:
             output.sampled_token_ids = [verified.tokens.get(rid, []) for rid in batch.req_ids]
             output.logprobs = verified.logprobs
             output.failures.update({rid: RequestFailure(why, ran=True) for rid, why in verified.errors.items()})
+            if self.expert_counts is not None:  # the verification waited for the device already
+                output.expert_tokens = self.expert_counts.take(self.expert_counts.load.counts.cpu())
             return ReadyOutput(output)
         if logits is None:  # a pipeline stage before the last: it learns the tokens from the next schedule
             return ReadyOutput(output)
@@ -259,7 +270,12 @@ class ModelRunner:
         samples, errors = self.sample(logits, rows, sampling_req_ids, scheduler_output,
                                       self.in_flight.pending_for(sampling_req_ids, self.requests))
         output.failures.update({rid: RequestFailure(why, ran=True) for rid, why in errors.items()})
-        return self.in_flight.launch(samples, self.requests, batch.req_ids, sampling_req_ids, output)
+        # Queued before the samples' event: the wait for the tokens covers the copy of the expert counts too.
+        snapshot = None if self.expert_counts is None else self.expert_counts.snapshot()
+        result = self.in_flight.launch(samples, self.requests, batch.req_ids, sampling_req_ids, output)
+        if snapshot is not None:
+            result.expert_counts = (self.expert_counts, snapshot)
+        return result
 
     def _finish(self, result: ReadyOutput | SampledTokens,
                 overlap: bool) -> ModelRunnerOutput | SampledTokens | ReadyOutput:

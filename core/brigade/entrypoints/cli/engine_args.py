@@ -150,14 +150,13 @@ def _add_lora_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_parallel_args(parser: argparse.ArgumentParser) -> None:
-    """The "parallelism" group (only one device runs yet)."""
+    """The "parallelism" group (docs/distributed.md)."""
     p = parser.add_argument_group("parallelism")
-    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, help="GPUs per layer (only 1 runs yet)")
-    p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1,
-                   help="pipeline stages (only 1 runs yet)")
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, help="devices that shard each layer")
+    p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1, help="pipeline stages")
+    p.add_argument("--enable-expert-parallel", action="store_true", default=None, help="MoE: whole experts per rank")
     p.add_argument("-dp", "--data-parallel-size", type=int, default=1,
-                   help="engine replicas behind this front end, each an EngineCore process with its own scheduler, "
-                        "KV cache and devices; requests go to the least-loaded one (docs/distributed.md)")
+                   help="engine replicas behind this front end, each with its own scheduler, KV cache and devices")
     p.add_argument("--distributed-executor-backend", choices=("uni", "mp", "ray"), default=None,
                    help="uni (default): the worker in the engine process; mp: in its own process")
 
@@ -489,7 +488,8 @@ def config_from_args(args: argparse.Namespace) -> BrigadeConfig:
         async_scheduling=args.async_scheduling)))
     parallel_config = ParallelConfig(**_set(dict(
         tensor_parallel_size=args.tensor_parallel_size, pipeline_parallel_size=args.pipeline_parallel_size,
-        data_parallel_size=args.data_parallel_size, distributed_executor_backend=args.distributed_executor_backend)))
+        data_parallel_size=args.data_parallel_size, enable_expert_parallel=args.enable_expert_parallel,
+        distributed_executor_backend=args.distributed_executor_backend)))
     compilation_config = parse_compilation_config(getattr(args, "compilation_config", None), args.optimization_level)
     return BrigadeConfig(
         model_config=model_config, cache_config=cache_config, scheduler_config=scheduler_config,

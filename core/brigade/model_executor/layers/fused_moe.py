@@ -14,9 +14,23 @@ with the router's weights ``w_j`` (``moe_router.select_experts``). It is a ``Cus
 registers its Triton kernel (tokens sorted and padded by expert, one grouped GEMM for gate/up with SiLU-and-mul,
 one for down with the router weights, then the sum over the top-k) through the ``register_kernels`` hook.
 
-Tensor parallelism (not wired yet): each rank would hold every expert's slice ``[rank * I/tp, (rank + 1) * I/tp)``
-of the intermediate dimension, the gate/up rows and the down columns of that range; ``shard_intermediate`` is the
-one place the loader cuts a checkpoint tensor, and the layer's output would then be all-reduced over the group.
+Parallelism (docs/moe.md). The layer computes this rank's *partial* output; its caller (``SparseMoeBlock``) adds
+the shared expert's partial and all-reduces once per layer.
+
+* Tensor parallelism (``-tp N``): each rank holds every expert's slice ``[rank * I/tp, (rank + 1) * I/tp)`` of the
+  intermediate dimension: rows of gate and of up (each cut on its own, so ``w13`` stays "gate rows, then up
+  rows"), columns of down. ``silu(gate) * up`` is elementwise over the intermediate dimension, so each rank's
+  down product is a partial sum of the whole one (Megatron-LM's column- then row-parallel MLP, per expert).
+* Expert parallelism (``--enable-expert-parallel``): each rank of the EP group holds ``E / ep`` whole experts,
+  ``[rank * E/ep, (rank + 1) * E/ep)``. Inside one engine every rank of the group already has every token (the
+  EP group is the TP group), so there is no dispatch to do: each rank computes its own experts' contributions
+  for all tokens, zero for tokens routed elsewhere (``local_routing`` gives them weight 0), and the partial sums
+  are all-reduced, as under TP. vLLM's all-to-all dispatch (DeepEP, pplx) pays off when ranks hold different
+  tokens (DP x EP across engines), which Brigade does not run; here an all-to-all would only move tokens every
+  rank already has. The kernel's contract does not change: it sees fewer experts (local ids).
+
+Each rank reads only its part of a checkpoint tensor (``shard_intermediate`` narrows a lazy ``CheckpointTensor``;
+another rank's expert is not read at all).
 """
 
 from __future__ import annotations
@@ -26,52 +40,78 @@ import torch.nn.functional as F
 from torch import nn
 
 from brigade.model_executor.layers.custom_op import CustomOp
-from brigade.model_executor.weight_utils import set_weight_attrs
+from brigade.model_executor.weight_utils import materialize, narrow_weight, set_weight_attrs
 
 GATE, UP, DOWN = "w1", "w3", "w2"
 """Projection shard ids (vLLM's and Mixtral's names): gate and up go into ``w13_weight``, down into ``w2_weight``."""
 
 
 class FusedMoE(CustomOp):
-    """A layer's experts: ``w13_weight`` [E, 2 * I_local, H] and ``w2_weight`` [E, H, I_local] in the model dtype.
+    """A layer's experts on this rank: ``w13_weight`` [E_local, 2 * I_local, H] and ``w2_weight``
+    [E_local, H, I_local] in the model dtype.
 
-    Invariant: ``I_local = intermediate_size // tp_size`` and the rank holds slice ``tp_rank`` of every expert's
-    intermediate dimension (the whole of it while ``tp_size`` is 1).
+    Invariants: under tensor parallelism ``E_local = num_experts`` and ``I_local = intermediate_size // tp_size``,
+    slice ``tp_rank`` of every expert's intermediate dimension; under expert parallelism ``E_local = num_experts
+    // ep_size``, experts ``[expert_start, expert_start + E_local)`` whole (``I_local = intermediate_size``).
+    With one rank both are the whole layer.
 
     A kernel registered for ``"fused_moe"`` is called ``impl(layer, x, topk_weights, topk_ids)`` with
-    ``forward_native``'s contract and reads ``layer.w13_weight`` and ``layer.w2_weight``.
+    ``forward_native``'s contract (ids local, in ``[0, E_local)``) and reads ``layer.w13_weight`` and
+    ``layer.w2_weight``.
+
+    Raises:
+        ValueError: ``tp_size`` does not divide ``intermediate_size`` or ``ep_size`` does not divide
+            ``num_experts``.
     """
 
     op_name = "fused_moe"
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
-                 dtype: torch.dtype, tp_rank: int = 0, tp_size: int = 1):
+                 dtype: torch.dtype, tp_rank: int = 0, tp_size: int = 1, ep_rank: int = 0, ep_size: int = 1):
         super().__init__()
         if intermediate_size % tp_size:
             raise ValueError(f"the experts' intermediate size {intermediate_size} does not divide over {tp_size} "
                              "tensor-parallel ranks")
+        if num_experts % ep_size:
+            raise ValueError(f"{num_experts} experts do not divide over {ep_size} expert-parallel ranks")
         self.num_experts = num_experts
         self.top_k = top_k
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.ep_rank, self.ep_size = ep_rank, ep_size
+        self.num_local_experts = num_experts // ep_size
+        self.expert_start = ep_rank * self.num_local_experts  # global id of local expert 0
         self.intermediate_size_per_partition = local = intermediate_size // tp_size
-        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * local, hidden_size, dtype=dtype),
+        self.w13_weight = nn.Parameter(torch.empty(self.num_local_experts, 2 * local, hidden_size, dtype=dtype),
                                        requires_grad=False)
-        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, local, dtype=dtype), requires_grad=False)
-        experts = range(num_experts)
+        self.w2_weight = nn.Parameter(torch.empty(self.num_local_experts, hidden_size, local, dtype=dtype),
+                                      requires_grad=False)
+        experts = range(self.expert_start, self.expert_start + self.num_local_experts)  # global ids
         set_weight_attrs(self.w13_weight, {"weight_loader": self.weight_loader,
                                            "shard_ids": tuple((e, p) for e in experts for p in (GATE, UP))})
         set_weight_attrs(self.w2_weight, {"weight_loader": self.weight_loader,
                                           "shard_ids": tuple((e, DOWN) for e in experts)})
+        if tp_size > 1 or ep_size > 1:  # the whole layer's shapes, for dummy weights drawn layout-independently
+            set_weight_attrs(self.w13_weight, {"full_shape": (num_experts, 2 * intermediate_size, hidden_size)})
+            set_weight_attrs(self.w2_weight, {"full_shape": (num_experts, hidden_size, intermediate_size)})
 
     def shard_intermediate(self, loaded_weight: torch.Tensor, dim: int) -> torch.Tensor:
-        """This rank's slice of a checkpoint tensor along its intermediate dimension ``dim`` (the tensor itself
-        at ``tp_size`` 1): the one hook tensor parallelism over the experts' intermediate dimension needs."""
-        if self.tp_size == 1:
-            return loaded_weight
-        local = self.intermediate_size_per_partition
-        return loaded_weight.narrow(dim, self.tp_rank * local, local)
+        """This rank's slice of a checkpoint tensor (or lazy ``CheckpointTensor``) along its intermediate
+        dimension ``dim`` (the tensor itself at ``tp_size`` 1), read from the file."""
+        if self.tp_size > 1:
+            local = self.intermediate_size_per_partition
+            loaded_weight = narrow_weight(loaded_weight, dim, self.tp_rank * local, local)
+        return materialize(loaded_weight)
+
+    def local_routing(self, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The routing as this rank's experts see it: global ids to local ones, and the weight of every
+        assignment to another rank's expert set to 0 (its id to local 0), so that the rank's output is its
+        experts' share of the sum. Args and returns: [T, top_k] float32 weights and int ids."""
+        local_ids = topk_ids - self.expert_start
+        here = (local_ids >= 0) & (local_ids < self.num_local_experts)
+        return topk_weights * here, torch.where(here, local_ids, torch.zeros_like(local_ids))
 
     def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor,
                       shard_id: tuple[int, str] | None = None) -> None:
@@ -80,39 +120,65 @@ class FusedMoE(CustomOp):
         Args:
             param: ``w13_weight`` or ``w2_weight``.
             loaded_weight: the checkpoint tensor: gate or up [I, H], down [H, I].
-            shard_id: ``(expert_id, "w1" | "w3" | "w2")``.
+            shard_id: ``(expert_id, "w1" | "w3" | "w2")``; or None with the whole layer's stacked tensor of
+                ``full_shape`` (dummy weights under TP or EP), of which the rank keeps its part.
 
         Raises:
             ValueError: no or an unknown shard id, an expert id out of range, a projection that does not belong
                 to ``param``, or a tensor that does not fit its slice.
         """
+        if shard_id is None and tuple(loaded_weight.shape) == getattr(param, "full_shape", None):
+            self._load_stacked(param, loaded_weight)
+            return
         if not isinstance(shard_id, tuple) or len(shard_id) != 2:
             raise ValueError(f"{type(self).__name__} loads one expert's projection at a time: the shard id is "
                              f"(expert_id, 'w1' | 'w3' | 'w2'), got {shard_id!r}")
         expert_id, proj = shard_id
         if not 0 <= expert_id < self.num_experts:
             raise ValueError(f"expert {expert_id} is out of range: the layer has {self.num_experts} experts")
+        if proj not in ((GATE, UP) if param is self.w13_weight else (DOWN,) if param is self.w2_weight else ()):
+            raise ValueError(f"projection {proj!r} does not belong to this parameter of {type(self).__name__}")
+        index = expert_id - self.expert_start
+        if not 0 <= index < self.num_local_experts:
+            return  # another expert-parallel rank's expert: not read
         local = self.intermediate_size_per_partition
-        if proj in (GATE, UP) and param is self.w13_weight:
-            target = param.data[expert_id].narrow(0, 0 if proj == GATE else local, local)  # [I_local, H]
-            source = self.shard_intermediate(loaded_weight, 0)
-        elif proj == DOWN and param is self.w2_weight:
-            target = param.data[expert_id]  # [H, I_local]
+        if proj == DOWN:
+            target = param.data[index]  # [H, I_local]
             source = self.shard_intermediate(loaded_weight, 1)
         else:
-            raise ValueError(f"projection {proj!r} does not belong to this parameter of {type(self).__name__}")
+            target = param.data[index].narrow(0, 0 if proj == GATE else local, local)  # [I_local, H]
+            source = self.shard_intermediate(loaded_weight, 0)
         if tuple(source.shape) != tuple(target.shape):
             raise ValueError(f"expert {expert_id}'s {proj} of shape {tuple(loaded_weight.shape)} does not fit its "
                              f"slice of shape {tuple(target.shape)}")
         target.copy_(source)
 
+    def _load_stacked(self, param: torch.Tensor, stacked: torch.Tensor) -> None:
+        """Keep this rank's part of the whole layer's stacked tensor (``full_shape``: ``--load-format dummy``
+        draws it so, the same whatever the layout), one local expert and projection at a time."""
+        inter = self.intermediate_size
+        for expert in range(self.expert_start, self.expert_start + self.num_local_experts):
+            if param is self.w13_weight:
+                self.weight_loader(param, stacked[expert, :inter], (expert, GATE))
+                self.weight_loader(param, stacked[expert, inter:], (expert, UP))
+            else:
+                self.weight_loader(param, stacked[expert], (expert, DOWN))
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the experts' output: the whole of it with one rank; under TP or EP a partial sum
+        the caller all-reduces. Args: x [T, hidden]; topk_weights [T, top_k] float32; topk_ids [T, top_k] int,
+        global expert ids. Returns [T, hidden] in x's dtype."""
+        if self.ep_size > 1:
+            topk_weights, topk_ids = self.local_routing(topk_weights, topk_ids)
+        return super().forward(x, topk_weights, topk_ids)
+
     def forward_native(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        """Args: x [T, hidden] in the model dtype; topk_weights [T, top_k] float32; topk_ids [T, top_k] int.
-        Returns [T, hidden] in x's dtype (``fused_moe_reference``)."""
+        """Args: x [T, hidden] in the model dtype; topk_weights [T, top_k] float32; topk_ids [T, top_k] int, local
+        expert ids. Returns [T, hidden] in x's dtype (``fused_moe_reference``)."""
         return fused_moe_reference(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
 
     def extra_repr(self) -> str:
-        return (f"experts={self.num_experts}, top_k={self.top_k}, hidden={self.hidden_size}, "
+        return (f"experts={self.num_local_experts}/{self.num_experts}, top_k={self.top_k}, hidden={self.hidden_size}, "
                 f"intermediate={self.intermediate_size_per_partition}, impl={self.impl_name}")
 
 

@@ -308,6 +308,14 @@ class RowParallelLinear(Linear):
             return super().forward(x)
         return self._reduce(self.quant_method.apply(self, x, None))
 
+    def forward_partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's partial product, not reduced (``forward`` with one rank), for a caller that adds several
+        partials and all-reduces once (the MoE block's shared expert). Args: x [T, input_size / tp]. Returns
+        [T, output_size]. The bias, if any, is the caller's to add after the reduce."""
+        if self.tp_size == 1:
+            return super().forward(x)
+        return self.quant_method.apply(self, x, None)
+
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor | None
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.tp_size == 1:

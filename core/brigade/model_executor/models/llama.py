@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -114,7 +114,12 @@ class LlamaDecoderLayer(nn.Module):
 
     The residual stream travels as a pair ``(h, rest)`` whose sum is the stream: each add is done either in
     the epilogue of the projection that ends its branch (o_proj, down_proj; ``rest`` is then None) or by the
-    next norm's fused add-and-normalize kernel, whichever the platform has for the batch."""
+    next norm's fused add-and-normalize kernel, whichever the platform has for the batch.
+
+    Subclasses change the two halves through ``attention_cls`` (Qwen3-MoE's q/k norms) and ``build_mlp`` (the
+    MoE models' sparse block); the norms, the residual pair and ``forward`` stay these."""
+
+    attention_cls: ClassVar[type[nn.Module]] = LlamaAttention
 
     def __init__(self, config: Any, *, layer_idx: int, rotary_emb: RotaryEmbedding, head_size: int,
                  dtype: torch.dtype, attn_backend: type[AttentionBackend],
@@ -122,12 +127,18 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
-        self.self_attn = LlamaAttention(config, layer_idx=layer_idx, rotary_emb=rotary_emb, head_size=head_size,
-                                        dtype=dtype, attn_backend=attn_backend, quant_config=quant_config,
-                                        prefix=f"{prefix}.self_attn")
+        self.self_attn = self.attention_cls(config, layer_idx=layer_idx, rotary_emb=rotary_emb, head_size=head_size,
+                                            dtype=dtype, attn_backend=attn_backend, quant_config=quant_config,
+                                            prefix=f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, bias=bool(getattr(config, "mlp_bias", False)),
-                            dtype=dtype, quant_config=quant_config, prefix=f"{prefix}.mlp")
+        self.mlp = self.build_mlp(config, layer_idx=layer_idx, dtype=dtype, quant_config=quant_config,
+                                  prefix=f"{prefix}.mlp")
+
+    def build_mlp(self, config: Any, *, layer_idx: int, dtype: torch.dtype, quant_config: QuantizationConfig | None,
+                  prefix: str) -> nn.Module:
+        """The feed-forward half: a module called ``mlp(h, rest, norm)`` like ``LlamaMLP.forward``."""
+        return LlamaMLP(config.hidden_size, config.intermediate_size, bias=bool(getattr(config, "mlp_bias", False)),
+                        dtype=dtype, quant_config=quant_config, prefix=prefix)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, rest: torch.Tensor | None,
                 ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -137,10 +148,14 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(h, rest, self.post_attention_layernorm)
 
     def fold_norms(self) -> int:
-        """Fold both norms' weights into the projections that read them (``LinearBase.fold_input_norm``);
-        returns how many were folded (a quantized projection keeps its norm)."""
-        return (int(self.self_attn.qkv_proj.fold_input_norm(self.input_layernorm))
-                + int(self.mlp.gate_up_proj.fold_input_norm(self.post_attention_layernorm)))
+        """Fold the norms' weights into the projections that read them (``LinearBase.fold_input_norm``): the
+        input norm into qkv, the post-attention norm into a dense MLP's gate/up (an MoE block keeps its norm: the
+        router and every expert read its output). Returns how many were folded (a quantized projection keeps its
+        norm)."""
+        folded = int(self.self_attn.qkv_proj.fold_input_norm(self.input_layernorm))
+        if isinstance(self.mlp, LlamaMLP):
+            folded += int(self.mlp.gate_up_proj.fold_input_norm(self.post_attention_layernorm))
+        return folded
 
 
 class LlamaModel(nn.Module):
@@ -149,9 +164,9 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: Any, *, dtype: torch.dtype, attn_backend: type[AttentionBackend],
                  quant_config: QuantizationConfig | None, prefix: str = "model",
-                 layer_cls: type[nn.Module] = LlamaDecoderLayer):
+                 layer_cls: Callable[..., nn.Module] = LlamaDecoderLayer):
         """``layer_cls``: the decoder layer, built with ``LlamaDecoderLayer``'s arguments (the MoE models pass
-        theirs)."""
+        theirs, bound to their own options with ``functools.partial``)."""
         super().__init__()
         head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         rope = get_rope_parameters(config)

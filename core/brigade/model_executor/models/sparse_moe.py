@@ -11,20 +11,21 @@ and ``decoder_sparse_step``) use ``llama.LlamaMLP``.
 from __future__ import annotations
 
 import re
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from brigade.attention.backend import AttentionBackend, AttentionContext
 from brigade.config import ConfigError
+from brigade.distributed import get_ep_group, get_tp_group
+from brigade.model_executor.layers.expert_load import ExpertLoad
 from brigade.model_executor.layers.fused_moe import DOWN, GATE, UP, FusedMoE
 from brigade.model_executor.layers.layernorm import RMSNorm
 from brigade.model_executor.layers.linear import Linear
 from brigade.model_executor.layers.linear_method import QuantizationConfig, UnquantizedLinearMethod
 from brigade.model_executor.layers.moe_router import select_experts
-from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding
-from brigade.model_executor.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
+from brigade.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 
 # experts.{e}.{projection}.weight -> the stacked parameter and the projection's shard id
 _EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
@@ -34,34 +35,50 @@ _EXPERT_PROJ = {"gate_proj": GATE, "w1": GATE, "up_proj": UP, "w3": UP, "down_pr
 class SparseMoeBlock(nn.Module):
     """``sum over the top_k experts of w_e * expert_e(x)`` (+ ``sigmoid(shared_gate(x)) * shared_expert(x)``).
 
-    Submodules carry the checkpoint's names: ``gate`` (the router, [E, H], never quantized), ``experts``
-    (``FusedMoE``), and, with a shared expert, ``shared_expert`` (a ``LlamaMLP``) and ``shared_expert_gate``
-    ([1, H]).
+    Submodules carry the checkpoint's names: ``gate`` (the router, [E, H], never quantized, whole on every rank),
+    ``experts`` (``FusedMoE``), and, with a shared expert, ``shared_expert`` (a ``LlamaMLP``, column/row-sharded
+    like a dense MLP under TP) and ``shared_expert_gate`` ([1, H], whole on every rank).
+
+    Under ``-tp N`` the experts are sliced on their intermediate dimension, or, with ``--enable-expert-parallel``,
+    spread whole over the expert-parallel group (``FusedMoE``). Either way every rank computes a partial sum of
+    the block's output for all tokens (the shared expert's partial scaled by the replicated sigmoid gate, which
+    distributes over the sum), and one all-reduce per layer adds them.
     """
 
     def __init__(self, *, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int,
                  renormalize: bool, shared_intermediate_size: int, dtype: torch.dtype,
-                 quant_config: QuantizationConfig | None, prefix: str):
+                 quant_config: QuantizationConfig | None, prefix: str, expert_parallel: bool = False):
         super().__init__()
         self.top_k = top_k
         self.renormalize = renormalize
         self.gate = Linear(hidden_size, num_experts, dtype=dtype, quant_method=UnquantizedLinearMethod())
-        self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, dtype=dtype)
+        if expert_parallel:
+            self.group = get_ep_group()
+            self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, dtype=dtype,
+                                    ep_rank=self.group.rank_in_group, ep_size=self.group.world_size)
+        else:
+            self.group = get_tp_group()
+            self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, dtype=dtype,
+                                    tp_rank=self.group.rank_in_group, tp_size=self.group.world_size)
         self.shared_expert = self.shared_expert_gate = None
         if shared_intermediate_size:
             self.shared_expert = LlamaMLP(hidden_size, shared_intermediate_size, bias=False, dtype=dtype,
                                           quant_config=quant_config, prefix=f"{prefix}.shared_expert")
             self.shared_expert_gate = Linear(hidden_size, 1, dtype=dtype, quant_method=UnquantizedLinearMethod())
+        self.expert_load: tuple[ExpertLoad, int] | None = None  # (the model's counts, this layer's row)
 
     def moe(self, x: torch.Tensor) -> torch.Tensor:
-        """Args: x [T, hidden], the normalized stream. Returns [T, hidden] in x's dtype."""
+        """Args: x [T, hidden], the normalized stream (whole on every rank). Returns [T, hidden] in x's dtype."""
         topk_weights, topk_ids = select_experts(self.gate(x), self.top_k, self.renormalize)  # [T, k] each
-        out = self.experts(x, topk_weights, topk_ids)
+        if self.expert_load is not None:
+            load, row = self.expert_load
+            load.record(row, topk_ids)
+        out = self.experts(x, topk_weights, topk_ids)  # this rank's experts' share
         if self.shared_expert is not None:
             shared = self.shared_expert
-            shared_out = shared.down_proj(shared.act_fn(shared.gate_up_proj(x)))
+            shared_out = shared.down_proj.forward_partial(shared.act_fn(shared.gate_up_proj(x)))
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * shared_out
-        return out
+        return self.group.all_reduce(out)  # a no-op with one rank
 
     def forward(self, h: torch.Tensor, rest: torch.Tensor | None, norm: RMSNorm
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -74,50 +91,29 @@ class SparseMoeBlock(nn.Module):
         return self.moe(x), stream
 
 
-class MoEDecoderLayer(nn.Module):
-    """Pre-norm block ``h += attn(norm(h)); h += mlp(norm(h))`` whose ``mlp`` is a ``SparseMoeBlock`` (or a dense
-    ``LlamaMLP`` on the layers the config keeps dense). The residual stream travels as ``LlamaDecoderLayer``'s
-    pair ``(h, rest)``. Subclasses say which attention (``attention_cls``) and where the layer is sparse."""
+class MoEDecoderLayer(LlamaDecoderLayer):
+    """``LlamaDecoderLayer`` whose ``mlp`` is a ``SparseMoeBlock`` on the layers the config makes sparse (a dense
+    ``LlamaMLP`` on the others). Subclasses say which attention (``attention_cls``) and where the layer is
+    sparse (``is_sparse``)."""
 
-    attention_cls: ClassVar[type[nn.Module]] = LlamaAttention
+    def __init__(self, config: Any, *, expert_parallel: bool = False, **kwargs: Any):
+        """``expert_parallel``: the sparse block spreads whole experts over the EP group
+        (``--enable-expert-parallel``); other arguments: ``LlamaDecoderLayer``'s."""
+        object.__setattr__(self, "expert_parallel", expert_parallel)  # read by build_mlp, before Module init
+        super().__init__(config, **kwargs)
 
-    def __init__(self, config: Any, *, layer_idx: int, rotary_emb: RotaryEmbedding, head_size: int,
-                 dtype: torch.dtype, attn_backend: type[AttentionBackend],
-                 quant_config: QuantizationConfig | None, prefix: str):
-        super().__init__()
-        eps = config.rms_norm_eps
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
-        self.self_attn = self.attention_cls(config, layer_idx=layer_idx, rotary_emb=rotary_emb, head_size=head_size,
-                                            dtype=dtype, attn_backend=attn_backend, quant_config=quant_config,
-                                            prefix=f"{prefix}.self_attn")
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
-        mlp_prefix = f"{prefix}.mlp"
-        if self.is_sparse(config, layer_idx):
-            spec = moe_spec(config)
-            self.mlp = SparseMoeBlock(hidden_size=config.hidden_size, dtype=dtype, quant_config=quant_config,
-                                      prefix=mlp_prefix, **spec)
-        else:
-            self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, bias=False, dtype=dtype,
-                                quant_config=quant_config, prefix=mlp_prefix)
+    def build_mlp(self, config: Any, *, layer_idx: int, dtype: torch.dtype, quant_config: QuantizationConfig | None,
+                  prefix: str) -> nn.Module:
+        if not self.is_sparse(config, layer_idx):
+            return LlamaMLP(config.hidden_size, config.intermediate_size, bias=False, dtype=dtype,
+                            quant_config=quant_config, prefix=prefix)
+        return SparseMoeBlock(hidden_size=config.hidden_size, dtype=dtype, quant_config=quant_config, prefix=prefix,
+                              expert_parallel=self.expert_parallel, **moe_spec(config))
 
     @staticmethod
     def is_sparse(config: Any, layer_idx: int) -> bool:
         """Whether layer ``layer_idx`` has experts; Mixtral: every layer."""
         return True
-
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, rest: torch.Tensor | None,
-                ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Args: positions [T] int64; (h, rest) [T, hidden]. Returns the layer's output as such a pair."""
-        h, rest = self.self_attn(positions, h, rest, ctx, self.input_layernorm)
-        return self.mlp(h, rest, self.post_attention_layernorm)
-
-    def fold_norms(self) -> int:
-        """Fold the input norm into qkv and, on a dense layer, the post-attention norm into gate/up; an MoE block
-        keeps its norm (the router and every expert read its output). Returns how many were folded."""
-        folded = int(self.self_attn.qkv_proj.fold_input_norm(self.input_layernorm))
-        if isinstance(self.mlp, LlamaMLP):
-            folded += int(self.mlp.gate_up_proj.fold_input_norm(self.post_attention_layernorm))
-        return folded
 
 
 def moe_spec(config: Any) -> dict[str, Any]:
@@ -138,8 +134,9 @@ class MoEForCausalLM(LlamaForCausalLM):
     parameters, one expert and projection at a time; every other name loads as in ``LlamaForCausalLM``."""
 
     decoder_layer_cls: ClassVar[type[nn.Module]] = MoEDecoderLayer
-    # The experts are not sharded over tensor-parallel ranks nor split into pipeline stages yet (docs/moe.md).
-    supports_tensor_parallel: ClassVar[bool] = False
+    # Experts sliced (-tp) or spread (--enable-expert-parallel) over the ranks; not split into stages (docs/moe.md).
+    supports_tensor_parallel: ClassVar[bool] = True
+    supports_expert_parallel: ClassVar[bool] = True
     supports_pipeline_parallel: ClassVar[bool] = False
     # Quantization configs see the merged names; the experts' own tensors are not quantized.
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
@@ -147,6 +144,19 @@ class MoEForCausalLM(LlamaForCausalLM):
         "experts.w13_weight": ["gate_proj", "up_proj"],
         "experts.w2_weight": ["down_proj"],
     }
+
+    def __init__(self, hf_config: Any, *, expert_parallel: bool = False, **kwargs: Any):
+        """``expert_parallel``: spread whole experts over the EP group (``--enable-expert-parallel``) instead of
+        slicing every expert over the TP group. Other arguments: ``LlamaForCausalLM``'s. The sparse layers count
+        their routing into ``expert_load`` (``ExpertLoad``: one row per sparse layer)."""
+        layer_cls = type(self).decoder_layer_cls
+        object.__setattr__(self, "decoder_layer_cls", partial(layer_cls, expert_parallel=expert_parallel))
+        super().__init__(hf_config, **kwargs)
+        blocks = [(i, layer.mlp) for i, layer in enumerate(self.model.layers)
+                  if isinstance(getattr(layer, "mlp", None), SparseMoeBlock)]
+        self.expert_load = ExpertLoad([i for i, _ in blocks], moe_spec(hf_config)["num_experts"])
+        for row, (_, block) in enumerate(blocks):
+            block.expert_load = (self.expert_load, row)
 
     def checkpoint_name(self, hf_name: str) -> tuple[str, Any]:
         match = _EXPERT.search(hf_name)
@@ -160,7 +170,8 @@ class MoEForCausalLM(LlamaForCausalLM):
     def check_config(cls, hf_config: Any, config: Any) -> None:
         """Refuse, in one line, an MoE config Brigade cannot run as its checkpoint means (``BrigadeConfig``
         ``config``): another router or scoring function, an activation other than SiLU, ``top_k`` outside
-        ``[1, num_experts]``, experts that do not divide over the expert-parallel group, LoRA.
+        ``[1, num_experts]``, experts that do not divide over the expert-parallel group (``-tp`` with
+        ``--enable-expert-parallel``), an expert width ``-tp`` does not divide (without it), LoRA.
 
         Raises:
             ConfigError: naming the unsupported setting and what Brigade runs.
@@ -189,11 +200,16 @@ def check_moe_config(hf_config: Any, config: Any) -> None:
         raise ConfigError(f"{arch}: num_experts_per_tok {top_k} must be between 1 and the number of experts "
                           f"({num_experts})")
     parallel = config.parallel_config
-    if getattr(parallel, "enable_expert_parallel", False):
-        ep_size = parallel.data_parallel_size * parallel.tensor_parallel_size
-        if num_experts % ep_size:
-            raise ConfigError(f"{arch}: {num_experts} experts do not divide over the expert-parallel group of "
-                              f"{ep_size} ranks (DP x TP); choose sizes whose product divides {num_experts}")
+    ep_size = parallel.tensor_parallel_size  # the EP group: one engine's TP ranks (ParallelConfig refuses -dp)
+    if parallel.enable_expert_parallel and num_experts % ep_size:
+        raise ConfigError(f"{arch}: {num_experts} experts do not divide over the expert-parallel group of "
+                          f"{ep_size} ranks (-tp {ep_size} with --enable-expert-parallel); choose a -tp that divides "
+                          f"{num_experts}, or drop --enable-expert-parallel to slice every expert instead")
+    inter = spec["intermediate_size"]
+    if not parallel.enable_expert_parallel and inter % parallel.tensor_parallel_size:
+        raise ConfigError(f"{arch}: the experts' intermediate size {inter} does not divide over -tp "
+                          f"{parallel.tensor_parallel_size}; choose a -tp that divides it, or use "
+                          "--enable-expert-parallel to give each rank whole experts")
     if config.lora_config is not None:
         raise ConfigError(f"{arch}: LoRA on mixture-of-experts models is not supported yet; serve it without "
                           "--enable-lora")
