@@ -15,10 +15,21 @@ MAX_TOKENS = 10
 _CHECK = r"""
 import json, sys
 from brigade import LLM, SamplingParams
+from brigade.lora.request import LoRARequest
+from brigade.sampling_params import StructuredOutputsParams
+
+REQUEST = json.loads(sys.argv[7])  # per-request extras: "lora" (a PEFT folder), "structured_outputs" (its fields)
+TEXTS = []
 
 def generate(llm, prompts):
+    extra = {}
+    if "structured_outputs" in REQUEST:
+        extra["structured_outputs"] = StructuredOutputsParams(**REQUEST["structured_outputs"])
+    lora = LoRARequest("adapter", 1, REQUEST["lora"]) if "lora" in REQUEST else None
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(temperature=0.0, max_tokens=int(sys.argv[3]), ignore_eos=True), use_tqdm=False)
+                        SamplingParams(temperature=0.0, max_tokens=int(sys.argv[3]), ignore_eos=True, **extra),
+                        use_tqdm=False, lora_request=lora)
+    TEXTS[:] = [o.outputs[0].text for o in outs]
     return [list(o.outputs[0].token_ids) for o in outs]
 
 def main():
@@ -35,9 +46,12 @@ def main():
         executor = llm.engine.core.executor
         infos = getattr(executor, "worker_info", [])
         tokens = generate(llm, prompts)
+        texts = list(TEXTS)
         again = generate(llm, prompts[2:])  # its two full prompt blocks come from the prefix cache
         scheduler = llm.engine.core.scheduler
-        out[layout] = {"tokens": tokens, "again": again, "kv": llm.get_kv_cache_stats(),
+        spec = getattr(scheduler, "spec_totals", None)
+        out[layout] = {"tokens": tokens, "again": again, "texts": texts, "kv": llm.get_kv_cache_stats(),
+                   "spec": dict(spec) if spec else {},
                    "preemptions": scheduler.num_preemptions_total,
                    "peak_in_flight": llm.engine.core.peak_batches_in_flight,
                    "methods": [i.start_method for i in infos], "param_bytes": [i.param_bytes for i in infos],
@@ -51,12 +65,15 @@ if __name__ == "__main__":
 """
 
 
-def run_check(model, method: str, load_format: str, layouts: str, **engine_args) -> dict:
+def run_check(model, method: str, load_format: str, layouts: str, *, request: dict | None = None,
+              **engine_args) -> dict:
     """Run ``_CHECK`` in a fresh interpreter for each ``TPxPP`` layout of ``layouts`` ("2x1,1x2"); returns
-    layout -> what it saw. ``engine_args`` override the check's ``LLM`` arguments."""
+    layout -> what it saw (greedy tokens, texts, KV stats, speculation counts...). ``engine_args`` override the
+    check's ``LLM`` arguments; ``request`` adds to every request a LoRA adapter (``{"lora": folder}``) or a
+    grammar (``{"structured_outputs": StructuredOutputsParams fields}``)."""
     env = {**os.environ, "BRIGADE_WORKER_MULTIPROC_METHOD": method}
     proc = subprocess.run([sys.executable, "-c", _CHECK, str(model), json.dumps(PROMPTS), str(MAX_TOKENS),
-                           load_format, layouts, json.dumps(engine_args)],
+                           load_format, layouts, json.dumps(engine_args), json.dumps(request or {})],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

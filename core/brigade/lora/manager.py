@@ -84,7 +84,7 @@ class LoRAManager:
             self.batch = LoRABatch(max_num_tokens, n, dtype=dtype, device=device)
             for layer, shards, module in targets:
                 module.lora = LoRALinear(module.input_size, module.output_sizes, self.batch, max_rank=r,
-                                         dtype=dtype, device=device)
+                                         dtype=dtype, device=device, **_tp_slices(module))
                 self.layers.append((layer, shards, module.lora))
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
             raise LoRAError(f"--max-loras {n} x --max-lora-rank {r}: the LoRA slots need {slot_bytes / 2**30:.1f} "
@@ -292,6 +292,18 @@ class LoRAManager:
             lora.set_slot(slot, [adapter.weights.get((layer, s)) for s in shards], adapter.scaling)
         self.slots[slot] = lora_id
         logger.debug("LoRA adapter %r (id %d) in slot %d", adapter.name, lora_id, slot)
+
+
+def _tp_slices(module: nn.Module) -> dict[str, Any]:
+    """Where ``module``'s part of the full projection starts under tensor parallelism (``LoRALinear``'s
+    ``input_start`` and ``output_starts``): a row-parallel layer's first input feature, a column-parallel one's
+    first row of each output shard (``shard_rank``: KV heads replicated over ranks share a slice)."""
+    input_start = getattr(module, "input_start", 0)
+    shard_rank = getattr(module, "shard_rank", None)
+    if shard_rank is None:
+        return {"input_start": input_start}
+    return {"input_start": input_start,
+            "output_starts": [shard_rank(j) * size for j, size in enumerate(module.output_sizes)]}
 
 
 def _file_stamps(path: str) -> tuple[tuple[int, int], ...]:
