@@ -19,7 +19,7 @@ from brigade.lora.request import LoRARequest
 from brigade.sampling_params import StructuredOutputsParams
 
 REQUEST = json.loads(sys.argv[7])  # per-request extras: "lora" (a PEFT folder), "structured_outputs" (its fields)
-TEXTS = []
+TEXTS, PROMPT_LOGPROBS = [], []
 
 def generate(llm, prompts):
     extra = {}
@@ -27,9 +27,13 @@ def generate(llm, prompts):
         extra["structured_outputs"] = StructuredOutputsParams(**REQUEST["structured_outputs"])
     lora = LoRARequest("adapter", 1, REQUEST["lora"]) if "lora" in REQUEST else None
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(temperature=0.0, max_tokens=int(sys.argv[3]), ignore_eos=True, **extra),
+                        SamplingParams(temperature=0.0, max_tokens=int(sys.argv[3]), ignore_eos=True,
+                                       prompt_logprobs=0, **extra),
                         use_tqdm=False, lora_request=lora)
     TEXTS[:] = [o.outputs[0].text for o in outs]
+    # each scored prompt token's logprob, under the prompt's own context whatever the generated tokens
+    PROMPT_LOGPROBS[:] = [[step[t].logprob for t, step in zip(p[1:], o.prompt_logprobs[1:])]
+                          for p, o in zip(prompts, outs)]
     return [list(o.outputs[0].token_ids) for o in outs]
 
 def main():
@@ -46,11 +50,11 @@ def main():
         executor = llm.engine.core.executor
         infos = getattr(executor, "worker_info", [])
         tokens = generate(llm, prompts)
-        texts = list(TEXTS)
+        texts, prompt_logprobs = list(TEXTS), list(PROMPT_LOGPROBS)
         again = generate(llm, prompts[2:])  # its two full prompt blocks come from the prefix cache
         scheduler = llm.engine.core.scheduler
         spec = getattr(scheduler, "spec_totals", None)
-        out[layout] = {"tokens": tokens, "again": again, "texts": texts, "kv": llm.get_kv_cache_stats(),
+        out[layout] = {"tokens": tokens, "again": again, "texts": texts, "prompt_logprobs": prompt_logprobs, "kv": llm.get_kv_cache_stats(),
                    "spec": dict(spec) if spec else {},
                    "preemptions": scheduler.num_preemptions_total,
                    "peak_in_flight": llm.engine.core.peak_batches_in_flight,
@@ -68,7 +72,7 @@ if __name__ == "__main__":
 def run_check(model, method: str, load_format: str, layouts: str, *, request: dict | None = None,
               **engine_args) -> dict:
     """Run ``_CHECK`` in a fresh interpreter for each ``TPxPP`` layout of ``layouts`` ("2x1,1x2"); returns
-    layout -> what it saw (greedy tokens, texts, KV stats, speculation counts...). ``engine_args`` override the
+    layout -> what it saw (greedy tokens, texts, prompt tokens' logprobs, KV stats, speculation counts...). ``engine_args`` override the
     check's ``LLM`` arguments; ``request`` adds to every request a LoRA adapter (``{"lora": folder}``) or a
     grammar (``{"structured_outputs": StructuredOutputsParams fields}``)."""
     env = {**os.environ, "BRIGADE_WORKER_MULTIPROC_METHOD": method}
@@ -113,3 +117,45 @@ def kill_rank_mid_stream(server, body: dict, pid: int) -> str:
     assert rest[-1] == "data: [DONE]" and '"engine_unavailable"' in rest[-2], rest[-3:]
     assert server.proc.wait(timeout=60) == 1, server.log_tail()
     return server.log_tail().strip().splitlines()[-1]
+
+
+def hf_greedy_tokens(path) -> list[list[int]]:
+    """transformers' greedy tokens (fp32) on ``PROMPTS`` for the checkpoint at ``path``."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    refs = []
+    with torch.inference_mode():
+        for prompt in PROMPTS:
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
+                                 do_sample=False)
+            refs.append(out[0, len(prompt):].tolist())
+    return refs
+
+
+def hf_prompt_logprobs(path) -> list[list[float]]:
+    """transformers' logprob (fp32) of each prompt token of ``PROMPTS`` after the first."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        return [torch.log_softmax(model(torch.tensor([p])).logits[0, :-1].float(), -1)
+                .gather(1, torch.tensor(p[1:])[:, None])[:, 0].tolist() for p in PROMPTS]
+
+
+def check_tp2_matches_tp1(path, refs: list[list[int]] | None = None, **engine_args) -> dict:
+    """``-tp 2`` gives ``-tp 1``'s greedy tokens (and ``refs`` when given), also from the prefix cache, and each
+    rank holds at most 65% of the checkpoint's bytes (its slices); returns what ``run_check`` saw."""
+    from pathlib import Path
+
+    got = run_check(path, "fork", "auto", "1x1,2x1", **engine_args)
+    assert got["2x1"]["tokens"] == got["1x1"]["tokens"]
+    assert got["2x1"]["again"] == got["1x1"]["tokens"][2:]
+    if refs is not None:
+        assert got["1x1"]["tokens"] == refs
+    on_disk = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+    assert len(got["2x1"]["param_bytes"]) == 2 and max(got["2x1"]["param_bytes"]) < 0.65 * on_disk, \
+        (got["2x1"]["param_bytes"], on_disk)
+    return got
