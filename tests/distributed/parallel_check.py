@@ -83,14 +83,15 @@ def run_check(model, method: str, load_format: str, layouts: str, *, request: di
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def save_with_greedy_references(config, path) -> tuple[list[list[int]], int]:
-    """Build a random-weight ``LlamaForCausalLM`` from ``config`` (seed 0), save it at ``path``, and return
-    transformers' greedy tokens (fp32) on ``PROMPTS`` and the model's parameter bytes."""
+def save_with_greedy_references(config, path, model_cls=None) -> tuple[list[list[int]], int]:
+    """Build a random-weight ``model_cls`` (transformers' class, ``LlamaForCausalLM`` by default) from ``config``
+    (seed 0), save it at ``path``, and return transformers' greedy tokens (fp32) on ``PROMPTS`` and the model's
+    parameter bytes."""
     import torch
     import transformers
 
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = (model_cls or transformers.LlamaForCausalLM)(config).eval()
     model.save_pretrained(path)
     refs = []
     with torch.inference_mode():

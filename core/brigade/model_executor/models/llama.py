@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2) over the paged-attention interface.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2; Qwen3 in ``qwen3``) over the paged-attention interface.
 
 One code path serves the three architectures; they differ only in config values:
 
@@ -114,7 +114,10 @@ class LlamaDecoderLayer(nn.Module):
 
     The residual stream travels as a pair ``(h, rest)`` whose sum is the stream: each add is done either in
     the epilogue of the projection that ends its branch (o_proj, down_proj; ``rest`` is then None) or by the
-    next norm's fused add-and-normalize kernel, whichever the platform has for the batch."""
+    next norm's fused add-and-normalize kernel, whichever the platform has for the batch. Subclasses say which
+    attention (``attention_cls``: Qwen3's normalizes q and k per head)."""
+
+    attention_cls: ClassVar[type[nn.Module]] = LlamaAttention
 
     def __init__(self, config: Any, *, layer_idx: int, rotary_emb: RotaryEmbedding, head_size: int,
                  dtype: torch.dtype, attn_backend: type[AttentionBackend],
@@ -122,9 +125,9 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
-        self.self_attn = LlamaAttention(config, layer_idx=layer_idx, rotary_emb=rotary_emb, head_size=head_size,
-                                        dtype=dtype, attn_backend=attn_backend, quant_config=quant_config,
-                                        prefix=f"{prefix}.self_attn")
+        self.self_attn = self.attention_cls(config, layer_idx=layer_idx, rotary_emb=rotary_emb, head_size=head_size,
+                                            dtype=dtype, attn_backend=attn_backend, quant_config=quant_config,
+                                            prefix=f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, bias=bool(getattr(config, "mlp_bias", False)),
                             dtype=dtype, quant_config=quant_config, prefix=f"{prefix}.mlp")
