@@ -146,14 +146,16 @@ def hf_prompt_logprobs(path) -> list[list[float]]:
                 .gather(1, torch.tensor(p[1:])[:, None])[:, 0].tolist() for p in PROMPTS]
 
 
-def check_tp2_matches_tp1(path, refs: list[list[int]] | None = None, **engine_args) -> dict:
-    """``-tp 2`` gives ``-tp 1``'s greedy tokens (and ``refs`` when given), also from the prefix cache, and each
-    rank holds at most 65% of the checkpoint's bytes (its slices); returns what ``run_check`` saw."""
+def check_parallel_matches_one_rank(path, refs: list[list[int]] | None = None, **engine_args) -> dict:
+    """``-tp 2`` and ``-pp 2`` give ``-tp 1``'s greedy tokens (and ``refs`` when given), also from the prefix cache,
+    and each ``-tp 2`` rank holds at most 65% of the checkpoint's bytes (its slices); returns what ``run_check``
+    saw."""
     from pathlib import Path
 
-    got = run_check(path, "fork", "auto", "1x1,2x1", **engine_args)
-    assert got["2x1"]["tokens"] == got["1x1"]["tokens"]
-    assert got["2x1"]["again"] == got["1x1"]["tokens"][2:]
+    got = run_check(path, "fork", "auto", "1x1,2x1,1x2", **engine_args)
+    for layout in ("2x1", "1x2"):
+        assert got[layout]["tokens"] == got["1x1"]["tokens"], layout
+        assert got[layout]["again"] == got["1x1"]["tokens"][2:], layout
     if refs is not None:
         assert got["1x1"]["tokens"] == refs
     on_disk = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))

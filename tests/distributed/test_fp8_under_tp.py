@@ -11,17 +11,17 @@ from pathlib import Path
 
 import torch
 import transformers
-from parallel_check import PROMPTS, check_tp2_matches_tp1, hf_prompt_logprobs, run_check
+from parallel_check import PROMPTS, check_parallel_matches_one_rank, hf_prompt_logprobs, run_check
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "quant"))
 from fp8_checkpoint import compressed_tensors_checkpoint  # noqa: E402
 
 
-def test_compressed_tensors_fp8_tp2_matches_tp1(quant_llama, tmp_path):
+def test_compressed_tensors_fp8_tp2_and_pp2_match_tp1(quant_llama, tmp_path):
     """Static per-tensor scales (replicated on both ranks) and a static input scale: exact under the split."""
     model = transformers.AutoModelForCausalLM.from_pretrained(quant_llama, dtype=torch.float32).eval()
     out = compressed_tensors_checkpoint(model, tmp_path / "fp8", "FP8", [p for p in PROMPTS])
-    check_tp2_matches_tp1(out)
+    check_parallel_matches_one_rank(out)
 
 
 def test_online_fp8_tp2_is_close_to_tp1(quant_llama):
@@ -42,8 +42,8 @@ def test_online_fp8_tp2_is_close_to_tp1(quant_llama):
         (gap(one, base), gap(two, base), gap(one, two))
 
 
-def test_compressed_tensors_fp8_tp2_matches_tp1(quant_llama, tmp_path):
+def test_compressed_tensors_fp8_tp2_and_pp2_match_tp1(quant_llama, tmp_path):
     """Static per-tensor scales (replicated on both ranks) and a static input scale: exact under the split."""
     model = transformers.AutoModelForCausalLM.from_pretrained(quant_llama, dtype=torch.float32).eval()
     out = compressed_tensors_checkpoint(model, tmp_path / "fp8", "FP8", [p for p in PROMPTS])
-    check_tp2_matches_tp1(out)
+    check_parallel_matches_one_rank(out)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from parallel_check import check_tp2_matches_tp1, hf_greedy_tokens
+from parallel_check import check_parallel_matches_one_rank, hf_greedy_tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "quant"))
 from awq_checkpoint import quantize_model as quantize_awq, write_awq_checkpoint  # noqa: E402
@@ -24,20 +24,20 @@ from brigade.config import ConfigError
 # Group 32 divides each rank's rows: o_proj 128 / 2 = 64, down_proj 192 / 2 = 96.
 @pytest.mark.parametrize("spec", [GPTQSpec(bits=4, group_size=32, desc_act=False, sym=False),
                                   GPTQSpec(bits=8, group_size=-1, desc_act=False, sym=True)], ids=lambda s: s.id)
-def test_gptq_tp2_matches_tp1_and_transformers(quant_llama, tmp_path, spec):
+def test_gptq_tp2_and_pp2_match_tp1_and_transformers(quant_llama, tmp_path, spec):
     path = quant_llama
     layers = quantize_gptq(path, spec)
     gptq = write_gptq_checkpoint(path, tmp_path / "gptq", spec, layers=layers)
     refs = hf_greedy_tokens(write_dequantized_checkpoint(path, tmp_path / "reference", layers))
-    check_tp2_matches_tp1(gptq, refs)
+    check_parallel_matches_one_rank(gptq, refs)
 
 
-def test_awq_tp2_matches_tp1_and_transformers(quant_llama, tmp_path):
+def test_awq_tp2_and_pp2_match_tp1_and_transformers(quant_llama, tmp_path):
     path = quant_llama
     layers = quantize_awq(path, 32)
     awq = write_awq_checkpoint(path, tmp_path / "awq", 32, layers)
     refs = hf_greedy_tokens(write_dequantized_checkpoint(path, tmp_path / "reference", layers))
-    check_tp2_matches_tp1(awq, refs)
+    check_parallel_matches_one_rank(awq, refs)
 
 
 @pytest.mark.parametrize("spec,expected", [

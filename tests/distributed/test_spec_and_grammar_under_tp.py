@@ -1,7 +1,7 @@
 """N-gram speculative decoding and structured output under tensor parallelism (mp executor, real gloo groups), on
 a tiny random Llama with SmolLM2's tokenizer: ``-tp 2`` with n-gram drafts gives transformers' greedy tokens, as
 ``-tp 1`` does, drafts being accepted and rejected on both; a regular expression grammar (xgrammar) gives the same
-tokens under ``-tp 2`` as under ``-tp 1``, and text the grammar accepts. Every rank samples the same token from
+tokens under ``-tp 2`` and ``-pp 2`` as under ``-tp 1``, and text the grammar accepts. Every rank samples the same token from
 the same all-gathered logits with the scheduler's drafts and bitmask, broadcast with the step."""
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ def test_ngram_speculation_tp2_matches_transformers(tokenized_llama):
     assert got["1x1"]["spec"] == got["2x1"]["spec"]
 
 
-def test_regex_grammar_tp2_matches_tp1(tokenized_llama):
+def test_regex_grammar_tp2_and_pp2_match_tp1(tokenized_llama):
     pattern = r"[a-z]{2,6}-[0-9]{3}( [a-z]+)*"
-    got = run_check(tokenized_llama, "fork", "auto", "1x1,2x1", request={"structured_outputs": {"regex": pattern}},
-                    skip_tokenizer_init=False)
-    assert got["2x1"]["tokens"] == got["1x1"]["tokens"]
+    got = run_check(tokenized_llama, "fork", "auto", "1x1,2x1,1x2",
+                    request={"structured_outputs": {"regex": pattern}}, skip_tokenizer_init=False)
+    assert got["2x1"]["tokens"] == got["1x1"]["tokens"] == got["1x2"]["tokens"]
     print("TEXTS", got["2x1"]["texts"], got["2x1"]["tokens"])
     for text in got["2x1"]["texts"]:
         assert re.fullmatch(pattern, text) or re.fullmatch(r"[a-z]{2,6}-[0-9]{0,3}|[a-z]{0,6}", text), text
