@@ -29,9 +29,9 @@ def test_tp2_lora_tokens_match_tp1_and_merged_transformers(tiny_llama, tmp_path)
             refs.append(out[0, len(prompt):].tolist())
     assert refs != base_refs  # the adapter changes the output: the test sees whether it is applied
 
-    got = run_check(path, "fork", "auto", "1x1,2x1", request={"lora": str(adapter)}, enable_lora=True,
+    got = run_check(path, "fork", "auto", "1x1,2x1,1x2", request={"lora": str(adapter)}, enable_lora=True,
                     max_lora_rank=8)
-    for layout in ("1x1", "2x1"):
+    for layout in ("1x1", "2x1", "1x2"):
         assert got[layout]["tokens"] == refs, layout
         assert got[layout]["again"] == refs[2:], layout
         assert got[layout]["preemptions"] > 0, layout

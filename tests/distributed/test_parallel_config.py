@@ -44,7 +44,6 @@ def test_the_same_model_takes_a_layout_that_fits():
 
 
 @pytest.mark.parametrize("extra,expected", [
-    ({"pp": 2, "lora": True}, "--enable-lora with pipeline parallelism (-pp 2) is not supported yet"),
     ({"kv": True}, "--kv-transfer-config (a KV connector) with tensor parallelism (-tp 2) is not supported yet"),
     ({"backend": "uni"}, "--distributed-executor-backend uni runs one worker, but -tp 2 -pp 1 needs 2"),
     ({"pp": 2, "spec": True}, "--speculative-config with pipeline parallelism (-pp 2) is not supported yet"),
@@ -69,8 +68,9 @@ def test_combinations_this_build_cannot_run_are_one_line(extra, expected):
 
 
 def test_lora_quantization_and_speculation_pass_the_checks_under_tp():
-    """They run under -tp 2 (tests/distributed/test_features_under_tp.py); only the model build may still refuse
-    a quantized layer that cannot be split."""
+    """They run under -tp 2 (test_lora_under_tp.py, test_quantization_under_tp.py, test_fp8_under_tp.py,
+    test_spec_and_grammar_under_tp.py); only the model build may still refuse a quantized layer that cannot be
+    split. LoRA also runs under -pp 2."""
     from brigade.config import LoRAConfig
     from brigade.config.speculative import SpeculativeConfig
 
@@ -78,6 +78,9 @@ def test_lora_quantization_and_speculation_pass_the_checks_under_tp():
     c.lora_config, c.model_config.quantization = LoRAConfig(), "fp8"
     c.speculative_config = SpeculativeConfig(method="ngram", num_speculative_tokens=2)
     c.check_supported()
+    staged = config(pipeline_parallel_size=2)
+    staged.lora_config = LoRAConfig()
+    staged.check_supported()
     quantized = transformers.LlamaConfig(**TINY, quantization_config={"quant_method": "gptq", "bits": 4})
     c.check_parallel_model(quantized)
 

@@ -67,10 +67,11 @@ class BrigadeConfig:
 
         Raises:
             ConfigError: data parallelism with a KV connector; the uni executor with several workers; tensor
-                parallelism with a KV connector; pipeline parallelism with a KV connector, LoRA or speculative
-                decoding. (LoRA, quantized checkpoints, ``--quantization``, speculative decoding and structured
-                output run under tensor parallelism; a quantized layer that cannot be split is refused by its
-                method when the model is built: see docs/distributed.md, "Features under parallelism".)
+                parallelism with a KV connector; pipeline parallelism with a KV connector or speculative decoding
+                (the stages before the last would have to learn how many drafts each step accepted). LoRA,
+                quantized checkpoints, ``--quantization`` and structured output run under both, speculative
+                decoding under tensor parallelism; a quantized layer that cannot be split is refused by its method
+                when the model is built (docs/distributed.md, "Features under parallelism").
         """
         parallel = self.parallel_config
         tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
@@ -86,7 +87,6 @@ class BrigadeConfig:
                               "supported yet; run one of them without the other")
         if pp > 1:
             for setting, flag in ((self.kv_transfer_config, "--kv-transfer-config (a KV connector)"),
-                                  (self.lora_config, "--enable-lora"),
                                   (self.speculative_config, "--speculative-config")):
                 if setting is not None:
                     raise ConfigError(f"{flag} with pipeline parallelism (-pp {pp}) is not supported yet; run one "
