@@ -46,7 +46,8 @@ def test_the_same_model_takes_a_layout_that_fits():
 @pytest.mark.parametrize("extra,expected", [
     ({"kv": True}, "--kv-transfer-config (a KV connector) with tensor parallelism (-tp 2) is not supported yet"),
     ({"backend": "uni"}, "--distributed-executor-backend uni runs one worker, but -tp 2 -pp 1 needs 2"),
-    ({"pp": 2, "spec": True}, "--speculative-config with pipeline parallelism (-pp 2) is not supported yet"),
+    ({"pp": 2, "kv": True}, "--kv-transfer-config (a KV connector) with pipeline parallelism (-pp 2) is not "
+                            "supported yet"),
 ])
 def test_combinations_this_build_cannot_run_are_one_line(extra, expected):
     from brigade.config import KVTransferConfig, LoRAConfig
@@ -70,7 +71,7 @@ def test_combinations_this_build_cannot_run_are_one_line(extra, expected):
 def test_lora_quantization_and_speculation_pass_the_checks_under_tp():
     """They run under -tp 2 (test_lora_under_tp.py, test_quantization_under_tp.py, test_fp8_under_tp.py,
     test_spec_and_grammar_under_tp.py); only the model build may still refuse a quantized layer that cannot be
-    split. LoRA also runs under -pp 2."""
+    split. LoRA and speculative decoding also run under -pp 2."""
     from brigade.config import LoRAConfig
     from brigade.config.speculative import SpeculativeConfig
 
@@ -80,6 +81,7 @@ def test_lora_quantization_and_speculation_pass_the_checks_under_tp():
     c.check_supported()
     staged = config(pipeline_parallel_size=2)
     staged.lora_config = LoRAConfig()
+    staged.speculative_config = SpeculativeConfig(method="ngram", num_speculative_tokens=2)
     staged.check_supported()
     quantized = transformers.LlamaConfig(**TINY, quantization_config={"quant_method": "gptq", "bits": 4})
     c.check_parallel_model(quantized)

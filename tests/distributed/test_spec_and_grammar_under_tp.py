@@ -34,15 +34,16 @@ def tokenized_llama(tmp_path_factory, smollm2_path):
     return path
 
 
-def test_ngram_speculation_tp2_matches_transformers(tokenized_llama):
+def test_ngram_speculation_tp2_and_pp2_match_transformers(tokenized_llama):
     refs = hf_greedy_tokens(tokenized_llama)
-    got = run_check(tokenized_llama, "fork", "auto", "1x1,2x1", speculative_config=SPEC)
-    for layout in ("1x1", "2x1"):
+    got = run_check(tokenized_llama, "fork", "auto", "1x1,2x1,1x2", speculative_config=SPEC)
+    for layout in ("1x1", "2x1", "1x2"):
         assert got[layout]["tokens"] == refs, layout
         assert got[layout]["again"] == refs[2:], layout
         spec = got[layout]["spec"]
         assert 0 < spec["num_accepted_tokens"] < spec["num_draft_tokens"], (layout, spec)  # both outcomes
     assert got["1x1"]["spec"] == got["2x1"]["spec"]
+    assert got["1x2"]["spec"]["num_accepted_tokens"] > 0
 
 
 def test_regex_grammar_tp2_and_pp2_match_tp1(tokenized_llama):

@@ -67,11 +67,10 @@ class BrigadeConfig:
 
         Raises:
             ConfigError: data parallelism with a KV connector; the uni executor with several workers; tensor
-                parallelism with a KV connector; pipeline parallelism with a KV connector or speculative decoding
-                (the stages before the last would have to learn how many drafts each step accepted). LoRA,
-                quantized checkpoints, ``--quantization`` and structured output run under both, speculative
-                decoding under tensor parallelism; a quantized layer that cannot be split is refused by its method
-                when the model is built (docs/distributed.md, "Features under parallelism").
+                parallelism with a KV connector; pipeline parallelism with a KV connector. (LoRA, quantized
+                checkpoints, ``--quantization``, speculative decoding and structured output run under both; a
+                quantized layer that cannot be split is refused by its method when the model is built:
+                docs/distributed.md, "Features under parallelism".)
         """
         parallel = self.parallel_config
         tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
@@ -86,11 +85,9 @@ class BrigadeConfig:
             raise ConfigError(f"--kv-transfer-config (a KV connector) with tensor parallelism (-tp {tp}) is not "
                               "supported yet; run one of them without the other")
         if pp > 1:
-            for setting, flag in ((self.kv_transfer_config, "--kv-transfer-config (a KV connector)"),
-                                  (self.speculative_config, "--speculative-config")):
-                if setting is not None:
-                    raise ConfigError(f"{flag} with pipeline parallelism (-pp {pp}) is not supported yet; run one "
-                                      "of them without the other")
+            if self.kv_transfer_config is not None:
+                raise ConfigError(f"--kv-transfer-config (a KV connector) with pipeline parallelism (-pp {pp}) is "
+                                  "not supported yet; run one of them without the other")
 
     def check_parallel_model(self, hf_config) -> None:
         """Refuse a parallel layout the model cannot take, in one line, from config.json alone.

@@ -103,8 +103,8 @@ def test_a_mistyped_plugin_name_gets_a_did_you_mean(smollm2_path, flags, expecte
 
 
 @pytest.mark.parametrize("flags,expected", [
-    (["-pp", "2", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'],
-     "--speculative-config with pipeline parallelism (-pp 2) is not supported yet"),
+    (["-pp", "2", "--kv-transfer-config", '{"kv_connector": "shm", "kv_role": "kv_both"}'],
+     "--kv-transfer-config (a KV connector) with pipeline parallelism (-pp 2) is not supported yet"),
     (["-dp", "2", "--kv-transfer-config", '{"kv_connector": "shm", "kv_role": "kv_both"}'],
      "--kv-transfer-config (shm) with -dp 2 is not supported: each engine would run its own connector"),
     (["-tp", "3", "--distributed-executor-backend", "uni"], "--distributed-executor-backend uni runs one worker"),
