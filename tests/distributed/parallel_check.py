@@ -18,22 +18,22 @@ from brigade import LLM, SamplingParams
 from brigade.lora.request import LoRARequest
 from brigade.sampling_params import StructuredOutputsParams
 
-REQUEST = json.loads(sys.argv[7])  # per-request extras: "lora" (a PEFT folder), "structured_outputs" (its fields)
+# per-request extras: "lora" (a PEFT folder), "structured_outputs" (its fields), "prompt_logprobs" (true)
+REQUEST = json.loads(sys.argv[7])
 TEXTS, PROMPT_LOGPROBS = [], []
 
 def generate(llm, prompts):
-    extra = {}
+    extra = {"prompt_logprobs": 0} if REQUEST.get("prompt_logprobs") else {}
     if "structured_outputs" in REQUEST:
         extra["structured_outputs"] = StructuredOutputsParams(**REQUEST["structured_outputs"])
     lora = LoRARequest("adapter", 1, REQUEST["lora"]) if "lora" in REQUEST else None
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(temperature=0.0, max_tokens=int(sys.argv[3]), ignore_eos=True,
-                                       prompt_logprobs=0, **extra),
+                        SamplingParams(temperature=0.0, max_tokens=int(sys.argv[3]), ignore_eos=True, **extra),
                         use_tqdm=False, lora_request=lora)
     TEXTS[:] = [o.outputs[0].text for o in outs]
     # each scored prompt token's logprob, under the prompt's own context whatever the generated tokens
     PROMPT_LOGPROBS[:] = [[step[t].logprob for t, step in zip(p[1:], o.prompt_logprobs[1:])]
-                          for p, o in zip(prompts, outs)]
+                          for p, o in zip(prompts, outs)] if "prompt_logprobs" in extra else []
     return [list(o.outputs[0].token_ids) for o in outs]
 
 def main():
@@ -54,7 +54,8 @@ def main():
         again = generate(llm, prompts[2:])  # its two full prompt blocks come from the prefix cache
         scheduler = llm.engine.core.scheduler
         spec = getattr(scheduler, "spec_totals", None)
-        out[layout] = {"tokens": tokens, "again": again, "texts": texts, "prompt_logprobs": prompt_logprobs, "kv": llm.get_kv_cache_stats(),
+        out[layout] = {"tokens": tokens, "again": again, "texts": texts, "prompt_logprobs": prompt_logprobs,
+                   "kv": llm.get_kv_cache_stats(),
                    "spec": dict(spec) if spec else {},
                    "preemptions": scheduler.num_preemptions_total,
                    "peak_in_flight": llm.engine.core.peak_batches_in_flight,
@@ -72,9 +73,10 @@ if __name__ == "__main__":
 def run_check(model, method: str, load_format: str, layouts: str, *, request: dict | None = None,
               **engine_args) -> dict:
     """Run ``_CHECK`` in a fresh interpreter for each ``TPxPP`` layout of ``layouts`` ("2x1,1x2"); returns
-    layout -> what it saw (greedy tokens, texts, prompt tokens' logprobs, KV stats, speculation counts...). ``engine_args`` override the
-    check's ``LLM`` arguments; ``request`` adds to every request a LoRA adapter (``{"lora": folder}``) or a
-    grammar (``{"structured_outputs": StructuredOutputsParams fields}``)."""
+    layout -> what it saw (greedy tokens, texts, prompt tokens' logprobs, KV stats, speculation counts...).
+    ``engine_args`` override the check's ``LLM`` arguments; ``request`` adds to every request a LoRA adapter
+    (``{"lora": folder}``), a grammar (``{"structured_outputs": StructuredOutputsParams fields}``) or asks for the
+    prompt tokens' logprobs (``{"prompt_logprobs": True}``)."""
     env = {**os.environ, "BRIGADE_WORKER_MULTIPROC_METHOD": method}
     proc = subprocess.run([sys.executable, "-c", _CHECK, str(model), json.dumps(PROMPTS), str(MAX_TOKENS),
                            load_format, layouts, json.dumps(engine_args), json.dumps(request or {})],

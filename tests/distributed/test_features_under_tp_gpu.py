@@ -59,7 +59,8 @@ def test_gptq_tp2_on_two_gpus_matches_tp1(gpu_llama, tmp_path):
 
 
 def test_online_fp8_tp2_on_two_gpus_is_close_to_tp1(gpu_llama):
-    got = run_check(gpu_llama, "spawn", "auto", "1x1,2x1", quantization="fp8", **GPU_ARGS)
+    got = run_check(gpu_llama, "spawn", "auto", "1x1,2x1", request={"prompt_logprobs": True}, quantization="fp8",
+                    **GPU_ARGS)
     base = hf_prompt_logprobs(gpu_llama)
 
     def gap(a, b):

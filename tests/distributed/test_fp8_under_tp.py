@@ -1,20 +1,26 @@
 """FP8 under tensor parallelism (mp executor, real gloo groups): a compressed-tensors FP8 checkpoint (static
 per-tensor weight and input scales, made with the compressed-tensors library as llm-compressor makes it) gives the
-same greedy tokens under ``-tp 2`` as under ``-tp 1``, each rank loading its slice of the FP8 weights with the
-scales replicated; online ``--quantization fp8`` (dynamic per-token activations) stays as close to the dense model
-under ``-tp 2`` as under ``-tp 1``. FP8 runs as an fp32 emulation on the CPU (``brigade_fp8.gemm``)."""
+same greedy tokens under ``-tp 2`` and ``-pp 2`` as under ``-tp 1``, each rank loading its slice of the FP8 weights
+with the scales replicated, and so does a ``quant_method: fp8`` checkpoint of 32x32 blocks (a split that would cut
+a block is refused in one line); online ``--quantization fp8`` (dynamic per-token activations) stays as close to
+the dense model under ``-tp 2`` as under ``-tp 1``. FP8 runs as an fp32 emulation on the CPU
+(``brigade_fp8.gemm``)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import transformers
 from parallel_check import PROMPTS, check_parallel_matches_one_rank, hf_prompt_logprobs, run_check
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "quant"))
-from fp8_checkpoint import compressed_tensors_checkpoint  # noqa: E402
+from fp8_checkpoint import compressed_tensors_checkpoint, fp8_checkpoint  # noqa: E402
+
+from brigade import LLM
+from brigade.config import ConfigError
 
 
 def test_compressed_tensors_fp8_tp2_and_pp2_match_tp1(quant_llama, tmp_path):
@@ -30,7 +36,8 @@ def test_online_fp8_tp2_is_close_to_tp1(quant_llama):
     columns, so -tp 2 rounds differently from -tp 1 (finer, not worse), and this random model's nearly flat logits
     let that flip greedy tokens. So the prompt tokens' logprobs are compared instead, against the unquantized
     model's too: -tp 2 is as close to it as -tp 1 is."""
-    got = run_check(quant_llama, "fork", "auto", "1x1,2x1", quantization="fp8")
+    got = run_check(quant_llama, "fork", "auto", "1x1,2x1", request={"prompt_logprobs": True},
+                    quantization="fp8")
     base = hf_prompt_logprobs(quant_llama)
 
     def gap(a, b):
@@ -47,3 +54,22 @@ def test_compressed_tensors_fp8_tp2_and_pp2_match_tp1(quant_llama, tmp_path):
     model = transformers.AutoModelForCausalLM.from_pretrained(quant_llama, dtype=torch.float32).eval()
     out = compressed_tensors_checkpoint(model, tmp_path / "fp8", "FP8", [p for p in PROMPTS])
     check_parallel_matches_one_rank(out)
+
+
+def test_block_fp8_tp2_and_pp2_match_tp1(quant_llama, tmp_path):
+    """``quant_method: fp8`` with 32x32 weight blocks: each rank keeps the block scales of its rows (column-parallel)
+    or columns (row-parallel); activations are quantized per 1x32 group, which the split keeps whole: exact."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(quant_llama, dtype=torch.float32).eval()
+    out, _ = fp8_checkpoint(model, tmp_path / "fp8", tmp_path / "reference", block=(32, 32))
+    check_parallel_matches_one_rank(out)
+
+
+def test_a_block_the_split_would_cut_is_one_line(quant_llama, tmp_path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(quant_llama, dtype=torch.float32).eval()
+    out, _ = fp8_checkpoint(model, tmp_path / "fp8", tmp_path / "reference", block=(64, 64))
+    with pytest.raises(ConfigError) as info:
+        LLM(str(out), tensor_parallel_size=2, dtype="float32", skip_tokenizer_init=True)
+    message = str(info.value)
+    assert message.startswith("FP8 layer model.layers.0.self_attn.qkv_proj: block-scaled shards of out_features "
+                              "[64, 32, 32] (this rank's slices under -tp 2) are not multiples of the weight block's "
+                              "64 rows") and "\n" not in message, message

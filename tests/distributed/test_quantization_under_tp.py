@@ -53,3 +53,12 @@ def test_a_split_the_checkpoint_cannot_take_is_one_line(quant_llama, tmp_path, s
     with pytest.raises(ConfigError) as info:
         LLM(str(gptq), tensor_parallel_size=2, dtype="float32", skip_tokenizer_init=True)
     assert str(info.value).startswith(expected) and "\n" not in str(info.value), str(info.value)
+
+
+def test_an_awq_group_the_split_would_cut_is_one_line(quant_llama, tmp_path):
+    awq = write_awq_checkpoint(quant_llama, tmp_path / "awq", 64, quantize_awq(quant_llama, 64))
+    with pytest.raises(ConfigError) as info:
+        LLM(str(awq), tensor_parallel_size=2, dtype="float32", skip_tokenizer_init=True)
+    message = str(info.value)
+    assert message.startswith("AWQ layer model.layers.0.mlp.down_proj: -tp 2 splits its 192 input rows into 96 per "
+                              "rank, which group_size 64 does not divide") and "\n" not in message, message

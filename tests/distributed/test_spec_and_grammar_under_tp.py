@@ -1,8 +1,9 @@
-"""N-gram speculative decoding and structured output under tensor parallelism (mp executor, real gloo groups), on
-a tiny random Llama with SmolLM2's tokenizer: ``-tp 2`` with n-gram drafts gives transformers' greedy tokens, as
-``-tp 1`` does, drafts being accepted and rejected on both; a regular expression grammar (xgrammar) gives the same
-tokens under ``-tp 2`` and ``-pp 2`` as under ``-tp 1``, and text the grammar accepts. Every rank samples the same token from
-the same all-gathered logits with the scheduler's drafts and bitmask, broadcast with the step."""
+"""N-gram speculative decoding and structured output under tensor and pipeline parallelism (mp executor, real
+gloo groups), on a tiny random Llama with SmolLM2's tokenizer: ``-tp 2`` and ``-pp 2`` with n-gram drafts give
+transformers' greedy tokens, as ``-tp 1`` does, drafts being accepted and rejected; a regular expression grammar
+(xgrammar) gives the same tokens under ``-tp 2`` and ``-pp 2`` as under ``-tp 1``, and text the grammar accepts.
+Every rank samples the same token from the same all-gathered logits with the scheduler's drafts and bitmask,
+broadcast with the step; a pipeline stage before the last learns the accepted drafts from the next schedule."""
 
 from __future__ import annotations
 

@@ -178,9 +178,9 @@ class GPTQLinearMethod(LinearMethod):
         if gs == -1:
             return {}
         if input_size % gs:
-            raise ValueError(f"GPTQ layer {self.prefix or '?'}: -tp {tp} splits its {full} input rows into {input_size} "
-                             f"per rank, which group_size {gs} does not divide; use a -tp whose slice is a multiple "
-                             f"of {gs}, or -tp 1")
+            raise ValueError(f"GPTQ layer {self.prefix or '?'}: -tp {tp} splits its {full} input rows into "
+                             f"{input_size} per rank, which group_size {gs} does not divide; use a -tp whose slice "
+                             f"is a multiple of {gs}, or -tp 1")
         self.first_group = start // gs
         return {"input_dim": 0}
 
