@@ -2,8 +2,8 @@
 per-tensor weight and input scales, made with the compressed-tensors library as llm-compressor makes it) gives the
 same greedy tokens under ``-tp 2`` and ``-pp 2`` as under ``-tp 1``, each rank loading its slice of the FP8 weights
 with the scales replicated, and so does a ``quant_method: fp8`` checkpoint of 32x32 blocks (a split that would cut
-a block is refused in one line); online ``--quantization fp8`` (dynamic per-token activations) stays as close to
-the dense model under ``-tp 2`` as under ``-tp 1``. FP8 runs as an fp32 emulation on the CPU
+a block is refused in one line); online ``--quantization fp8`` and compressed-tensors ``FP8_DYNAMIC`` (dynamic
+per-token activations) stay as close to the dense model under ``-tp 2`` as under ``-tp 1``. FP8 runs as an fp32 emulation on the CPU
 (``brigade_fp8.gemm``)."""
 
 from __future__ import annotations
@@ -30,14 +30,20 @@ def test_compressed_tensors_fp8_tp2_and_pp2_match_tp1(quant_llama, tmp_path):
     check_parallel_matches_one_rank(out)
 
 
-def test_online_fp8_tp2_is_close_to_tp1(quant_llama):
-    """Online FP8 quantizes each rank's slice as loaded and each token's activations per rank, as vLLM does: a
-    row-parallel rank's per-channel weight scales and per-token activation scales are taken over its own input
-    columns, so -tp 2 rounds differently from -tp 1 (finer, not worse), and this random model's nearly flat logits
-    let that flip greedy tokens. So the prompt tokens' logprobs are compared instead, against the unquantized
-    model's too: -tp 2 is as close to it as -tp 1 is."""
-    got = run_check(quant_llama, "fork", "auto", "1x1,2x1", request={"prompt_logprobs": True},
-                    quantization="fp8")
+@pytest.mark.parametrize("scheme", ["online", "FP8_DYNAMIC"])
+def test_dynamic_fp8_tp2_is_close_to_tp1(quant_llama, tmp_path, scheme):
+    """Dynamic FP8 quantizes each token's activations per rank, as vLLM does, and online FP8 also each rank's
+    weight slice as loaded: a row-parallel rank's per-token activation scales (and online per-channel weight scales)
+    are taken over its own input columns, so -tp 2 rounds differently from -tp 1 (finer, not worse), and this
+    random model's nearly flat logits let that flip greedy tokens. So the prompt tokens' logprobs are compared
+    instead, against the unquantized model's too: -tp 2 is as close to it as -tp 1 is. ``FP8_DYNAMIC`` is
+    compressed-tensors' per-channel checkpoint: each rank keeps the channel scales of its output rows."""
+    if scheme == "online":
+        path, args = quant_llama, {"quantization": "fp8"}
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(quant_llama, dtype=torch.float32).eval()
+        path, args = compressed_tensors_checkpoint(model, tmp_path / "fp8", scheme, []), {}
+    got = run_check(path, "fork", "auto", "1x1,2x1", request={"prompt_logprobs": True}, **args)
     base = hf_prompt_logprobs(quant_llama)
 
     def gap(a, b):
@@ -47,13 +53,6 @@ def test_online_fp8_tp2_is_close_to_tp1(quant_llama):
     # quantized (not the dense model), and -tp 2 as close to the dense model as -tp 1 (about 0.05 here)
     assert 0 < gap(one, base) < 0.1 and gap(two, base) < 0.1 and gap(one, two) < 0.1, \
         (gap(one, base), gap(two, base), gap(one, two))
-
-
-def test_compressed_tensors_fp8_tp2_and_pp2_match_tp1(quant_llama, tmp_path):
-    """Static per-tensor scales (replicated on both ranks) and a static input scale: exact under the split."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(quant_llama, dtype=torch.float32).eval()
-    out = compressed_tensors_checkpoint(model, tmp_path / "fp8", "FP8", [p for p in PROMPTS])
-    check_parallel_matches_one_rank(out)
 
 
 def test_block_fp8_tp2_and_pp2_match_tp1(quant_llama, tmp_path):
