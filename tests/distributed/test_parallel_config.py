@@ -22,8 +22,6 @@ def config(model: str = "unused", **parallel) -> BrigadeConfig:
     (4, {}, "-tp 4 does not divide the model's 6 attention heads; use one of 1, 2, 3, 6"),
     (3, {}, "-tp 3 can neither split nor replicate the model's 4 KV heads evenly"),
     (2, {"intermediate_size": 129}, "-tp 2 does not divide the model's MLP width (intermediate_size 129)"),
-    (2, {"quantization_config": {"quant_method": "gptq", "bits": 4}},
-     "a gptq checkpoint with tensor parallelism (-tp 2) is not supported yet; serve it with -tp 1"),
 ])
 def test_a_layout_the_model_cannot_take_is_one_line(tp, hf, expected):
     hf_config = transformers.LlamaConfig(**{**TINY, **hf})
@@ -46,11 +44,10 @@ def test_the_same_model_takes_a_layout_that_fits():
 
 
 @pytest.mark.parametrize("extra,expected", [
-    ({"lora": True}, "--enable-lora with tensor parallelism (-tp 2) is not supported yet"),
-    ({"quantization": "fp8"}, "--quantization fp8 with tensor parallelism (-tp 2) is not supported yet"),
     ({"kv": True}, "--kv-transfer-config (a KV connector) with tensor parallelism (-tp 2) is not supported yet"),
     ({"backend": "uni"}, "--distributed-executor-backend uni runs one worker, but -tp 2 -pp 1 needs 2"),
-    ({"pp": 2, "spec": True}, "--speculative-config with pipeline parallelism (-pp 2) is not supported yet"),
+    ({"pp": 2, "kv": True}, "--kv-transfer-config (a KV connector) with pipeline parallelism (-pp 2) is not "
+                            "supported yet"),
 ])
 def test_combinations_this_build_cannot_run_are_one_line(extra, expected):
     from brigade.config import KVTransferConfig, LoRAConfig
@@ -69,6 +66,25 @@ def test_combinations_this_build_cannot_run_are_one_line(extra, expected):
         c.kv_transfer_config = KVTransferConfig(kv_connector="shm", kv_role="kv_both")
     with pytest.raises(ConfigError, match="^" + expected.replace("(", r"\(").replace(")", r"\)")):
         c.check_supported()
+
+
+def test_lora_quantization_and_speculation_pass_the_checks_under_tp():
+    """They run under -tp 2 (test_lora_under_tp.py, test_quantization_under_tp.py, test_fp8_under_tp.py,
+    test_spec_and_grammar_under_tp.py); only the model build may still refuse a quantized layer that cannot be
+    split. LoRA and speculative decoding also run under -pp 2."""
+    from brigade.config import LoRAConfig
+    from brigade.config.speculative import SpeculativeConfig
+
+    c = config(tensor_parallel_size=2)
+    c.lora_config, c.model_config.quantization = LoRAConfig(), "fp8"
+    c.speculative_config = SpeculativeConfig(method="ngram", num_speculative_tokens=2)
+    c.check_supported()
+    staged = config(pipeline_parallel_size=2)
+    staged.lora_config = LoRAConfig()
+    staged.speculative_config = SpeculativeConfig(method="ngram", num_speculative_tokens=2)
+    staged.check_supported()
+    quantized = transformers.LlamaConfig(**TINY, quantization_config={"quant_method": "gptq", "bits": 4})
+    c.check_parallel_model(quantized)
 
 
 def test_smollm2_heads_are_checked_when_the_config_is_prepared(smollm2_path):

@@ -19,7 +19,11 @@ Compute, bound at construction from the default device like brigade-gptq's:
   drops it.
 
 Either way nothing dequantized outlives the call, so the weights stay at a quarter of their fp16 size in memory.
-No fused norm/SiLU/residual variants; no tensor parallelism (``-tp 1``).
+Tensor parallelism (vLLM's AWQ sharding): a column-parallel layer (qkv, gate_up) holds its packed output words
+of ``qweight``/``qzeros`` and its ``scales`` columns (each projection's slice must be whole words of 8); a
+row-parallel layer (o_proj, down_proj) holds its input rows of ``qweight`` and the ``qzeros``/``scales`` rows of
+its groups (``input_dim`` 0), which needs ``group_size`` to divide the rank's rows (refused otherwise).
+No fused norm/SiLU/residual variants.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import logging
 import torch
 from torch import nn
 
-from brigade.model_executor.layers.linear_method import LinearMethod
+from brigade.model_executor.layers.linear_method import LinearMethod, input_split
 from brigade.model_executor.weight_utils import set_weight_attrs
 from brigade_awq import envs
 
@@ -86,6 +90,11 @@ class AWQLinearMethod(LinearMethod):
                 is not a multiple of 8, so the checkpoint's packed tensors cannot describe the layer.
         """
         pack, gs = packing.PACK, self.config.group_size
+        start, full = input_split(layer, input_size)
+        if full != input_size and input_size % gs:
+            raise ValueError(f"AWQ layer {self.prefix or '?'}: -tp {full // input_size} splits its {full} input rows "
+                             f"into {input_size} per rank, which group_size {gs} does not divide; use a -tp whose "
+                             f"slice is a multiple of {gs}, or -tp 1")
         if input_size % gs:
             raise self._fail(f"in_features {input_size} is not a multiple of group_size {gs}")
         bad = [size for size in output_sizes if size % pack]
@@ -95,11 +104,11 @@ class AWQLinearMethod(LinearMethod):
         out = sum(output_sizes)
         groups = input_size // gs
         qweight = nn.Parameter(torch.zeros(input_size, out // pack, dtype=torch.int32), requires_grad=False)
-        set_weight_attrs(qweight, {"output_dim": 1, "pack_factor": pack})
+        set_weight_attrs(qweight, {"output_dim": 1, "pack_factor": pack, "input_dim": 0})
         qzeros = nn.Parameter(torch.zeros(groups, out // pack, dtype=torch.int32), requires_grad=False)
-        set_weight_attrs(qzeros, {"output_dim": 1, "pack_factor": pack})
+        set_weight_attrs(qzeros, {"output_dim": 1, "pack_factor": pack, "input_dim": 0})
         scales = nn.Parameter(torch.zeros(groups, out, dtype=torch.float16), requires_grad=False)
-        set_weight_attrs(scales, {"output_dim": 1})
+        set_weight_attrs(scales, {"output_dim": 1, "input_dim": 0})
         for name, param in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
             layer.register_parameter(name, param)
         self.gemm = kernel_for_device(torch.get_default_device().type)

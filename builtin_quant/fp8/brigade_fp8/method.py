@@ -17,6 +17,11 @@ exactly to their rows), so they run the rowwise FP8 GEMM, activations quantized 
 checkpoint gives a static ``input_scale``. Block-scaled layers keep their [rows, cols] block scales and run
 ``gemm.fp8_block_gemm`` (activations per 1x``block[1]`` group, as the scheme says; a dequantizing product).
 Scales that are not finite and positive are refused at load, naming the layer.
+
+Tensor parallelism (vLLM's FP8 sharding): ``weight`` is split like a dense weight (output rows on column-parallel
+layers, input columns on row-parallel ones, ``input_dim`` 1); per-channel scales follow the output rows;
+per-tensor weight scales and ``input_scale`` are whole on every rank; block scales follow both, which needs the
+weight block to divide each rank's rows (column-parallel) or columns (row-parallel), refused otherwise.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from brigade.model_executor.layers.linear_method import LinearMethod
+from brigade.model_executor.layers.linear_method import LinearMethod, input_split
 from brigade.model_executor.weight_utils import set_weight_attrs
 
 from brigade_fp8.quantize import FP8_DTYPE, quantize_fp8_per_channel
@@ -81,28 +86,44 @@ class Fp8LinearMethod(LinearMethod):
                 rows could not be placed).
         """
         s, n, shards = self.scheme, sum(output_sizes), len(output_sizes)
+        dims = {"output_dim": 0, "input_dim": 1}
         if not s.serialized:
-            layer.register_parameter("weight", _param(torch.empty(n, input_size, dtype=dtype), {"output_dim": 0}))
+            layer.register_parameter("weight", _param(torch.empty(n, input_size, dtype=dtype), dims))
             layer.input_scale = None
             return
-        layer.register_parameter("weight", _param(torch.empty(n, input_size, dtype=FP8_DTYPE), {"output_dim": 0}))
+        layer.register_parameter("weight", _param(torch.empty(n, input_size, dtype=FP8_DTYPE), dims))
         if s.weight_strategy == "tensor":
             scale = _param(torch.empty(shards, dtype=torch.float32), {"output_dim": None})
         elif s.weight_strategy == "channel":
             scale = _param(torch.empty(n, 1, dtype=torch.float32), {"output_dim": 0})
         else:
             bn, bk = s.block
-            if shards > 1 and any(size % bn for size in output_sizes):
-                raise ValueError(f"FP8 layer {self.prefix}: block-scaled shards of out_features {output_sizes} are "
-                                 f"not multiples of the weight block's {bn} rows")
+            self._check_blocks(layer, input_size, output_sizes)
             rows, cols = -(-n // bn), -(-input_size // bk)
-            scale = _param(torch.empty(rows, cols, dtype=torch.float32), {"output_dim": 0, "pack_factor": bn})
+            scale = _param(torch.empty(rows, cols, dtype=torch.float32),
+                           {"output_dim": 0, "pack_factor": bn, "input_dim": 1})
         layer.register_parameter(s.scale_name, scale)
         if s.static_input:
             layer.register_parameter("input_scale", _param(torch.empty(shards, dtype=torch.float32),
                                                            {"output_dim": None}))
         else:
             layer.input_scale = None
+
+    def _check_blocks(self, layer: nn.Module, input_size: int, output_sizes: list[int]) -> None:
+        """Refuse, in one line, a block-scaled layer whose shards (or tensor-parallel slices) cut a weight block:
+        a merged layer's shard rows, a column-parallel rank's rows, a row-parallel rank's columns."""
+        bn, bk = self.scheme.block
+        tp = getattr(layer, "tp_size", 1)
+        _, full = input_split(layer, input_size)
+        column_split = tp > 1 and full == input_size
+        if (len(output_sizes) > 1 or column_split) and any(size % bn for size in output_sizes):
+            where = f" (this rank's slices under -tp {tp})" if column_split else ""
+            raise ValueError(f"FP8 layer {self.prefix}: block-scaled shards of out_features {output_sizes}{where} "
+                             f"are not multiples of the weight block's {bn} rows")
+        if full != input_size and input_size % bk:
+            raise ValueError(f"FP8 layer {self.prefix}: -tp {full // input_size} splits its {full} input columns "
+                             f"into {input_size} per rank, which the weight block's {bk} columns do not divide; "
+                             "use a -tp whose slice is a multiple of the block, or -tp 1")
 
     def _check_scale(self, name: str, scale: torch.Tensor) -> None:
         bad = ~(torch.isfinite(scale) & (scale > 0))

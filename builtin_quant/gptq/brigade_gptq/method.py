@@ -26,8 +26,13 @@ group's rows are contiguous again, and every forward multiplies ``x[:, perm]`` b
 sum, in another order). Both paths then take one zero/scale row per group instead of gathering one per row
 (on the H200 the Triton kernel's per-row gather made act-order layers 5 to 7 times slower).
 
-No tensor parallelism: Brigade runs ``-tp 1`` (``BrigadeConfig.check_supported``), so each layer holds its
-whole matrix. The fused variants of ``LinearMethod`` (norm, SiLU-and-mul, residual inside the GEMM) are not
+Tensor parallelism (vLLM's GPTQ sharding): a column-parallel layer (qkv, gate_up) holds its output columns of
+``qweight``, ``scales`` and the packed words of ``qzeros`` (each projection's slice must be whole words), with
+the whole ``g_idx``; a row-parallel layer (o_proj, down_proj) holds its packed rows of ``qweight`` (``input_dim``
+0), the scale and zero rows of its own groups and its part of ``g_idx``, rebased to its first group. That needs
+``group_size`` to divide the rank's rows, and the rows of a group to be contiguous: an act-order checkpoint
+(``desc_act``) is refused under ``-tp`` (its row-parallel layers' groups are spread over every rank's rows).
+The fused variants of ``LinearMethod`` (norm, SiLU-and-mul, residual inside the GEMM) are not
 offered; the model then runs those ops separately, and RMSNorm weights are not folded into GPTQ layers.
 """
 
@@ -39,7 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from brigade.model_executor.layers.linear_method import LinearMethod
+from brigade.model_executor.layers.linear_method import LinearMethod, input_split
 from brigade.model_executor.weight_utils import set_weight_attrs
 from brigade_gptq import envs
 
@@ -98,6 +103,7 @@ class GPTQLinearMethod(LinearMethod):
         self.prefix = prefix
         self.segments: list[Segment] = []
         self.gemm = None
+        self.first_group = 0  # a row-parallel rank's first group: its g_idx is rebased by it after loading
 
     def _fail(self, what: str) -> ValueError:
         return ValueError(f"GPTQ layer {self.prefix or '?'}: {what}; {SUPPORTED}, with every layer's in_features "
@@ -134,22 +140,49 @@ class GPTQLinearMethod(LinearMethod):
         if bad:
             raise self._fail(f"out_features {bad[0]} (of {output_sizes}) is not a multiple of {pack}, so its qzeros "
                              "columns cannot be packed")
+        grouped = self._check_row_split(layer, input_size)  # the group rows follow the input split
         out = sum(output_sizes)
         groups = self.num_groups(input_size)
         qweight = nn.Parameter(torch.zeros(input_size // pack, out, dtype=torch.int32), requires_grad=False)
-        set_weight_attrs(qweight, {"output_dim": 1})
+        set_weight_attrs(qweight, {"output_dim": 1, "input_dim": 0})
         qzeros = nn.Parameter(torch.zeros(groups, out // pack, dtype=torch.int32), requires_grad=False)
-        set_weight_attrs(qzeros, {"output_dim": 1, "pack_factor": pack})
+        set_weight_attrs(qzeros, {"output_dim": 1, "pack_factor": pack, **grouped})
         scales = nn.Parameter(torch.zeros(groups, out, dtype=torch.float16), requires_grad=False)
-        set_weight_attrs(scales, {"output_dim": 1})
-        g_idx = self.default_g_idx(input_size)
+        set_weight_attrs(scales, {"output_dim": 1, **grouped})
+        g_idx = self.default_g_idx(input_size) + self.first_group  # the checkpoint's numbering: global groups
         if getattr(layer, "shard_ids", None) is not None:  # merged: one row per projection, loaded by index
             g_idx = g_idx.expand(len(output_sizes), input_size).clone()
         g_param = nn.Parameter(g_idx, requires_grad=False)
-        set_weight_attrs(g_param, {"output_dim": None, "required_in_checkpoint": self.config.desc_act})
+        set_weight_attrs(g_param, {"output_dim": None, "required_in_checkpoint": self.config.desc_act,
+                                   "input_dim": g_idx.dim() - 1})
         for name, param in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales), ("g_idx", g_param)):
             layer.register_parameter(name, param)
         self.gemm = kernel_for_device(torch.get_default_device().type)
+
+    def _check_row_split(self, layer: nn.Module, input_size: int) -> dict:
+        """For a row-parallel layer under ``-tp`` (``input_split``): refuse act-order and groups the split cuts,
+        set ``first_group``, and return the attributes that split the group rows (``input_dim`` 0); ``{}`` for
+        a layer that holds all its rows, or a single group (whole on every rank).
+
+        Raises:
+            ValueError (one line): ``desc_act`` checkpoint, or ``group_size`` not dividing the rank's rows.
+        """
+        start, full = input_split(layer, input_size)
+        if full == input_size:
+            return {}
+        tp, gs = full // input_size, self.config.group_size
+        if self.config.desc_act:
+            raise ValueError(f"GPTQ layer {self.prefix or '?'}: an act-order checkpoint (desc_act true) cannot run "
+                             f"with tensor parallelism (-tp {tp}): this row-parallel layer's groups are spread over "
+                             "the rows of every rank; serve it with -tp 1, or quantize without desc_act")
+        if gs == -1:
+            return {}
+        if input_size % gs:
+            raise ValueError(f"GPTQ layer {self.prefix or '?'}: -tp {tp} splits its {full} input rows into "
+                             f"{input_size} per rank, which group_size {gs} does not divide; use a -tp whose slice "
+                             f"is a multiple of {gs}, or -tp 1")
+        self.first_group = start // gs
+        return {"input_dim": 0}
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Check ``g_idx`` against the groups, collapse a merged layer's equal rows, re-store act-order rows in
@@ -162,6 +195,8 @@ class GPTQLinearMethod(LinearMethod):
         if self.segments:
             return
         g = layer.g_idx.data
+        if self.first_group:
+            g = g - self.first_group
         groups = layer.scales.shape[0]
         if g.numel() and (int(g.min()) < 0 or int(g.max()) >= groups):
             raise self._bad_checkpoint(f"g_idx holds groups {int(g.min())}..{int(g.max())}, outside the {groups} "

@@ -67,8 +67,10 @@ class BrigadeConfig:
 
         Raises:
             ConfigError: data parallelism with a KV connector; the uni executor with several workers; tensor
-                parallelism with a KV connector, LoRA or ``--quantization``; pipeline parallelism with a KV
-                connector, LoRA or speculative decoding.
+                parallelism with a KV connector; pipeline parallelism with a KV connector. (LoRA, quantized
+                checkpoints, ``--quantization``, speculative decoding and structured output run under both; a
+                quantized layer that cannot be split is refused by its method when the model is built:
+                docs/distributed.md, "Features under parallelism".)
         """
         parallel = self.parallel_config
         tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
@@ -79,28 +81,22 @@ class BrigadeConfig:
         if parallel.world_size > 1 and parallel.distributed_executor_backend == "uni":
             raise ConfigError(f"--distributed-executor-backend uni runs one worker, but -tp {tp} -pp {pp} needs "
                               f"{parallel.world_size}; use --distributed-executor-backend mp or ray")
-        if tp > 1:
-            for setting, flag in ((self.kv_transfer_config, "--kv-transfer-config (a KV connector)"),
-                                  (self.lora_config, "--enable-lora"),
-                                  (self.model_config.quantization, f"--quantization {self.model_config.quantization}")):
-                if setting is not None:
-                    raise ConfigError(f"{flag} with tensor parallelism (-tp {tp}) is not supported yet; run one "
-                                      "of them without the other")
+        if tp > 1 and self.kv_transfer_config is not None:
+            raise ConfigError(f"--kv-transfer-config (a KV connector) with tensor parallelism (-tp {tp}) is not "
+                              "supported yet; run one of them without the other")
         if pp > 1:
-            for setting, flag in ((self.kv_transfer_config, "--kv-transfer-config (a KV connector)"),
-                                  (self.lora_config, "--enable-lora"),
-                                  (self.speculative_config, "--speculative-config")):
-                if setting is not None:
-                    raise ConfigError(f"{flag} with pipeline parallelism (-pp {pp}) is not supported yet; run one "
-                                      "of them without the other")
+            if self.kv_transfer_config is not None:
+                raise ConfigError(f"--kv-transfer-config (a KV connector) with pipeline parallelism (-pp {pp}) is "
+                                  "not supported yet; run one of them without the other")
 
     def check_parallel_model(self, hf_config) -> None:
         """Refuse a parallel layout the model cannot take, in one line, from config.json alone.
 
         Raises:
             ConfigError: ``-tp`` does not divide the attention heads (or the MLP width), the KV heads can be
-                neither split nor replicated evenly, ``-pp`` is above the layer count, or the checkpoint is
-                quantized under ``-tp`` above 1.
+                neither split nor replicated evenly, or ``-pp`` is above the layer count. (A quantized layer
+                whose packed words or groups the split would cut is refused by its quantization method, when
+                the model is built: ``loader.check_quantized_layers`` builds it on ``meta`` first.)
         """
         tp, pp = self.parallel_config.tensor_parallel_size, self.parallel_config.pipeline_parallel_size
         heads = hf_config.num_attention_heads
@@ -120,9 +116,3 @@ class BrigadeConfig:
         width = getattr(hf_config, "intermediate_size", None)
         if width is not None and width % tp:
             raise ConfigError(f"-tp {tp} does not divide the model's MLP width (intermediate_size {width})")
-        if getattr(hf_config, "quantization_config", None):
-            method = dict(hf_config.quantization_config).get("quant_method", "?") \
-                if not hasattr(hf_config.quantization_config, "to_dict") else \
-                hf_config.quantization_config.to_dict().get("quant_method", "?")
-            raise ConfigError(f"a {method} checkpoint with tensor parallelism (-tp {tp}) is not supported yet; "
-                              "serve it with -tp 1")

@@ -9,8 +9,10 @@ the world.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +68,25 @@ _SINGLE = {name: GroupCoordinator(name, [0], 0, 0, torch.device("cpu"), None, No
 def get_tp_group() -> GroupCoordinator:
     """The tensor-parallel group of this process; a one-rank group (every collective a no-op) without a world."""
     return _SINGLE["tp"] if _STATE is None else _STATE.tp
+
+
+@contextlib.contextmanager
+def tp_layout_preview(tp_size: int, tp_rank: int = 0) -> Iterator[GroupCoordinator]:
+    """Within the block, ``get_tp_group`` is rank ``tp_rank`` of ``tp_size`` ranks with no process group behind
+    it, for building a model on the ``meta`` device to see what that rank would hold before any worker starts
+    (a layer refuses a split it cannot take). Any collective called in the block fails.
+
+    Raises:
+        RuntimeError: the process already joined a world (its real groups are in use).
+    """
+    if _STATE is not None:
+        raise RuntimeError("tp_layout_preview in a process that joined a world")
+    single = _SINGLE["tp"]
+    _SINGLE["tp"] = GroupCoordinator("tp", list(range(tp_size)), tp_rank, tp_rank, torch.device("meta"), None, None)
+    try:
+        yield _SINGLE["tp"]
+    finally:
+        _SINGLE["tp"] = single
 
 
 def get_pp_group() -> GroupCoordinator:

@@ -27,14 +27,15 @@ logger = logging.getLogger("brigade.engine")
 
 def prepare_config(config: BrigadeConfig):
     """Load plugins, let the platform fill in its choices, resolve model-dependent limits, and let the model's
-    class refuse a config it cannot run (``loader.check_model_config``: one ConfigError line).
+    class refuse a config it cannot run (``loader.check_model_config``: one ConfigError line), and, under ``-tp``,
+    a quantization method a layer split it cannot take (``loader.check_quantized_layers``).
 
     Returns the model's HF config. Safe to call in every process that builds an engine.
 
     Raises:
         ConfigError: a setting the platform or the model refuses, or more devices needed than visible.
     """
-    from brigade.model_executor.loader import check_model_config, get_hf_config
+    from brigade.model_executor.loader import check_model_config, check_quantized_layers, get_hf_config
     from brigade.plugins import current_platform, load_plugins
 
     load_plugins("engine")
@@ -45,6 +46,9 @@ def prepare_config(config: BrigadeConfig):
     config.resolve(hf_config)
     check_model_config(hf_config, config)
     check_parallel_architecture(config, hf_config)
+    tp = config.parallel_config.tensor_parallel_size
+    if tp > 1:  # a quantized layer the split would cut: one line here, not a worker's traceback
+        check_quantized_layers(config.model_config, hf_config, tensor_parallel_size=tp)
     return hf_config
 
 

@@ -39,6 +39,12 @@ class LoRALinear:
     ``[j * max_rank, j * max_rank + r)`` of the slot's ``R = num_shards * max_rank`` rows: A blocks are stacked,
     B is block-diagonal over the shards' output slices, so one product serves the merged layer.
 
+    Under tensor parallelism the slots hold this rank's part of each adapter, as vLLM shards LoRA: a
+    column-parallel layer (qkv, gate_up) keeps each shard's whole A and the rows of B for its own output slice
+    (``output_starts``), so its delta is its slice of the full delta; a row-parallel layer (o_proj, down_proj)
+    keeps A's columns for its input slice (``input_start``) and the whole B, so its delta is a partial sum that
+    the layer's all-reduce completes with the base product.
+
     Attributes:
         lora_a: [max_loras * R, in_features]; ``lora_a.view(max_loras, R, in_features)`` are the stacked A.
         lora_b: [out_features, max_loras * R], holding ``scaling * B``; ``lora_b.view(out, max_loras, R)``.
@@ -46,8 +52,14 @@ class LoRALinear:
     """
 
     def __init__(self, input_size: int, output_sizes: list[int], batch: LoRABatch, *, max_rank: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, input_start: int = 0,
+                 output_starts: list[int] | None = None):
+        """Args beyond the attributes: input_start, the first of the full in_features this layer holds (a
+        row-parallel rank's slice; 0 otherwise); output_starts, per output shard, the first row of that
+        projection's full out_features this layer holds (a column-parallel rank's slice; zeros otherwise)."""
         self.batch = batch
+        self.input_start = input_start
+        self.output_starts = list(output_starts) if output_starts is not None else [0] * len(output_sizes)
         self.input_size = input_size
         self.output_sizes = list(output_sizes)
         self.max_rank = max_rank
@@ -61,8 +73,9 @@ class LoRALinear:
 
         Args:
             slot: in [0, max_loras).
-            shards: per output shard, ``(A [r, in], B [out_shard, r])`` in any float dtype, or None (that shard
-                is not adapted). ``r <= max_rank``.
+            shards: per output shard, the adapter's whole ``(A [r, full_in], B [full_out_shard, r])`` in any
+                float dtype, or None (that shard is not adapted); the rank's parts are taken here (see the class).
+                ``r <= max_rank``.
             scaling: multiplies B (in float32 at least, before the cast to the model dtype).
         """
         self.clear_slot(slot)
@@ -70,6 +83,8 @@ class LoRALinear:
         for j, (size, pair) in enumerate(zip(self.output_sizes, shards)):
             if pair is not None:
                 a, b = pair
+                a = a[:, self.input_start:self.input_start + self.input_size]
+                b = b[self.output_starts[j]:self.output_starts[j] + size]
                 r = a.shape[0]
                 lo = base + j * self.max_rank
                 self.lora_a[lo:lo + r].copy_(a)

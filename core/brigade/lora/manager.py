@@ -35,6 +35,7 @@ from brigade.lora.layers import LoRABatch, LoRALinear
 logger = logging.getLogger(__name__)
 
 _LAYER_MODULE = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)$")
+_HELD_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 class LoRAManager:
@@ -47,7 +48,9 @@ class LoRAManager:
 
     Args:
         model: the loaded model; its decoder projections (``layers.{i}.{self_attn|mlp}.{proj}``, merged ones
-            expanded through the class's ``packed_modules_mapping``) get a ``LoRALinear`` as ``module.lora``.
+            expanded through the class's ``packed_modules_mapping``) get a ``LoRALinear`` as ``module.lora``. On a
+            pipeline stage only its own layers are there, and an adapter's weights for the others are left to
+            their stages; under tensor parallelism each slot holds the rank's slice (``LoRALinear``).
             The model's norm weights must not be folded into those projections (the loader skips folding
             when LoRA is enabled).
         hf_config: the model's config (adapters are checked against it).
@@ -63,6 +66,9 @@ class LoRAManager:
         self.config = lora_config
         packed = getattr(type(model), "packed_modules_mapping", {})
         targets = []  # (layer index, HF names of the module's output shards, the module)
+        # The decoder layers this model (this pipeline stage) holds: another stage's are empty stand-ins.
+        self.held_layers = {int(m.group(1)) for name, _ in model.named_modules()
+                            if (m := _HELD_LAYER.search(name)) is not None}
         for name, module in model.named_modules():
             match = _LAYER_MODULE.search(name)
             if match is None or not isinstance(module, LinearBase):
@@ -84,7 +90,7 @@ class LoRAManager:
             self.batch = LoRABatch(max_num_tokens, n, dtype=dtype, device=device)
             for layer, shards, module in targets:
                 module.lora = LoRALinear(module.input_size, module.output_sizes, self.batch, max_rank=r,
-                                         dtype=dtype, device=device)
+                                         dtype=dtype, device=device, **_tp_slices(module))
                 self.layers.append((layer, shards, module.lora))
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
             raise LoRAError(f"--max-loras {n} x --max-lora-rank {r}: the LoRA slots need {slot_bytes / 2**30:.1f} "
@@ -152,7 +158,8 @@ class LoRAManager:
         adapter = load_adapter(request.lora_name, request.lora_path, self.hf_config,
                                max_rank=self.config.max_lora_rank)
         covered = {(layer, shard) for layer, shards, _ in self.layers for shard in shards}
-        lacking = sorted(set(adapter.weights) - covered)
+        # Under pipeline parallelism the other stages' layers are not here: their ranks take those weights.
+        lacking = sorted(key for key in set(adapter.weights) - covered if key[0] in self.held_layers)
         if lacking:
             layer, module = lacking[0]
             raise LoRAError(f"LoRA adapter {adapter.name!r} ({adapter.path}): layer {layer} {module} cannot take a "
@@ -292,6 +299,18 @@ class LoRAManager:
             lora.set_slot(slot, [adapter.weights.get((layer, s)) for s in shards], adapter.scaling)
         self.slots[slot] = lora_id
         logger.debug("LoRA adapter %r (id %d) in slot %d", adapter.name, lora_id, slot)
+
+
+def _tp_slices(module: nn.Module) -> dict[str, Any]:
+    """Where ``module``'s part of the full projection starts under tensor parallelism (``LoRALinear``'s
+    ``input_start`` and ``output_starts``): a row-parallel layer's first input feature, a column-parallel one's
+    first row of each output shard (``shard_rank``: KV heads replicated over ranks share a slice)."""
+    input_start = getattr(module, "input_start", 0)
+    shard_rank = getattr(module, "shard_rank", None)
+    if shard_rank is None:
+        return {"input_start": input_start}
+    return {"input_start": input_start,
+            "output_starts": [shard_rank(j) * size for j, size in enumerate(module.output_sizes)]}
 
 
 def _file_stamps(path: str) -> tuple[tuple[int, int], ...]:

@@ -133,11 +133,13 @@ def get_quant_config(model_config: ModelConfig, hf_config: Any) -> Any | None:
         raise ConfigError(str(e)) from e
 
 
-def check_quantized_layers(model_config: ModelConfig, hf_config: Any) -> None:
+def check_quantized_layers(model_config: ModelConfig, hf_config: Any, *, tensor_parallel_size: int = 1) -> None:
     """Build the quantized model on the ``meta`` device (no memory, no weights, no kernels) so that a
     quantization method refuses a layer it cannot hold (``LinearMethod.create_weights`` raising ValueError, e.g.
-    a GPTQ layer whose width does not divide into packed words) before any engine starts. Does nothing for an
-    unquantized model. A model class that cannot be built on ``meta`` is skipped here (the real build checks).
+    a GPTQ layer whose width does not divide into packed words) before any engine starts. Under ``-tp`` above 1
+    it is built as rank 0 of the layout would build it (``distributed.tp_layout_preview``; every rank holds the
+    same shapes), so a split that cuts a packed word or a quantization group is refused here too. Does nothing for
+    an unquantized model. A model class that cannot be built on ``meta`` is skipped here (the real build checks).
 
     Raises:
         ConfigError (one line): from ``get_quant_config``, or the method's ValueError for a layer.
@@ -146,10 +148,11 @@ def check_quantized_layers(model_config: ModelConfig, hf_config: Any) -> None:
     if quant_config is None:
         return
     from brigade.attention.reference import ReferenceAttentionBackend
+    from brigade.distributed import tp_layout_preview
 
     model_cls = get_model_class(hf_config)
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), tp_layout_preview(tensor_parallel_size):
             model_cls(hf_config, dtype=torch.float16, attn_backend=ReferenceAttentionBackend,
                       quant_config=quant_config)
     except ConfigError:

@@ -8,6 +8,9 @@ Parameters carry the metadata their loader needs as plain attributes set by ``se
 * ``output_dim``: which dimension holds output features (0 for ``[out, in]`` weights; quantized
   methods may pack differently), ``None`` for per-shard scalars stored ``[num_shards]``.
 * ``pack_factor``: how many logical output features share one stored element along ``output_dim``.
+* ``input_dim``: which dimension follows the input features (1 for ``[out, in]`` weights; the packed rows of a
+  GPTQ ``qweight``, the group rows of scales and zeros). A row-parallel layer under ``-tp`` splits such a
+  parameter along it in ``tp`` equal parts; parameters without it are whole on every rank.
 * ``required_in_checkpoint``: set False on parameters a quantization method derives itself in
   ``process_weights_after_loading``, so their absence from the checkpoint is not an error.
 * ``full_shape``: under tensor parallelism, the shape of the whole (unsharded) parameter, of which this rank holds

@@ -14,6 +14,9 @@ BRIGADE_HOOKSPEC_VERSION = HOOKSPEC_VERSION
 LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 """HF architectures served by brigade.model_executor.models.llama (same block, different configs)."""
 
+DENSE_FAMILY = {"Qwen3ForCausalLM": "brigade.model_executor.models.qwen3:Qwen3ForCausalLM"}
+"""Llama-family architectures with a block of their own -> their classes."""
+
 MOE_FAMILY = {
     "MixtralForCausalLM": "brigade.model_executor.models.mixtral:MixtralForCausalLM",
     "Qwen2MoeForCausalLM": "brigade.model_executor.models.qwen_moe:Qwen2MoeForCausalLM",
@@ -46,7 +49,7 @@ def register_attention_backends(register: RegisterComponent) -> None:
 def register_models(register: RegisterComponent) -> None:
     for architecture in LLAMA_FAMILY:
         register(architecture, "brigade.model_executor.models.llama:LlamaForCausalLM")
-    for architecture, path in MOE_FAMILY.items():
+    for architecture, path in {**DENSE_FAMILY, **MOE_FAMILY}.items():
         register(architecture, path)
 
 

@@ -29,6 +29,9 @@ class CachedRequestState:
     sampling: SamplingRequestState
     num_pending: int = 0  # sampled by a step in flight: on the device, not yet in token_ids
     lora_int_id: int | None = None  # the LoRA adapter it runs with (its lora_int_id); None: the base model
+    # A pipeline stage before the last: the drafts its last step computed, not verified here (the last stage
+    # verifies); the next schedule's computed count says how many were accepted (``RequestStates.update``).
+    unverified_drafts: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -253,6 +253,10 @@ class ModelRunner:
         output.req_ids, output.sampled_token_ids = batch.req_ids, [[] for _ in batch.req_ids]
         if not sampling_req_ids:  # only prompt chunks that do not reach their end: nothing to sample
             return ReadyOutput(output)
+        if batch.drafts is not None and logits is None:  # a pipeline stage before the last: the last verifies
+            for state, drafts in zip(batch.states, batch.drafts):
+                state.unverified_drafts = drafts if drafts else None
+            return ReadyOutput(output)
         if batch.drafts is not None:
             verified = self.verify(self.requests, sampling_req_ids, logits, scheduler_output)
             for rid, tokens in verified.tokens.items():

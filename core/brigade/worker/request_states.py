@@ -67,9 +67,22 @@ class RequestStates(dict[str, CachedRequestState]):
                                                     cached.num_computed_tokens):
             state = self[req_id]
             state.block_ids.extend(new_blocks)
+            if state.unverified_drafts is not None:
+                self.apply_accepted_drafts(state, num_computed)
             state.num_computed_tokens = num_computed
         for req_id, tokens in zip(cached.req_ids, cached.new_token_ids):  # pipeline parallelism only
             self.append_unseen(self[req_id], tokens)
+
+    @staticmethod
+    def apply_accepted_drafts(state: CachedRequestState, num_computed: int) -> None:
+        """On a pipeline stage before the last: append the drafts of its last step that the last stage accepted,
+        counted from the scheduler's ``num_computed`` (it rolled back over the rejected ones, as
+        ``append_verified`` does), before ``append_unseen`` appends the token sampled after them."""
+        drafts, state.unverified_drafts = state.unverified_drafts, None
+        num_accepted = len(drafts) - (state.num_computed_tokens - num_computed)
+        accepted = drafts[:max(num_accepted, 0)]
+        state.token_ids.extend(accepted)
+        state.sampling.output_token_ids.extend(accepted)
 
     @staticmethod
     def append_unseen(state: CachedRequestState, tokens: list[int]) -> None:

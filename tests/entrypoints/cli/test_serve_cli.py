@@ -103,7 +103,8 @@ def test_a_mistyped_plugin_name_gets_a_did_you_mean(smollm2_path, flags, expecte
 
 
 @pytest.mark.parametrize("flags,expected", [
-    (["-tp", "2", "--enable-lora"], "--enable-lora with tensor parallelism (-tp 2) is not supported yet"),
+    (["-pp", "2", "--kv-transfer-config", '{"kv_connector": "shm", "kv_role": "kv_both"}'],
+     "--kv-transfer-config (a KV connector) with pipeline parallelism (-pp 2) is not supported yet"),
     (["-dp", "2", "--kv-transfer-config", '{"kv_connector": "shm", "kv_role": "kv_both"}'],
      "--kv-transfer-config (shm) with -dp 2 is not supported: each engine would run its own connector"),
     (["-tp", "3", "--distributed-executor-backend", "uni"], "--distributed-executor-backend uni runs one worker"),

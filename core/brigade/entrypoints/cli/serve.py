@@ -62,7 +62,8 @@ def check(args: argparse.Namespace) -> None:
     blocks = resolved.cache_config.num_gpu_blocks_override
     if blocks is not None:  # the pool's size is known before any weight loads
         check_kv_capacity(blocks, resolved.cache_config.block_size, resolved.model_config.max_model_len)
-    check_quantized_layers(config.model_config, hf_config)
+    check_quantized_layers(config.model_config, hf_config,
+                           tensor_parallel_size=config.parallel_config.tensor_parallel_size)
     if config.lora_config is not None:  # each adapter read and checked against the model, one line if bad
         from brigade.lora.adapter import check_adapters
 

@@ -186,7 +186,7 @@ class MergedColumnLinear(LinearBase):
             dim = getattr(param, "output_dim", None)
             if dim is not None:
                 shape = list(param.shape)
-                shape[dim] = sum(full_output_sizes)
+                shape[dim] = sum(full_output_sizes) // getattr(param, "pack_factor", 1)
                 set_weight_attrs(param, {"full_shape": tuple(shape)})
 
     def shard_rank(self, index: int) -> int:
@@ -275,23 +275,40 @@ class RowParallelLinear(Linear):
     its ``input_size / tp`` columns of ``W`` by its slice of the activations (the column-parallel layer before it
     left them split), and an all-reduce sums the partial products; the bias is added once, after the sum.
 
+    Every parameter whose method marked an ``input_dim`` is split along it in ``tp`` equal parts, rank ``r``
+    keeping part ``r``: the dense weight's columns, a GPTQ ``qweight``'s packed rows, the scale and zero rows of
+    the rank's quantization groups, FP8 block-scale columns. Parameters without ``input_dim`` (per output channel
+    or per tensor scales) are whole on every rank. A LoRA delta is added to the partial product before the
+    all-reduce (its A holds the rank's input columns, B is whole), so the sum carries it once, as in vLLM's
+    ``RowParallelLinearWithLoRA``.
+
     The epilogue fusions (residual add, SiLU-and-mul into the GEMM) keep what is exact under the sum: the
     activation still runs inside the GEMM, but the residual add waits for the reduced output (the next norm's
     fused add-and-normalize makes it). With one rank it is ``Linear`` itself.
+
+    Attributes:
+        full_input_size: the unsplit in_features; ``input_start``: the first of them this rank holds.
     """
 
     def __init__(self, input_size: int, output_size: int, *, bias: bool = False, dtype: torch.dtype,
                  quant_method: LinearMethod | None = None):
         bind_tp_group(self)
+        local = divide(input_size, self.tp_size, "input features")
+        # Plain attributes before Module.__init__: the method's create_weights reads them (``input_split``).
         self.full_input_size = input_size
-        super().__init__(divide(input_size, self.tp_size, "input features"), output_size, bias=bias, dtype=dtype,
-                         quant_method=quant_method)
+        self.input_start = self.tp_rank * local
+        super().__init__(local, output_size, bias=bias, dtype=dtype, quant_method=quant_method)
         if self.tp_size > 1:
-            set_weight_attrs(self.weight, {"input_dim": 1, "full_shape": (output_size, input_size)})
+            for param in self.parameters(recurse=False):
+                dim = getattr(param, "input_dim", None)
+                if dim is not None:
+                    shape = list(param.shape)
+                    shape[dim] *= self.tp_size
+                    set_weight_attrs(param, {"full_shape": tuple(shape)})
 
     def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor,
                       shard_id: str | int | None = None) -> None:
-        """Keep this rank's columns of the weight (its whole bias)."""
+        """Keep this rank's part of every parameter split along ``input_dim`` (the whole of the others)."""
         dim = getattr(param, "input_dim", None)
         if self.tp_size > 1 and dim is not None:
             size = param.shape[dim]
@@ -306,7 +323,10 @@ class RowParallelLinear(Linear):
         """Args: x [T, input_size / tp], this rank's features. Returns the summed [T, output_size]."""
         if self.tp_size == 1:
             return super().forward(x)
-        return self._reduce(self.quant_method.apply(self, x, None))
+        partial = self.quant_method.apply(self, x, None)
+        if self.lora is not None:
+            partial = self.lora.apply(x, partial)
+        return self._reduce(partial)
 
     def forward_partial(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's partial product, not reduced (``forward`` with one rank), for a caller that adds several
@@ -326,5 +346,7 @@ class RowParallelLinear(Linear):
                          ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         if self.tp_size == 1:
             return super().forward_silu_mul(x, residual)
+        if self.lora is not None:
+            return None
         out = self.quant_method.apply_silu_mul(self, x, None)
         return None if out is None else (self._reduce(out), residual)

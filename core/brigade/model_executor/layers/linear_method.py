@@ -112,6 +112,18 @@ RmsNormGemm = Callable[..., "torch.Tensor | None"]
 # Each layer binds at construction, in the process that builds the model.
 
 
+def input_split(layer: nn.Module, input_size: int) -> tuple[int, int]:
+    """``(input_start, full_input_size)`` of a layer whose ``create_weights`` is running: a row-parallel layer
+    under ``-tp`` above 1 holds in_features ``[input_start, input_start + input_size)`` of ``full_input_size``
+    (``layers.linear.RowParallelLinear``); any other layer holds them all, ``(0, input_size)``.
+
+    A method marks each parameter that follows the input features with ``input_dim`` (the dimension that holds
+    them, packed or grouped: its rows split in ``tp`` equal parts), and refuses a layout whose split would cut a
+    packed word or a quantization group.
+    """
+    return getattr(layer, "input_start", 0), getattr(layer, "full_input_size", input_size)
+
+
 def fold_norms_wanted(device_type: str) -> bool:
     """True when the active platform has an "rms_norm_gemm" for ``device_type``: models built there should
     fold their RMSNorm weights into the following dense projections."""
@@ -143,7 +155,7 @@ class UnquantizedLinearMethod(LinearMethod):
     def create_weights(self, layer: nn.Module, *, input_size: int, output_sizes: list[int],
                        dtype: torch.dtype) -> None:
         weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=dtype), requires_grad=False)
-        set_weight_attrs(weight, {"output_dim": 0})
+        set_weight_attrs(weight, {"output_dim": 0, "input_dim": 1})
         layer.register_parameter("weight", weight)
         self.gemm = dense_gemm_for_default_device()
         self.silu_mul_gemm = kernel_for("silu_mul_gemm")

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2) over the paged-attention interface.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2; Qwen3 in ``qwen3``) over the paged-attention interface.
 
 One code path serves the three architectures; they differ only in config values:
 
@@ -116,8 +116,8 @@ class LlamaDecoderLayer(nn.Module):
     the epilogue of the projection that ends its branch (o_proj, down_proj; ``rest`` is then None) or by the
     next norm's fused add-and-normalize kernel, whichever the platform has for the batch.
 
-    Subclasses change the two halves through ``attention_cls`` (Qwen3-MoE's q/k norms) and ``build_mlp`` (the
-    MoE models' sparse block); the norms, the residual pair and ``forward`` stay these."""
+    Subclasses change the two halves through ``attention_cls`` (Qwen3's and Qwen3-MoE's q/k norms per head) and
+    ``build_mlp`` (the MoE models' sparse block); the norms, the residual pair and ``forward`` stay these."""
 
     attention_cls: ClassVar[type[nn.Module]] = LlamaAttention
 

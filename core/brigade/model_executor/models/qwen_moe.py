@@ -6,7 +6,7 @@
 * Qwen2-MoE adds a shared expert (``shared_expert``, ``shared_expert_intermediate_size`` wide) that every token
   goes through, scaled by ``sigmoid(shared_expert_gate(x))``, and biases q/k/v (``qkv_bias``).
 * Qwen3-MoE has no shared expert and no biases (unless ``attention_bias``), and RMS-normalises each head of q and
-  k over ``head_dim`` before the rotary embedding (``q_norm``, ``k_norm``).
+  k over ``head_dim`` before the rotary embedding (``qwen3.Qwen3Attention``, shared with dense Qwen3).
 * A layer is sparse unless it is listed in ``mlp_only_layers`` or ``(layer + 1) % decoder_sparse_step != 0``;
   the others are dense SwiGLU MLPs of ``intermediate_size`` (transformers' ``Qwen2MoeDecoderLayer``).
 """
@@ -15,12 +15,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import torch
 from torch import nn
 
-from brigade.attention.backend import AttentionContext
-from brigade.model_executor.layers.layernorm import RMSNorm
-from brigade.model_executor.models.llama import LlamaAttention
+from brigade.model_executor.models.qwen3 import Qwen3Attention
 from brigade.model_executor.models.sparse_moe import MoEDecoderLayer, MoEForCausalLM
 
 
@@ -40,28 +37,8 @@ class Qwen2MoeForCausalLM(MoEForCausalLM):
     decoder_layer_cls: ClassVar[type[nn.Module]] = QwenMoeDecoderLayer
 
 
-class Qwen3MoeAttention(LlamaAttention):
-    """Llama attention with an RMSNorm over ``head_dim`` on each query and key head before the rotation
-    (``q_norm``, ``k_norm``, one weight of ``head_dim`` shared by all heads)."""
-
-    def __init__(self, config: Any, **kwargs: Any):
-        super().__init__(config, **kwargs)
-        self.q_norm = RMSNorm(self.head_size, config.rms_norm_eps, dtype=kwargs["dtype"])
-        self.k_norm = RMSNorm(self.head_size, config.rms_norm_eps, dtype=kwargs["dtype"])
-
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, rest: torch.Tensor | None, ctx: AttentionContext,
-                norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """As ``LlamaAttention.forward``, with q and k normalized per head after the projection."""
-        qkv, stream = self.qkv_proj.forward_normed(h, rest, norm)
-        q, k, v = self.qkv_proj.split(qkv)  # [T, H*D], [T, Hkv*D], [T, Hkv*D]
-        q = self.q_norm(q.reshape(-1, self.head_size)).view(q.shape[0], -1)  # each head over D
-        k = self.k_norm(k.reshape(-1, self.head_size)).view(k.shape[0], -1)
-        attn = self.attn(q, k, v, ctx, positions=positions, rotary_emb=self.rotary_emb)
-        return self.o_proj.forward_add(attn, stream)
-
-
 class Qwen3MoeDecoderLayer(QwenMoeDecoderLayer):
-    attention_cls: ClassVar[type[nn.Module]] = Qwen3MoeAttention
+    attention_cls: ClassVar[type[nn.Module]] = Qwen3Attention
 
 
 class Qwen3MoeForCausalLM(MoEForCausalLM):
