@@ -123,7 +123,7 @@ def test_ray_tp2_matches_transformers_and_names_a_killed_rank(tiny_llama, ray_tm
     assert "tp 0/2" in got["places"][0] and "tp 1/2" in got["places"][1]
     assert os.getpid() not in got["pids"] and len(set(got["pids"])) == 2  # two actor processes
     assert got["owns_ray"] and not got["ray_after"], "the engine started the local cluster and leaves it"
-    assert f"worker rank 1 (Ray actor on " in got["error"] and f"pid {got['pids'][1]}) killed by ray.kill" in \
+    assert "worker rank 1 (Ray actor on " in got["error"] and f"pid {got['pids'][1]}) killed by ray.kill" in \
         got["error"], got["error"]
     assert got["placement"] == ("ConfigError: the Ray cluster did not grant 2 bundles of {'CPU': 1} (one per rank) in "
                                 "2 s; 0 CPU(s) are free: add nodes or lower -tp x -pp"), got["placement"]
@@ -174,7 +174,7 @@ def test_killed_actor_process_fails_the_stream_and_the_server_exits(tiny_llama, 
         body = {"model": "tiny", "prompt": [1, 5, 7, 9], "max_tokens": 100, "ignore_eos": True, "stream": True}
         last = kill_rank_mid_stream(server, body, pids[1])
         assert last.startswith("brigade serve: error: the engine died (") and \
-            f"worker rank 1 (Ray actor on " in last and f"pid {pids[1]}) died" in last, last
+            "worker rank 1 (Ray actor on " in last and f"pid {pids[1]}) died" in last, last
     finally:
         server.stop()
     _assert_all_gone(ray_tmpdir)
