@@ -5,7 +5,8 @@
 #   2. torch==$TORCH_VERSION, the CPU wheel pip finds through this machine's find-links. It goes in
 #      first and alone, pinned, so that nothing later can pull a multi-GB CUDA build;
 #   3. brigade itself, editable, with its test and structured-output extras, plus the local plugin
-#      packages listed in LOCAL_PACKAGES (editable, each only if its pyproject.toml exists);
+#      packages listed in LOCAL_PACKAGES (editable, each only if its pyproject.toml exists), installed by uv
+#      (itself pip-installed into .venv first; pip does it when uv cannot be installed);
 #   4. the real model (scripts/fetch_model.py): SmolLM2-135M-Instruct into
 #      $BRIGADE_CACHE_DIR (default ~/.cache/brigade)/models/SmolLM2-135M-Instruct.
 #
@@ -101,7 +102,13 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT_STAMP" || -n "$MISSING" ]]; t
     # Keep the torch already installed: a plugin asking for a newer one must fail, not swap it.
     CONSTRAINTS="$(mktemp)"
     "$PY" -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' > "$CONSTRAINTS"
-    pip_install -c "$CONSTRAINTS" "${EDITABLES[@]}"
+    # uv (PyPI `uv`) installs the same set about twice as fast as pip: it downloads and unpacks in parallel, and
+    # on a fresh machine this step is mostly downloads. pip does it when uv cannot be had.
+    if pip_install uv; then
+        "$PY" -m uv pip install --quiet --python "$PY" -c "$CONSTRAINTS" "${EDITABLES[@]}"
+    else
+        pip_install -c "$CONSTRAINTS" "${EDITABLES[@]}"
+    fi
     rm -f "$CONSTRAINTS"
     echo "$WANT_STAMP" > "$STAMP"
 fi

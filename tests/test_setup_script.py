@@ -1,8 +1,8 @@
 """scripts/setup.sh's install step: skipped while its stamp is current, redone when a local package went missing.
 
-The script runs on a copy of the checkout's layout whose ``.venv/bin/python`` is a shim: ``-m pip`` calls are only
-logged (nothing is installed anywhere), everything else runs this interpreter, whose installed distributions
-stand for the venv's.
+The script runs on a copy of the checkout's layout whose ``.venv/bin/python`` is a shim: ``-m pip`` and ``-m uv``
+calls are only logged (nothing is installed anywhere), everything else runs this interpreter, whose installed
+distributions stand for the venv's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def make_checkout(root: Path, pip_log: Path) -> None:
     (plugin / "pyproject.toml").write_text('[project]\nname = "brigade-surely-not-installed"\nversion = "0"\n')
     shim = root / ".venv" / "bin" / "python"
     shim.parent.mkdir(parents=True)
-    shim.write_text(f'#!/usr/bin/env bash\nif [[ "$1 $2" == "-m pip" ]]; then echo "$@" >> "{pip_log}"; exit 0; fi\n'
+    shim.write_text('#!/usr/bin/env bash\n'
+                    f'if [[ "$1 $2" == "-m pip" || "$1 $2" == "-m uv" ]]; then echo "$@" >> "{pip_log}"; exit 0; fi\n'
                     f'exec "{sys.executable}" "$@"\n')
     shim.chmod(0o755)
 
@@ -40,7 +41,8 @@ def run_setup(root: Path) -> str:
 
 def installs(pip_log: Path) -> list[str]:
     lines = pip_log.read_text().splitlines() if pip_log.exists() else []
-    return [line for line in lines if "install" in line and "--dry-run" not in line]
+    # The install of the editables (by uv; pip's own `install uv` before it is not one)
+    return [line for line in lines if "install" in line and "--dry-run" not in line and " -e " in line]
 
 
 def test_a_package_missing_from_the_venv_is_reinstalled_though_the_stamp_is_current(tmp_path):
@@ -48,6 +50,7 @@ def test_a_package_missing_from_the_venv_is_reinstalled_though_the_stamp_is_curr
     make_checkout(root, pip_log)
     run_setup(root)  # no stamp yet: installs, then writes the stamp
     assert len(installs(pip_log)) == 1 and "plugins/gone" in installs(pip_log)[0]
+    assert installs(pip_log)[0].startswith("-m uv pip install --quiet --python ")  # uv, once pip installed it
     assert (root / ".venv" / ".brigade-setup-stamp").is_file()
 
     out = run_setup(root)  # stamp current, but the plugin's distribution is not installed
