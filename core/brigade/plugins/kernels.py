@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import torch
 
 from brigade.plugins.errors import PluginLoadError
 from brigade.plugins.registry import PluginSource, Registration, Registry
@@ -96,6 +95,8 @@ def kernel_for(op: str, device_type: str | None = None, *, registry: Registry | 
     registry = registries.kernels if registry is None else registry
     if not len(registry):
         return None
+    import torch  # here, not at import: `brigade` parses its flags without torch
+
     device_type = device_type or torch.get_default_device().type
     active = _active_platform()
     if active is None or active[1] != device_type:
