@@ -7,10 +7,11 @@
 #      the same version as Brigade's own, so that no CUDA build is pulled), then lm-eval[api]==$LM_EVAL_VERSION;
 #   2. starts `brigade serve MODEL --enable-tokenizer-info-endpoint --api-key ...` on 127.0.0.1:$PORT (default
 #      8123) and waits for GET /health;
-#   3. runs lm-eval's `local-completions` model on the two local tasks in examples/lm_eval_tasks/ (six questions
-#      in a jsonl beside them, read by lm-eval's `json` dataset loader: no model or data hub is reached): one
-#      `generate_until` task (exact match) and one `multiple_choice` task (loglikelihood of each choice, from the
-#      prompt's logprobs that /v1/completions echoes for the token ids lm-eval got from /tokenize);
+#   3. runs lm-eval's `local-completions` model on the three local tasks in examples/lm_eval_tasks/ (six questions
+#      in a jsonl beside them, read by lm-eval's `json` dataset loader: no model or data hub is reached): a
+#      `generate_until` task (exact match), a `multiple_choice` task (loglikelihood of each choice, from the
+#      prompt's logprobs that /v1/completions echoes for the token ids lm-eval got from /tokenize) and a
+#      `loglikelihood_rolling` task (perplexity of each sentence after the BOS token lm-eval tokenizes remotely);
 #   4. stops the server (on any exit). Results and the server's log go to OUT (default: a new temporary folder).
 #
 # Usage: examples/lm_eval_remote_tokenizer.sh [MODEL_DIR]   (default: the set-up's SmolLM2-135M-Instruct)
@@ -73,6 +74,6 @@ MODEL_ARGS="model=$NAME,base_url=http://127.0.0.1:$PORT/v1/completions,tokenizer
 MODEL_ARGS+=",auth_token=$KEY,max_length=1024"
 OPENAI_API_KEY="$KEY" HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 "$VENV/bin/lm_eval" \
     --model local-completions --model_args "$MODEL_ARGS" \
-    --tasks capitals_gen,capitals_mc --include_path . \
+    --tasks capitals_gen,capitals_mc,capitals_ppl --include_path . \
     --output_path "$OUT" --log_samples
 log "results and per-question samples in $OUT"

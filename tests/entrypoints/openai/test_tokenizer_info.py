@@ -3,7 +3,8 @@ the tokenizer's config with its class and chat template, and the requests lm-eva
 model with its remote tokenizer (``tokenizer_backend=remote``; ``lm_eval.utils.RemoteTokenizer``) sent a Brigade
 server, replayed as they were recorded on the wire (bodies and headers) on the first question of the local tasks in
 examples/lm_eval_tasks/: the info, ``/tokenize`` of each prompt, the ``generate_until`` completion on the token ids it
-got back, and the ``loglikelihood`` completions (``echo`` with ``logprobs=1``) that lm-eval scores; each answer is
+got back, and the ``loglikelihood`` and ``loglikelihood_rolling`` completions (``echo`` with ``logprobs=1``, the
+rolling one after the BOS id lm-eval tokenizes from the info) that lm-eval scores; each answer is
 checked against transformers in fp32 and scored as lm-eval scores it. lm-eval itself is not a test dependency:
 examples/lm_eval_remote_tokenizer.sh runs the real client (docs/server.md has its output). lm-eval sends the API key
 on each request; the tokenizer routes stay open without it, as in vLLM."""
@@ -28,6 +29,8 @@ GEN_BODY = {"prompt": [GEN_IDS], "model": SERVED_NAME, "max_tokens": 8, "tempera
 MC_CONTEXT = "Question: What is the capital of France?\nAnswer:"
 MC_CONTEXT_IDS = [17872, 42, 1812, 314, 260, 3575, 282, 4649, 47, 198, 21350, 42]
 MC_CHOICES = {" Paris": [7042], " Berlin": [11452], " Madrid": [28030], " Rome": [7268]}  # continuation ids
+ROLLING_TEXT = "The capital of France is Paris."  # capitals_ppl, scored after the BOS token
+ROLLING_IDS = [504, 3575, 282, 4649, 314, 7042, 30]
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +112,19 @@ def test_lm_eval_loglikelihood_requests(remote, hf_reference):
     assert max(scores, key=scores.get) == " Paris"  # the question counts as right in capitals_mc's acc
 
 
+def test_lm_eval_loglikelihood_rolling_requests(remote, hf_reference):
+    assert lm_eval_tokenize(remote, ROLLING_TEXT) == ROLLING_IDS
+    bos = remote.get("/tokenizer_info").json()["bos_token"]
+    assert lm_eval_tokenize(remote, bos) == [1]  # RemoteTokenizer.bos_token_id: lm-eval's prefix token
+    body = {"model": SERVED_NAME, "prompt": [[1, *ROLLING_IDS]], "temperature": 0, "max_tokens": 1, "logprobs": 1,
+            "seed": 1234, "echo": True}
+    response = remote.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    (choice,) = response.json()["choices"]
+    score, _ = lm_eval_score(choice, 1)
+    assert score == pytest.approx(sum(hf_reference.prompt_logprobs([1, *ROLLING_IDS])[1:]), abs=1e-3)
+
+
 def test_lm_eval_chat_template_request_is_refused_as_vllm_refuses_it(remote):
     """With ``--apply_chat_template``, lm-eval 0.4.13 sends the message list itself as ``prompt`` (its
     ``TemplateAPI.apply_chat_template`` returns the history unrendered for the remote backend); vLLM's
@@ -120,9 +136,10 @@ def test_lm_eval_chat_template_request_is_refused_as_vllm_refuses_it(remote):
 
 
 def test_remote_tokenizer_decode_eos_and_chat_template(remote, hf_tokenizer):
-    """RemoteTokenizer's other methods, which the runs above do not call: ``decode`` (``/detokenize``),
-    ``eos_token_id``/``bos_token_id`` (the info's token text, tokenized) and ``apply_chat_template`` (lm-eval's jinja2
-    environment over the served template), whose text must tokenize to the ids the server's own rendering gives."""
+    """RemoteTokenizer's other methods: ``bos_token_id`` (the info's token text, tokenized: the prefix token of
+    ``loglikelihood_rolling``, the third local task) and ``eos_token_id``; ``decode`` (``/detokenize``) and
+    ``apply_chat_template`` (lm-eval's jinja2 environment over the served template, whose text must tokenize to the
+    ids the server's own rendering gives), which lm-eval 0.4.13's local-completions does not call."""
     info = remote.get("/tokenizer_info").json()
     text = "The quick brown fox jumps over the lazy dog."
     ids = lm_eval_tokenize(remote, text)
