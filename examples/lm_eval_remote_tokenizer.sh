@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # lm_eval_remote_tokenizer.sh: evaluate a `brigade serve` with lm-eval's own client, its tokenizer read from the
-# server (lm-eval's `tokenizer_backend=remote`, over GET /tokenizer_info, POST /tokenize and /detokenize).
+# server (lm-eval's `tokenizer_backend=remote`, over GET /tokenizer_info and POST /tokenize).
 #
 #   1. makes a virtual environment for lm-eval (LM_EVAL_VENV, default $BRIGADE_CACHE_DIR/lm-eval-venv, that is
-#      ~/.cache/brigade/lm-eval-venv) if it has no lm_eval yet: a CPU torch pinned first (lm-eval depends on torch;
-#      the same version as Brigade's own, so that no CUDA build is pulled), then lm-eval[api]==$LM_EVAL_VERSION;
+#      ~/.cache/brigade/lm-eval-venv) if it has no lm_eval yet: torch first, pinned to the build Brigade's own
+#      environment has (the CPU one on a CPU machine; lm-eval depends on torch and would otherwise pull a CUDA
+#      build of several GB), then lm-eval[api]==$LM_EVAL_VERSION with torch held to that pin;
 #   2. starts `brigade serve MODEL --enable-tokenizer-info-endpoint --api-key ...` on 127.0.0.1:$PORT (default
 #      8123) and waits for GET /health;
 #   3. runs lm-eval's `local-completions` model on the three local tasks in examples/lm_eval_tasks/ (six questions
