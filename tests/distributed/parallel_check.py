@@ -108,18 +108,21 @@ def save_with_greedy_references(config, path, model_cls=None) -> tuple[list[list
     return refs, sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def kill_rank_mid_stream(server, body: dict, pid: int) -> str:
-    """Stream ``body`` from ``server``, SIGKILL the worker ``pid`` after the first chunk, check the stream ends with
-    an error event then ``[DONE]`` and the server exits 1; returns the server's last log line."""
+def kill_rank_mid_stream(server, body: dict, pid: int, sig: int | None = None) -> str:
+    """Stream ``body`` from ``server``, send the worker ``pid`` the signal ``sig`` (SIGKILL by default; SIGSTOP
+    leaves it alive but stalled) after the first chunk, check the stream ends with an error event then ``[DONE]``
+    and the server exits 1; returns the server's last log line."""
     import signal
 
     import httpx
+
+    sig = signal.SIGKILL if sig is None else sig
 
     with httpx.stream("POST", server.url("/v1/completions"), json=body, timeout=60) as stream:
         assert stream.status_code == 200, stream.read()
         lines = (line for line in stream.iter_lines() if line.startswith("data: "))
         assert "error" not in next(lines)
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, sig)
         rest = list(lines)
     assert rest[-1] == "data: [DONE]" and '"engine_unavailable"' in rest[-2], rest[-3:]
     assert server.proc.wait(timeout=60) == 1, server.log_tail()
