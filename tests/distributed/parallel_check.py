@@ -52,6 +52,16 @@ def main():
         llm = LLM(model, tensor_parallel_size=tp, pipeline_parallel_size=pp, **kwargs)
         executor = llm.engine.core.executor
         infos = getattr(executor, "worker_info", [])
+        calls = {"steps": 0, "step_messages": 0}  # executor.execute_model calls; EXECUTE_MODEL messages published
+        if getattr(executor, "channel", None) is not None:
+            publish, execute = executor.channel.publish, executor.execute_model
+            def counted_publish(message, publish=publish):
+                calls["step_messages"] += message[0].name == "EXECUTE_MODEL"
+                publish(message)
+            def counted_execute(*args, execute=execute, **kwargs):
+                calls["steps"] += 1
+                return execute(*args, **kwargs)
+            executor.channel.publish, executor.execute_model = counted_publish, counted_execute
         tokens = generate(llm, prompts)
         texts, prompt_logprobs = list(TEXTS), list(PROMPT_LOGPROBS)
         again = generate(llm, prompts[2:])  # its two full prompt blocks come from the prefix cache
@@ -64,7 +74,7 @@ def main():
                    "peak_in_flight": llm.engine.core.peak_batches_in_flight,
                    "methods": [i.start_method for i in infos], "param_bytes": [i.param_bytes for i in infos],
                    "expert_param_bytes": [i.expert_param_bytes for i in infos],
-                   "places": [i.place for i in infos], "pids": [i.pid for i in infos]}
+                   "places": [i.place for i in infos], "pids": [i.pid for i in infos], **calls}
         llm.engine.core.shutdown()
         out[layout]["alive"] = [p.is_alive() for p in getattr(executor, "procs", [])]
     print(json.dumps(out))
