@@ -74,7 +74,8 @@ def main():
                    "peak_in_flight": llm.engine.core.peak_batches_in_flight,
                    "methods": [i.start_method for i in infos], "param_bytes": [i.param_bytes for i in infos],
                    "expert_param_bytes": [i.expert_param_bytes for i in infos],
-                   "places": [i.place for i in infos], "pids": [i.pid for i in infos], **calls}
+                   "places": [i.place for i in infos], "pids": [i.pid for i in infos],
+                   "plugins": [i.plugins for i in infos], **calls}
         llm.engine.core.shutdown()
         out[layout]["alive"] = [p.is_alive() for p in getattr(executor, "procs", [])]
     print(json.dumps(out))
