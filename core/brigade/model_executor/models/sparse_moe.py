@@ -138,7 +138,7 @@ class MoEForCausalLM(LlamaForCausalLM):
     supports_tensor_parallel: ClassVar[bool] = True
     supports_expert_parallel: ClassVar[bool] = True
     supports_pipeline_parallel: ClassVar[bool] = False
-    # Quantization configs see the merged names; the experts' own tensors are not quantized.
+    # Quantization configs see the merged names (check_moe_config refuses quantized MoE models for now).
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         **LlamaForCausalLM.packed_modules_mapping,
         "experts.w13_weight": ["gate_proj", "up_proj"],
