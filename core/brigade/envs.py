@@ -96,6 +96,9 @@ VARIABLES = declare(
     EnvVar("BRIGADE_ENGINE_STARTUP_TIMEOUT", "float", 600.0,
            "Seconds the front end waits for the engine-core process to report ready."),
     EnvVar("BRIGADE_WORKER_MULTIPROC_METHOD", "str", "spawn", "How worker processes start: spawn or fork."),
+    EnvVar("BRIGADE_DISTRIBUTED_TIMEOUT", "float", 600.0,
+           "Seconds a collective between worker ranks may stall (a rank stopped or stuck) before it fails the engine "
+           "with an error instead of hanging."),
     EnvVar("BRIGADE_API_KEY", "str", None,
            "Bearer key: brigade serve requires it on /v1 unless --api-key is given; chat and bench send it."),
     EnvVar("BRIGADE_LOG_STATS_INTERVAL", "float", 10.0,

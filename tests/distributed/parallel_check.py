@@ -52,6 +52,16 @@ def main():
         llm = LLM(model, tensor_parallel_size=tp, pipeline_parallel_size=pp, **kwargs)
         executor = llm.engine.core.executor
         infos = getattr(executor, "worker_info", [])
+        calls = {"steps": 0, "step_messages": 0}  # executor.execute_model calls; EXECUTE_MODEL messages published
+        if getattr(executor, "channel", None) is not None:
+            publish, execute = executor.channel.publish, executor.execute_model
+            def counted_publish(message, publish=publish):
+                calls["step_messages"] += message[0].name == "EXECUTE_MODEL"
+                publish(message)
+            def counted_execute(*args, execute=execute, **kwargs):
+                calls["steps"] += 1
+                return execute(*args, **kwargs)
+            executor.channel.publish, executor.execute_model = counted_publish, counted_execute
         tokens = generate(llm, prompts)
         texts, prompt_logprobs = list(TEXTS), list(PROMPT_LOGPROBS)
         again = generate(llm, prompts[2:])  # its two full prompt blocks come from the prefix cache
@@ -64,7 +74,8 @@ def main():
                    "peak_in_flight": llm.engine.core.peak_batches_in_flight,
                    "methods": [i.start_method for i in infos], "param_bytes": [i.param_bytes for i in infos],
                    "expert_param_bytes": [i.expert_param_bytes for i in infos],
-                   "places": [i.place for i in infos], "pids": [i.pid for i in infos]}
+                   "places": [i.place for i in infos], "pids": [i.pid for i in infos],
+                   "plugins": [i.plugins for i in infos], **calls}
         llm.engine.core.shutdown()
         out[layout]["alive"] = [p.is_alive() for p in getattr(executor, "procs", [])]
     print(json.dumps(out))
@@ -108,18 +119,21 @@ def save_with_greedy_references(config, path, model_cls=None) -> tuple[list[list
     return refs, sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def kill_rank_mid_stream(server, body: dict, pid: int) -> str:
-    """Stream ``body`` from ``server``, SIGKILL the worker ``pid`` after the first chunk, check the stream ends with
-    an error event then ``[DONE]`` and the server exits 1; returns the server's last log line."""
+def kill_rank_mid_stream(server, body: dict, pid: int, sig: int | None = None) -> str:
+    """Stream ``body`` from ``server``, send the worker ``pid`` the signal ``sig`` (SIGKILL by default; SIGSTOP
+    leaves it alive but stalled) after the first chunk, check the stream ends with an error event then ``[DONE]``
+    and the server exits 1; returns the server's last log line."""
     import signal
 
     import httpx
+
+    sig = signal.SIGKILL if sig is None else sig
 
     with httpx.stream("POST", server.url("/v1/completions"), json=body, timeout=60) as stream:
         assert stream.status_code == 200, stream.read()
         lines = (line for line in stream.iter_lines() if line.startswith("data: "))
         assert "error" not in next(lines)
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, sig)
         rest = list(lines)
     assert rest[-1] == "data: [DONE]" and '"engine_unavailable"' in rest[-2], rest[-3:]
     assert server.proc.wait(timeout=60) == 1, server.log_tail()

@@ -92,6 +92,14 @@ def test_unsupported_moe_settings_are_refused_by_serves_checks(qwen2_moe, argv, 
     assert needle in str(info.value) and "\n" not in str(info.value)
 
 
+def test_fp8_on_an_moe_model_is_one_line_before_loading(qwen2_moe):
+    """The routed experts have no FP8 path: ``--quantization fp8`` is refused, not half applied."""
+    proc = run_cli("serve", str(qwen2_moe[0]), "--quantization", "fp8")
+    assert_one_line(proc, "brigade serve", "Qwen2Moe: quantization (fp8) of mixture-of-experts models is not "
+                                           "supported yet: the routed experts would stay in the model dtype")
+    assert "tensors from" not in proc.stderr  # refused before any weight was read
+
+
 def test_expert_parallel_on_a_dense_model_is_one_line(smollm2_path):
     proc = run_cli("serve", str(smollm2_path), "--enable-expert-parallel")
     assert_one_line(proc, "brigade serve", "--enable-expert-parallel applies to mixture-of-experts models; "

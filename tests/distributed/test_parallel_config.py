@@ -105,3 +105,15 @@ def test_more_workers_than_visible_gpus_is_one_line(monkeypatch):
                                           r"\(CUDA_VISIBLE_DEVICES=0,1\); lower the sizes"):
         check_device_count(c, CudaPlatform)
     check_device_count(dataclasses.replace(c, parallel_config=ParallelConfig(tensor_parallel_size=2)), CudaPlatform)
+
+
+def test_serve_with_more_stages_than_layers_exits_with_one_line(smollm2_path):
+    """The command itself: one stderr line, exit status 2, before any weight is read."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "entrypoints"))
+    from cli_runner import assert_one_line, run_cli
+
+    proc = run_cli("serve", str(smollm2_path), "-pp", "31")
+    assert_one_line(proc, "brigade serve", "-pp 31 is above the model's 30 layers; use -pp 30 or less")

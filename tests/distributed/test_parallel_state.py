@@ -105,3 +105,31 @@ def test_gloo_groups_pp2_tp2(free_port):
         hidden, dtype = got[last]["recv"]["hidden"]
         assert hidden == (torch.arange(6.0).reshape(2, 3) + first).tolist() and dtype == "torch.float32"
         assert got[last]["recv"]["ids"] == ([first], "torch.int64")
+
+
+def test_teardown_destroys_every_group_before_the_world(free_port, monkeypatch):
+    """A real one-rank gloo world: ``destroy`` takes each dimension's groups down (its device group before its CPU
+    group: on gloo they are one object, destroyed once), then the world's, and leaves no state behind."""
+    import torch.distributed as dist
+
+    from brigade.distributed.state import get_parallel_state
+
+    state = init_parallel_state(RankGrid(), 0, local_rank=0, device=torch.device("cpu"), backend="gloo",
+                                init_method=f"tcp://127.0.0.1:{free_port}", timeout_s=30)
+    names = {}
+    for coordinator in (state.ep, state.dp, state.pp, state.tp, state.world):
+        names.setdefault(id(coordinator.cpu_group), coordinator.name)
+    real, order = dist.destroy_process_group, []
+
+    def recording(group=None):
+        order.append("the world" if group is None else names.get(id(group), "?"))
+        real(group)
+
+    monkeypatch.setattr(dist, "destroy_process_group", recording)
+    try:
+        state.destroy()
+    finally:
+        if dist.is_initialized():
+            real()
+    assert order == ["ep", "dp", "pp", "tp", "world", "the world"], order  # the world's CPU group, then the world
+    assert not dist.is_initialized() and get_parallel_state() is None

@@ -35,3 +35,20 @@ def test_pp2_and_tp2_pp2_greedy_tokens_match_transformers(tiny_llama):
     # Each stage holds its own decoder layer; the first the embedding, the last the LM head.
     stage_bytes = got["1x2"]["param_bytes"]
     assert all(held < 0.75 * model_bytes for held in stage_bytes) and sum(stage_bytes) >= model_bytes * 0.95
+
+
+def test_the_kv_pool_is_sized_by_the_tightest_stage(tmp_path):
+    """3 layers over 2 stages: stage 0 holds 2 (2 KiB of KV per 8-token block), stage 1 holds 1 (1 KiB). Given
+    1 MiB of KV cache per rank, stage 0 fits 512 blocks and stage 1 1024: the one pool the scheduler sees is 512
+    blocks (less the null block), so no block id can overflow stage 0's cache; the tokens stay transformers'."""
+    import transformers
+    from parallel_check import save_with_greedy_references
+
+    config = transformers.LlamaConfig(vocab_size=200, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
+                                      rms_norm_eps=1e-5, tie_word_embeddings=False, architectures=["LlamaForCausalLM"])
+    refs, _ = save_with_greedy_references(config, tmp_path)
+    got = run_check(tmp_path, "fork", "auto", "1x1,1x2", num_gpu_blocks_override=None, kv_cache_memory_gib=2**-10)
+    assert got["1x1"]["kv"]["num_total_blocks"] == 1024 // 3 - 1  # one rank, 3 KiB a block
+    assert got["1x2"]["kv"]["num_total_blocks"] == 512 - 1, got["1x2"]["kv"]
+    assert got["1x2"]["tokens"] == got["1x1"]["tokens"] == refs

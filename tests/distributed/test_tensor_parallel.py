@@ -18,6 +18,10 @@ def test_tp2_greedy_tokens_match_transformers(tiny_llama, method):
     assert got["preemptions"] > 0  # the 6-block pool cannot hold the three requests at once
     assert got["kv"]["num_free_blocks"] == got["kv"]["num_total_blocks"], got["kv"]
     assert got["methods"] == [method, method]
+    # every rank loaded the plugins itself (a spawned worker imports them afresh)
+    assert all(plugins.get("builtin") == "loaded" for plugins in got["plugins"]), got["plugins"]
+    # each step reached both workers as one broadcast message, not one per worker
+    assert got["steps"] > 10 and got["step_messages"] == got["steps"], (got["steps"], got["step_messages"])
     assert [p.split(":")[0] for p in got["places"]] == ["rank 0/2 (local rank 0, device cpu)",
                                                         "rank 1/2 (local rank 1, device cpu)"]
     assert "tp 0/2" in got["places"][0] and "tp 1/2" in got["places"][1]

@@ -85,6 +85,17 @@ def death_cause(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
+def worker_error_line(error: str) -> str:
+    """A worker's reported error (``"Type: message"`` then its traceback) as one line: the first line, and for a
+    collective that timed out, which setting bounds the wait. The whole report is logged at DEBUG."""
+    logger.debug("a worker reported: %s", error)
+    line = error.split("\n", 1)[0]
+    if "timed out" in line.lower():
+        line += (f" (a collective stalled past BRIGADE_DISTRIBUTED_TIMEOUT={envs.BRIGADE_DISTRIBUTED_TIMEOUT:g} s: "
+                 "a peer rank is stopped or stuck)")
+    return line
+
+
 class MultiprocExecutor(Executor):
     """Starts ``world_size`` worker processes and broadcasts every command to all of them.
 
@@ -170,7 +181,7 @@ class MultiprocExecutor(Executor):
             # A rank killed in a collective makes its peers fail too (the connection closed): name the dead one.
             self._wait_for_death(DEATH_GRACE_S)
             self._check_alive(read_errors=False)
-            raise WorkerDiedError(f"worker rank {rank} failed: {reply.error}")
+            raise WorkerDiedError(f"worker rank {rank} failed: {worker_error_line(reply.error)}")
         return reply.value
 
     def _check_alive(self, *, read_errors: bool = True) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from brigade import envs
 from brigade.config import BrigadeConfig
 from brigade.utils import freeze_gc_heap
 
@@ -124,7 +125,8 @@ def _start_worker(config: BrigadeConfig, hf_config, spec: WorkerSpec):
         grid = RankGrid(dp=1, pp=parallel.pipeline_parallel_size, tp=parallel.tensor_parallel_size)
         # Device communicators are made lazily, at the first collective, on the device bound by init_device.
         state = init_parallel_state(grid, spec.rank, local_rank=local_rank, device=worker.device,
-                                    backend=platform.dist_backend, init_method=spec.init_method)
+                                    backend=platform.dist_backend, init_method=spec.init_method,
+                                    timeout_s=envs.BRIGADE_DISTRIBUTED_TIMEOUT)
     worker.init_device(hf_config)  # the runner sizes its KV cache for its stage and heads
     if state is not None:
         # Make every device communicator now: CUDA graphs capture the collectives of a communicator that exists.

@@ -138,7 +138,7 @@ class MoEForCausalLM(LlamaForCausalLM):
     supports_tensor_parallel: ClassVar[bool] = True
     supports_expert_parallel: ClassVar[bool] = True
     supports_pipeline_parallel: ClassVar[bool] = False
-    # Quantization configs see the merged names; the experts' own tensors are not quantized.
+    # Quantization configs see the merged names (check_moe_config refuses quantized MoE models for now).
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         **LlamaForCausalLM.packed_modules_mapping,
         "experts.w13_weight": ["gate_proj", "up_proj"],
@@ -171,7 +171,8 @@ class MoEForCausalLM(LlamaForCausalLM):
         """Refuse, in one line, an MoE config Brigade cannot run as its checkpoint means (``BrigadeConfig``
         ``config``): another router or scoring function, an activation other than SiLU, ``top_k`` outside
         ``[1, num_experts]``, experts that do not divide over the expert-parallel group (``-tp`` with
-        ``--enable-expert-parallel``), an expert width ``-tp`` does not divide (without it), LoRA.
+        ``--enable-expert-parallel``), an expert width ``-tp`` does not divide (without it), LoRA, quantization
+        (``--quantization`` or a quantized checkpoint: the routed experts have no quantized path yet).
 
         Raises:
             ConfigError: naming the unsupported setting and what Brigade runs.
@@ -213,3 +214,11 @@ def check_moe_config(hf_config: Any, config: Any) -> None:
     if config.lora_config is not None:
         raise ConfigError(f"{arch}: LoRA on mixture-of-experts models is not supported yet; serve it without "
                           "--enable-lora")
+    checkpoint_quant = getattr(hf_config, "quantization_config", None)
+    method = config.model_config.quantization or (checkpoint_quant.get("quant_method")
+                                                  if isinstance(checkpoint_quant, dict) else None)
+    if method is not None:
+        # Refused rather than half done: the routed experts (most of the weights) would stay unquantized.
+        raise ConfigError(f"{arch}: quantization ({method}) of mixture-of-experts models is not supported yet: "
+                          "the routed experts would stay in the model dtype; serve an unquantized checkpoint "
+                          "without --quantization")
