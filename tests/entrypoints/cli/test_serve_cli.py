@@ -216,8 +216,11 @@ def test_kv_cache_memory_beyond_ram_is_refused_before_loading(smollm2_path, free
     (["--host", "999.1.1.1", "--port", "8799"], "check --host", 1),
 ])
 def test_serve_refuses_before_starting_the_engine(smollm2_path, flags, expected, code):
-    proc = subprocess.run([*brigade_command(), "serve", str(smollm2_path), *flags], capture_output=True, text=True,
-                          timeout=120)
+    if code == 2:  # serve's checks, before anything binds: in this process
+        proc = run_main("serve", str(smollm2_path), *flags)
+    else:  # the address cannot be bound: a brigade process, so that nothing listens in this one
+        proc = subprocess.run([*brigade_command(), "serve", str(smollm2_path), *flags], capture_output=True,
+                              text=True, timeout=120)
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert proc.returncode == code and len(errors) == 1 and expected in errors[0], proc.stderr[-2000:]
     assert "tensors from" not in proc.stderr  # no model was loaded
@@ -258,9 +261,8 @@ def test_kv_cache_smaller_than_one_request_is_refused_at_start(smollm2_path):
     # used to pass this check and then preempt itself at every step, wedging the engine.
     with pytest.raises(ConfigError, match=r"holds 176 tokens \(11 usable blocks of 16\)"):
         LLM(str(smollm2_path), max_model_len=192, num_gpu_blocks_override=12, block_size=16)
-    proc = subprocess.run([*brigade_command(), "serve", str(smollm2_path), "--max-model-len", "512",
-                           "--num-gpu-blocks-override", "4", "--port", "8797"], capture_output=True, text=True,
-                          timeout=180)
+    proc = run_main("serve", str(smollm2_path), "--max-model-len", "512", "--num-gpu-blocks-override", "4", "--port",
+                    "8797")
     errors = [line for line in proc.stderr.splitlines() if "fewer than one request" in line]
     assert proc.returncode != 0 and len(errors) == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
@@ -272,8 +274,7 @@ def test_bench_errors_are_one_line(smollm2_path):
                         "--num-prompts", "2")
     assert too_long.returncode == 2 and "Traceback" not in too_long.stderr, too_long.stderr[-2000:]
     assert "--input-len 9000 + --output-len 8 exceeds the max model length" in too_long.stderr
-    nobody = subprocess.run([*brigade_command(), "bench", "serve", str(smollm2_path), "--base-url", "http://127.0.0.1:9",
-                             "--num-prompts", "2"], capture_output=True, text=True, timeout=180)
+    nobody = run_main("bench", "serve", str(smollm2_path), "--base-url", "http://127.0.0.1:9", "--num-prompts", "2")
     assert nobody.returncode == 2 and "Traceback" not in nobody.stderr, nobody.stderr[-2000:]
     assert "cannot reach a server at http://127.0.0.1:9" in nobody.stderr and "--launch" in nobody.stderr
 
