@@ -82,13 +82,25 @@ def test_latency_with_hf_peer(smollm2_path, tmp_path):
     assert record["ratios"]["hf_generate/brigade/latency_ms"] > 0
 
 
-def test_serve_launches_a_server_and_streams(smollm2_path, tmp_path, free_port):
-    out = tmp_path / "serve.json"
+@pytest.fixture(scope="module")
+def launched(smollm2_path, tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict, str]:
+    """One ``bench serve --launch`` for the module's two tests that read its record: (the process, its record,
+    the server's root). The base URL is given the usual OpenAI way, ending in /v1/."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        root = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    out = tmp_path_factory.mktemp("serve") / "serve.json"
     proc = run_bench("serve", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25", "--max-model-len", "2048", "--launch",
-                     "--base-url", f"http://127.0.0.1:{free_port}", "--num-prompts", "5", "--input-len", "12",
+                     "--base-url", f"{root}/v1/", "--num-prompts", "5", "--input-len", "12",
                      "--output-len", "6", "--request-rate", "20", "--output-json", str(out))
+    return proc, load(out), root
+
+
+def test_serve_launches_a_server_and_streams(launched):
+    proc, record, _ = launched
     assert "launching: brigade serve" in proc.stdout
-    record = load(out)
     metrics = record["results"]["brigade"]
     assert (metrics["completed"], metrics["failed"]) == (5, 0)
     assert metrics["num_output_tokens"] == 30 and metrics["num_prompt_tokens"] == 60
@@ -177,15 +189,11 @@ def test_throughput_repeats_interleave_rounds_and_report_medians(smollm2_path, t
             record["config"]["benchmark"]["repetition_penalty"]) == (0.34, 1.1)
 
 
-def test_serve_accepts_an_openai_base_url_ending_in_v1(smollm2_path, tmp_path, free_port):
-    """``--base-url http://HOST:PORT/v1`` (the usual OpenAI base URL) is the server's root: /v1 is not doubled."""
-    out = tmp_path / "serve_v1.json"
-    run_bench("serve", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25", "--max-model-len", "2048",
-              "--launch", "--base-url", f"http://127.0.0.1:{free_port}/v1/", "--num-prompts", "2", "--input-len", "8",
-              "--output-len", "3", "--output-json", str(out))
-    record = load(out)
-    assert record["config"]["benchmark"]["base_url"] == f"http://127.0.0.1:{free_port}"
-    assert record["results"]["brigade"]["completed"] == 2
+def test_serve_accepts_an_openai_base_url_ending_in_v1(launched):
+    """``--base-url http://HOST:PORT/v1/`` (the usual OpenAI base URL) is the server's root: /v1 is not doubled."""
+    _, record, root = launched
+    assert record["config"]["benchmark"]["base_url"] == root
+    assert record["results"]["brigade"]["completed"] == 5
 
 
 def test_serve_launch_refuses_a_port_another_server_listens_on(smollm2_path, tmp_path, free_port):

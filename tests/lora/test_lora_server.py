@@ -8,7 +8,7 @@ import openai
 import pytest
 from lora_utils import MAX_NEW_TOKENS, PROMPTS
 from remote_server import RemoteServer
-from cli_runner import assert_one_line, run_cli
+from cli_runner import assert_one_line, run_main
 
 from brigade import LLM, SamplingParams
 from brigade.config import ConfigError
@@ -155,7 +155,7 @@ def test_good_lora_flags_pass_the_checks(smollm2_path, lora_adapters):
 ])
 def test_bad_lora_flags_are_one_line_from_the_cli(smollm2_path, lora_adapters, argv, needle):
     fill = {name: str(path) for name, path in lora_adapters.items()}
-    proc = run_cli("serve", str(smollm2_path), *[a.format(**fill) for a in argv])
+    proc = run_main("serve", str(smollm2_path), *[a.format(**fill) for a in argv])
     assert_one_line(proc, "brigade serve", needle.format(**fill))
     assert "tensors from" not in proc.stderr
 

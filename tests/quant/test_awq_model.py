@@ -18,7 +18,7 @@ import pytest
 import torch
 from awq_checkpoint import E2E_GROUP_SIZE, awq_quantization_config
 from quant_model_utils import assert_unloaded_method_names_its_package, hf_greedy, serve_check_refusal
-from cli_runner import assert_one_line, run_cli
+from cli_runner import assert_one_line, run_main
 
 from brigade import LLM, SamplingParams
 from brigade_awq.method import AWQLinearMethod
@@ -101,7 +101,7 @@ def test_unsupported_checkpoints_are_refused_by_serves_checks(smollm2_path, tmp_
 
 
 def test_quantization_awq_on_an_unquantized_checkpoint_is_one_line(smollm2_path):
-    proc = run_cli("serve", str(smollm2_path), "--quantization", "awq")
+    proc = run_main("serve", str(smollm2_path), "--quantization", "awq")
     assert_one_line(proc, "brigade serve", "--quantization awq needs an AWQ checkpoint")
 
 

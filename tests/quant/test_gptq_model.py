@@ -19,7 +19,7 @@ import torch
 from gptq_checkpoint import E2E_SPECS
 from remote_server import RemoteServer
 from quant_model_utils import assert_unloaded_method_names_its_package, hf_greedy, serve_check_refusal
-from cli_runner import assert_one_line, run_cli
+from cli_runner import assert_one_line, run_main
 
 from brigade import LLM, SamplingParams
 from brigade_gptq.method import GPTQLinearMethod
@@ -138,7 +138,7 @@ def test_unsupported_checkpoints_are_refused_by_serves_checks(smollm2_path, tmp_
 
 
 def test_quantization_gptq_on_an_unquantized_checkpoint_is_one_line(smollm2_path):
-    proc = run_cli("serve", str(smollm2_path), "--quantization", "gptq")
+    proc = run_main("serve", str(smollm2_path), "--quantization", "gptq")
     assert_one_line(proc, "brigade serve", "--quantization gptq needs a GPTQ checkpoint")
 
 

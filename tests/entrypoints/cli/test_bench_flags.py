@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cli_runner import assert_one_line, parse, run_cli
+from cli_runner import assert_one_line, parse, run_cli, run_main
 from cli_server import MODEL_NAME
 
 
@@ -20,7 +20,7 @@ from cli_server import MODEL_NAME
 ])
 def test_bench_lengths_are_checked_before_the_engine_loads(smollm2_path, argv, limit):
     command, *flags = argv
-    proc = run_cli("bench", command, str(smollm2_path), *flags)
+    proc = run_main("bench", command, str(smollm2_path), *flags)
     line = assert_one_line(proc, f"brigade bench {command}", "exceeds the max model length " + limit)
     assert "keep their sum at most" in line and "tensors from" not in proc.stderr
     assert "KV cache" not in proc.stderr and "iteration" not in proc.stdout
@@ -44,10 +44,10 @@ def test_bench_serve_host_and_port_build_the_base_url(smollm2_path, server):
     finally:
         out.unlink(missing_ok=True)
     assert parse("bench", "serve", "--port", "9001").port == 9001
-    assert_one_line(run_cli("bench", "serve", str(smollm2_path), "--port", "70000"), "brigade bench serve",
+    assert_one_line(run_main("bench", "serve", str(smollm2_path), "--port", "70000"), "brigade bench serve",
                     "argument --port: must be in 1..65535, got 70000")
-    assert_one_line(run_cli("bench", "serve", str(smollm2_path), "--host", "127.0.0.1", "--base-url",
-                            "http://127.0.0.1:8000"), "brigade bench serve",
+    assert_one_line(run_main("bench", "serve", str(smollm2_path), "--host", "127.0.0.1", "--base-url",
+                             "http://127.0.0.1:8000"), "brigade bench serve",
                     "--base-url and --host/--port both name the server; give one")
 
 
@@ -60,8 +60,8 @@ FAST = ("--max-model-len", "24", "--load-format", "dummy", "--enforce-eager", "-
     ("throughput", ["--input-len", "16"], "--input-len"),
 ])
 def test_bench_lengths_with_a_sharegpt_like_dataset_are_refused(smollm2_path, command, flags, given):
-    proc = run_cli("bench", command, str(smollm2_path), "--dataset", "sharegpt-like", "--num-prompts", "2", *flags,
-                   *FAST)
+    proc = run_main("bench", command, str(smollm2_path), "--dataset", "sharegpt-like", "--num-prompts", "2", *flags,
+                    *FAST)
     assert_one_line(proc, f"brigade bench {command}", f"{given} apply to --dataset random only; --dataset "
                                                       f"sharegpt-like draws its own lengths")
 

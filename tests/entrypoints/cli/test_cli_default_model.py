@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import run_main
 from remote_server import brigade_command
 
 from brigade.cache_paths import DEFAULT_MODEL_NAME, cache_dir, default_model, default_model_dir
@@ -107,7 +108,7 @@ def test_generate_without_a_model(smollm2_path):
                                         (["serve"], "brigade serve MODEL"),
                                         (["bench", "latency"], "brigade bench latency MODEL")])
 def test_no_set_up_model_is_one_line(tmp_path, argv, usage):
-    proc = run_cli(*argv, env={"BRIGADE_CACHE_DIR": str(tmp_path)})
+    proc = run_main(*argv, env={"BRIGADE_CACHE_DIR": str(tmp_path)})
     lines = proc.stderr.splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     assert lines[0].startswith(f"brigade {' '.join(argv[:2]) if argv[0] == 'bench' else argv[0]}: error: no model "

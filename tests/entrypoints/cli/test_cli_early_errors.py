@@ -8,14 +8,14 @@ import argparse
 import socket
 
 import pytest
-from cli_runner import assert_one_line, run_cli, serve_args
+from cli_runner import assert_one_line, run_cli, run_main, serve_args
 
 from brigade.config import ConfigError
 from brigade.entrypoints.cli import serve
 from brigade.entrypoints.cli.engine_args import config_from_args
 
 
-@pytest.mark.parametrize("argv,prefix,needle", [
+BAD_FLAGS = [
     # 2: counts and timeouts are refused while parsing
     (["bench", "serve", "{model}", "--launch", "--launch-timeout", "-5"], "brigade bench serve",
      "argument --launch-timeout: must be a positive number of seconds, got '-5'"),
@@ -74,13 +74,31 @@ from brigade.entrypoints.cli.engine_args import config_from_args
      "--compilation-config has unknown keys ['max_capture_size']; allowed: level, cudagraph_mode"),
     (["serve", "{model}", "-O3", "--compilation-config", '{{"level": 1}}'], "brigade serve",
      "-O3 and --compilation-config level 1 disagree; give one"),
-])
-def test_bad_flags_are_one_line_from_the_subcommand(smollm2_path, tmp_path, monkeypatch, argv, prefix, needle):
-    monkeypatch.setenv("BRIGADE_CACHE_DIR", str(tmp_path / "cache"))  # no set-up model to fall back on
+]
+
+
+def _bad_flag(run, smollm2_path, tmp_path, argv, prefix, needle):
     fill = {"model": str(smollm2_path), "empty": str(tmp_path)}
-    proc = run_cli(*[a.format(**fill) for a in argv])
+    # no set-up model to fall back on
+    proc = run(*[a.format(**fill) for a in argv], env={"BRIGADE_CACHE_DIR": str(tmp_path / "cache")})
     assert_one_line(proc, prefix, needle.format(**fill))
     assert "tensors from" not in proc.stderr and "launching:" not in proc.stdout
+
+
+@pytest.mark.parametrize("argv,prefix,needle", BAD_FLAGS)
+def test_bad_flags_are_one_line_from_the_subcommand(smollm2_path, tmp_path, argv, prefix, needle):
+    _bad_flag(run_main, smollm2_path, tmp_path, argv, prefix, needle)
+
+
+@pytest.mark.parametrize("argv,prefix,needle", [
+    BAD_FLAGS[4],  # a bench flag's value refused while parsing
+    BAD_FLAGS[15],  # a bench subcommand's model check
+    BAD_FLAGS[21],  # serve's check of its flags
+])
+def test_bad_flags_are_one_line_from_the_command(smollm2_path, tmp_path, argv, prefix, needle):
+    """The same errors from the ``brigade`` process itself, one per code path above: exactly one stderr line in
+    a fresh process (no plugin start-up lines, no warnings), exit 2."""
+    _bad_flag(run_cli, smollm2_path, tmp_path, argv, prefix, needle)
 
 
 def _bench_serve_args(*argv: str) -> argparse.Namespace:
@@ -120,7 +138,8 @@ def test_a_busy_port_does_not_hide_a_config_error(smollm2_path):
         proc = run_cli("serve", str(smollm2_path), "--kv-cache-memory", "100000", "--host", "127.0.0.1",
                        "--port", str(port))
         assert_one_line(proc, "brigade serve", "--kv-cache-memory 100000 GiB is more than this machine's")
-        flag = run_cli("serve", str(smollm2_path), "--served-model-name", "", "--host", "127.0.0.1", "--port", str(port))
+        flag = run_main("serve", str(smollm2_path), "--served-model-name", "", "--host", "127.0.0.1", "--port",
+                        str(port))
         assert_one_line(flag, "brigade serve", "--served-model-name '' is empty")
 
 
@@ -176,11 +195,11 @@ def test_several_served_model_names(smollm2_path, tmp_path):
 
 def test_a_chat_template_that_does_not_compile_is_one_line_at_start(smollm2_path, tmp_path):
     # It used to start, then answer every chat request with a 400 blaming the client's messages.
-    assert_one_line(run_cli("serve", str(smollm2_path), "--chat-template", "{% if %}"), "brigade serve",
+    assert_one_line(run_main("serve", str(smollm2_path), "--chat-template", "{% if %}"), "brigade serve",
                     "--chat-template does not compile: Expected an expression")
     broken = tmp_path / "broken.jinja"
     broken.write_text("{{ messages[0]['content'] }}\n{% for m in messages %}\n")
-    assert_one_line(run_cli("generate", "hi", "--model", str(smollm2_path), "--chat-template", str(broken)),
+    assert_one_line(run_main("generate", "hi", "--model", str(smollm2_path), "--chat-template", str(broken)),
                     "brigade generate", f"--chat-template {broken} does not compile:")
     good = tmp_path / "good.jinja"
     good.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
@@ -198,7 +217,7 @@ def test_a_broken_tokenizer_file_is_one_error_line_not_a_traceback(smollm2_path,
 
 
 def test_an_empty_api_key_is_refused(smollm2_path):
-    assert_one_line(run_cli("serve", str(smollm2_path), "--api-key", ""), "brigade serve",
+    assert_one_line(run_main("serve", str(smollm2_path), "--api-key", ""), "brigade serve",
                     "--api-key is empty, which would serve without any key")
 
 
@@ -214,7 +233,7 @@ def test_underscore_flags_mean_the_dashed_ones():
 
 
 def test_an_underscore_flag_reaches_its_check(smollm2_path):
-    proc = run_cli("serve", str(smollm2_path), "--max_model_len", "0")
+    proc = run_main("serve", str(smollm2_path), "--max_model_len", "0")
     assert_one_line(proc, "brigade serve", "max-model-len")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from cli_runner import assert_one_line, parse, run_cli
+from cli_runner import assert_one_line, parse, run_cli, run_main
 
 
 @pytest.mark.parametrize("alias,dtype", [("half", "float16"), ("float", "float32"), ("float16", "float16")])
@@ -20,7 +20,7 @@ def test_dtype_float_generates_and_a_bad_dtype_names_the_aliases(smollm2_path):
     proc = run_cli("generate", "The capital of France is", "--model", str(smollm2_path), "--dtype", "float",
                    "--max-tokens", "3", "--max-model-len", "64")
     assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-3000:]
-    assert_one_line(run_cli("serve", str(smollm2_path), "--dtype", "double"), "brigade serve",
+    assert_one_line(run_main("serve", str(smollm2_path), "--dtype", "double"), "brigade serve",
                     "--dtype 'double' is not known; use one of auto, bfloat16, float16, float32 (or half for float16, "
                     "float for float32)")
 
@@ -41,7 +41,7 @@ def test_no_brigade_parser_takes_abbreviations():
     assert [p.prog for p in parsers if p.allow_abbrev] == []
 
 
-@pytest.mark.parametrize("argv,prefix,needle", [
+PREFIXES = [
     (["serve", "{model}", "--enable-prefix-cachin"], "brigade serve",
      "unrecognized arguments: --enable-prefix-cachin (did you mean --enable-prefix-caching?)"),
     (["serve", "{model}", "--max-model-le", "64"], "brigade serve",
@@ -54,12 +54,23 @@ def test_no_brigade_parser_takes_abbreviations():
     (["serve", "{model}", "--no-such-flag"], "brigade serve", "unrecognized arguments: --no-such-flag"),
     (["serve", "{model}", "--max-model-le", "64", "--enable-prefix-cachin"], "brigade serve",
      "(did you mean --max-model-len for --max-model-le, --enable-prefix-caching for --enable-prefix-cachin?)"),
-])
-def test_a_prefix_of_a_flag_is_an_error_naming_it(smollm2_path, argv, prefix, needle):
-    proc = run_cli(*[a.format(model=smollm2_path) for a in argv])
-    line = assert_one_line(proc, prefix, needle)
+]
+
+
+def _prefix_error(run, smollm2_path, argv, prefix, needle):
+    line = assert_one_line(run(*[a.format(model=smollm2_path) for a in argv]), prefix, needle)
     if "no-such-flag" in needle:
         assert "did you mean" not in line, line
+
+
+@pytest.mark.parametrize("argv,prefix,needle", PREFIXES)
+def test_a_prefix_of_a_flag_is_an_error_naming_it(smollm2_path, argv, prefix, needle):
+    _prefix_error(run_main, smollm2_path, argv, prefix, needle)
+
+
+def test_a_prefix_of_a_flag_is_the_commands_only_line(smollm2_path):
+    """The same error from the ``brigade`` process (the underscore spelling normalized first)."""
+    _prefix_error(run_cli, smollm2_path, *PREFIXES[2])
 
 
 def test_short_and_negated_flags_still_parse(smollm2_path):

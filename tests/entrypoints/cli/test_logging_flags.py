@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from cli_runner import assert_one_line, parse, run_cli
+from cli_runner import assert_one_line, parse, run_main
 from cli_server import MODEL_NAME
 from remote_server import RemoteServer
 
@@ -64,11 +64,11 @@ def test_enable_log_requests_disable_log_stats_and_the_tool_flags(smollm2_path):
                                                           "contradict each other"),
 ])
 def test_bad_logging_and_tool_flags_are_one_line(smollm2_path, argv, needle):
-    assert_one_line(run_cli("serve", str(smollm2_path), *argv), "brigade serve", needle)
+    assert_one_line(run_main("serve", str(smollm2_path), *argv), "brigade serve", needle)
 
 
 def test_bad_stats_interval_is_one_line(smollm2_path):
-    proc = run_cli("serve", str(smollm2_path), env={"BRIGADE_LOG_STATS_INTERVAL": "soon"})
+    proc = run_main("serve", str(smollm2_path), env={"BRIGADE_LOG_STATS_INTERVAL": "soon"})
     assert_one_line(proc, "brigade serve", "BRIGADE_LOG_STATS_INTERVAL='soon' is not a positive number of seconds")
 
 
@@ -79,7 +79,7 @@ def test_log_requests_flags_map_onto_the_settings(smollm2_path):
     assert not settings_from_args(parse("serve", str(smollm2_path), "--disable-log-requests")).log_requests
     assert settings_from_args(parse("serve", str(smollm2_path), "--enable-log-requests")).log_requests
     assert not settings_from_args(parse("serve", str(smollm2_path), "--disable-log-stats")).log_stats
-    help_text = run_cli("serve", "--help").stdout
+    help_text = run_main("serve", "--help").stdout
     assert "--disable-log-requests" in help_text and "deprecated" in help_text and "hermes" in help_text
 
 

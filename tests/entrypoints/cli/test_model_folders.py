@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_runner import assert_one_line, parse, run_cli
+from cli_runner import assert_one_line, parse, run_cli, run_main
 from remote_server import find_free_port
 
 
@@ -53,7 +53,7 @@ def test_a_config_that_transformers_cannot_read_is_one_line(remote_code_model, t
     missing = run_cli("serve", str(remote_code_model), "--trust-remote-code", env=env)
     assert_one_line(missing, "brigade serve", "cannot read the config of")
     (remote_code_model / "config.json").write_text("{not json")
-    broken = run_cli("serve", str(remote_code_model), env=env)
+    broken = run_main("serve", str(remote_code_model), env=env)
     assert_one_line(broken, "brigade serve", "cannot read the config of")
 
 
@@ -68,7 +68,7 @@ def _copy_model(src: Path, dst: Path, *, tokenizer: bool) -> Path:
 
 def test_serve_a_folder_without_a_tokenizer_is_one_line(smollm2_path, tmp_path):
     model = _copy_model(smollm2_path, tmp_path / "no-tokenizer", tokenizer=False)
-    line = assert_one_line(run_cli("serve", str(model)), "brigade serve", "has no tokenizer "
+    line = assert_one_line(run_main("serve", str(model)), "brigade serve", "has no tokenizer "
                            "(tokenizer.json / tokenizer_config.json)")
     assert str(model) in line and "--tokenizer" in line and "--skip-tokenizer-init" in line, line
     assert "sentencepiece" not in line and "tiktoken" not in line
@@ -88,8 +88,8 @@ def test_a_truncated_weights_file_is_named(smollm2_path, tmp_path):
 
 
 def test_generate_with_the_model_first_names_the_real_problem(smollm2_path):
-    assert_one_line(run_cli("generate", str(smollm2_path), "--max-tokens", "-1"), "brigade generate",
+    assert_one_line(run_main("generate", str(smollm2_path), "--max-tokens", "-1"), "brigade generate",
                     "argument --max-tokens: must be at least 1, got -1")
-    line = assert_one_line(run_cli("generate", str(smollm2_path), "--max-tokens", "4"), "brigade generate",
+    line = assert_one_line(run_main("generate", str(smollm2_path), "--max-tokens", "4"), "brigade generate",
                            f"the prompt {str(smollm2_path)!r} is a directory and no MODEL follows it")
     assert "brigade generate PROMPT MODEL" in line and "no model given" not in line, line

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cli_runner import assert_one_line, run_cli
+from cli_runner import assert_one_line, run_main
 
 QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 49152,
              "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32, "num_hidden_layers": 2,
@@ -30,5 +30,5 @@ def _config_only(smollm2_path, root: Path, **overrides) -> Path:
 ], ids=["lora", "sigmoid-router"])
 def test_unsupported_moe_setups_are_one_line(smollm2_path, tmp_path, overrides, flags, needle):
     model = _config_only(smollm2_path, tmp_path / "m", **overrides)
-    proc = run_cli("serve", str(model), *flags)
+    proc = run_main("serve", str(model), *flags)
     assert_one_line(proc, "brigade serve", needle)

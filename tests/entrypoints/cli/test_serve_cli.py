@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 import torch
+from cli_runner import run_main
 from remote_server import brigade_command
 
 from brigade.config import ConfigError
@@ -137,13 +138,10 @@ def test_model_errors(monkeypatch, tmp_path):
 
 def test_generate_model_errors_show_its_own_usage(smollm2_path, tmp_path):
     """`brigade generate` takes PROMPT then MODEL; its errors say so, and spot the two swapped."""
-    run = subprocess.run
-    cmd = [*brigade_command(), "generate"]
-    no_set_up_model = {**os.environ, "BRIGADE_CACHE_DIR": str(tmp_path)}
-    missing = run([*cmd, "Hello"], capture_output=True, text=True, timeout=120, env=no_set_up_model)
+    missing = run_main("generate", "Hello", env={"BRIGADE_CACHE_DIR": str(tmp_path)})  # no set-up model
     assert missing.returncode != 0
     assert "no model given" in missing.stderr and "brigade generate PROMPT MODEL" in missing.stderr
-    swapped = run([*cmd, str(smollm2_path), "Hello"], capture_output=True, text=True, timeout=120)
+    swapped = run_main("generate", str(smollm2_path), "Hello")
     assert swapped.returncode != 0 and "the prompt comes first" in swapped.stderr
 
 
@@ -152,15 +150,14 @@ def test_generate_model_errors_show_its_own_usage(smollm2_path, tmp_path):
     (["--port", "abc"], "argument --port: invalid int value: 'abc'"),
 ])
 def test_cli_exits_2_with_one_line(smollm2_path, flags, needle):
-    result = subprocess.run([*brigade_command(), "serve", str(smollm2_path), *flags], capture_output=True,
-                            text=True, timeout=120, env={**os.environ, "BRIGADE_LOGGING_LEVEL": "ERROR"})
+    result = run_main("serve", str(smollm2_path), *flags, env={"BRIGADE_LOGGING_LEVEL": "ERROR"})
     assert result.returncode == 2, result.stderr
     error_lines = [line for line in result.stderr.splitlines() if "error" in line.lower()]
     assert len(error_lines) == 1 and needle in error_lines[0], result.stderr
     assert "usage:" not in result.stderr
 
 
-@pytest.mark.parametrize("argv,line", [
+BAD_FLAG_LINES = [
     (["serve", "{model}", "--max-model-len", "abc"], "brigade serve: error: argument --max-model-len: invalid int value"),
     (["serve", "{model}", "--bogus-flag"], "brigade serve: error: unrecognized arguments: --bogus-flag"),
     (["bench", "latency", "{model}", "--bogus"], "brigade bench latency: error: unrecognized arguments: --bogus"),
@@ -168,18 +165,32 @@ def test_cli_exits_2_with_one_line(smollm2_path, flags, needle):
     (["serve", "{model}", "--port", "99999"], "brigade serve: error: --port must be in 0..65535, got 99999"),
     (["serve", "{model}", "--max-model-len", "100000"],
      "brigade serve: error: --max-model-len 100000 exceeds the model's max_position_embeddings (8192)"),
-])
+]
+
+
+def _only_the_error_line(result: subprocess.CompletedProcess, line: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert line in result.stderr.splitlines()[-1], result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "loaded plugin" not in result.stderr
+
+
+@pytest.mark.parametrize("argv,line", BAD_FLAG_LINES)
 def test_a_bad_flag_prints_only_its_error_at_the_default_log_level(smollm2_path, argv, line):
     """With the default log level, the plugin loader's start-up lines wait until the command line has parsed
     and, for serve, until its flags pass the checks that need no engine (against config.json too): a bad flag
     prints one line, argparse's error without the usage block; an unknown flag is reported by the subcommand
     that received it."""
+    _only_the_error_line(run_main(*[a.format(model=smollm2_path) for a in argv]), line)
+
+
+@pytest.mark.parametrize("argv,line", [BAD_FLAG_LINES[1], BAD_FLAG_LINES[5]])  # a parser's error, a check's
+def test_a_bad_flag_holds_the_plugin_start_up_lines(smollm2_path, argv, line):
+    """In a fresh ``brigade`` process, where the plugins load (and log) as the command starts, the error is
+    still the only line."""
     env = {k: v for k, v in os.environ.items() if k != "BRIGADE_LOGGING_LEVEL"}
     result = subprocess.run([*brigade_command(), *[a.format(model=smollm2_path) for a in argv]],
                             capture_output=True, text=True, timeout=120, env=env)
-    assert result.returncode == 2, result.stderr
-    assert line in result.stderr.splitlines()[-1], result.stderr
-    assert len(result.stderr.splitlines()) == 1 and "loaded plugin" not in result.stderr
+    _only_the_error_line(result, line)
 
 
 def test_help_has_no_log_lines():
@@ -192,9 +203,8 @@ def test_help_has_no_log_lines():
 
 def test_kv_cache_memory_beyond_ram_is_refused_before_loading(smollm2_path, free_port):
     """On the CPU the KV pool lives in RAM: asking for more than the machine has is one line, up front."""
-    proc = subprocess.run([*brigade_command(), "serve", str(smollm2_path), "--kv-cache-memory", "100000",
-                           "--host", "127.0.0.1", "--port", str(free_port)], capture_output=True, text=True,
-                          timeout=120)
+    proc = run_main("serve", str(smollm2_path), "--kv-cache-memory", "100000", "--host", "127.0.0.1", "--port",
+                    str(free_port))
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "--kv-cache-memory 100000 GiB is more than this machine's" in errors[0]
@@ -206,8 +216,11 @@ def test_kv_cache_memory_beyond_ram_is_refused_before_loading(smollm2_path, free
     (["--host", "999.1.1.1", "--port", "8799"], "check --host", 1),
 ])
 def test_serve_refuses_before_starting_the_engine(smollm2_path, flags, expected, code):
-    proc = subprocess.run([*brigade_command(), "serve", str(smollm2_path), *flags], capture_output=True, text=True,
-                          timeout=120)
+    if code == 2:  # serve's checks, before anything binds: in this process
+        proc = run_main("serve", str(smollm2_path), *flags)
+    else:  # the address cannot be bound: a brigade process, so that nothing listens in this one
+        proc = subprocess.run([*brigade_command(), "serve", str(smollm2_path), *flags], capture_output=True,
+                              text=True, timeout=120)
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert proc.returncode == code and len(errors) == 1 and expected in errors[0], proc.stderr[-2000:]
     assert "tensors from" not in proc.stderr  # no model was loaded
@@ -218,7 +231,7 @@ def test_other_commands_refuse_parallelism_before_loading(smollm2_path, command)
     """`-tp 2` (which does not divide SmolLM2's 9 heads) is refused in one line by every command that starts an
     engine, before any weight is read."""
     argv = [*command[:1], *command[1:], str(smollm2_path)] if command[0] == "generate" else [*command, str(smollm2_path)]
-    proc = subprocess.run([*brigade_command(), *argv, "-tp", "2"], capture_output=True, text=True, timeout=120)
+    proc = run_main(*argv, "-tp", "2")
     errors = [line for line in proc.stderr.splitlines()
               if "-tp 2 does not divide the model's 9 attention heads" in line]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
@@ -248,9 +261,8 @@ def test_kv_cache_smaller_than_one_request_is_refused_at_start(smollm2_path):
     # used to pass this check and then preempt itself at every step, wedging the engine.
     with pytest.raises(ConfigError, match=r"holds 176 tokens \(11 usable blocks of 16\)"):
         LLM(str(smollm2_path), max_model_len=192, num_gpu_blocks_override=12, block_size=16)
-    proc = subprocess.run([*brigade_command(), "serve", str(smollm2_path), "--max-model-len", "512",
-                           "--num-gpu-blocks-override", "4", "--port", "8797"], capture_output=True, text=True,
-                          timeout=180)
+    proc = run_main("serve", str(smollm2_path), "--max-model-len", "512", "--num-gpu-blocks-override", "4", "--port",
+                    "8797")
     errors = [line for line in proc.stderr.splitlines() if "fewer than one request" in line]
     assert proc.returncode != 0 and len(errors) == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
@@ -258,12 +270,11 @@ def test_kv_cache_smaller_than_one_request_is_refused_at_start(smollm2_path):
 
 def test_bench_errors_are_one_line(smollm2_path):
     """A request set that cannot fit, and a server that is not there, are one line each, no traceback."""
-    too_long = subprocess.run([*brigade_command(), "bench", "throughput", str(smollm2_path), "--input-len", "9000",
-                               "--output-len", "8", "--num-prompts", "2"], capture_output=True, text=True, timeout=180)
+    too_long = run_main("bench", "throughput", str(smollm2_path), "--input-len", "9000", "--output-len", "8",
+                        "--num-prompts", "2")
     assert too_long.returncode == 2 and "Traceback" not in too_long.stderr, too_long.stderr[-2000:]
     assert "--input-len 9000 + --output-len 8 exceeds the max model length" in too_long.stderr
-    nobody = subprocess.run([*brigade_command(), "bench", "serve", str(smollm2_path), "--base-url", "http://127.0.0.1:9",
-                             "--num-prompts", "2"], capture_output=True, text=True, timeout=180)
+    nobody = run_main("bench", "serve", str(smollm2_path), "--base-url", "http://127.0.0.1:9", "--num-prompts", "2")
     assert nobody.returncode == 2 and "Traceback" not in nobody.stderr, nobody.stderr[-2000:]
     assert "cannot reach a server at http://127.0.0.1:9" in nobody.stderr and "--launch" in nobody.stderr
 
@@ -288,9 +299,10 @@ def test_every_flag_of_every_command_says_what_it_does():
 
 
 def test_version_short_and_long():
-    for flag in ("-V", "--version"):
-        result = subprocess.run([*brigade_command(), flag], capture_output=True, text=True, timeout=60)
-        assert result.returncode == 0 and result.stdout.startswith("brigade "), result.stderr
+    result = subprocess.run([*brigade_command(), "-V"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("brigade "), result.stderr
+    result = run_main("--version")
+    assert result.returncode == 0 and result.stdout.startswith("brigade "), result.stderr
 
 
 def test_a_kv_cache_dtype_other_than_the_model_dtype_is_refused(smollm2_path):

@@ -27,10 +27,8 @@ def test_pooling_route_runs_the_selected_io_processor(smollm2_path):
         server.stop()
 
 
-def test_no_pooling_route_without_an_io_processor(smollm2_path):
-    server = RemoteServer(smollm2_path, ["--max-model-len", "256"])
-    try:
-        response = httpx.post(server.url("/pooling"), json={"data": {"text": "hi"}}, timeout=30)
-        assert response.status_code == 404 and "error" in response.json()
-    finally:
-        server.stop()
+def test_no_pooling_route_without_an_io_processor(server):
+    """The folder's shared server (conftest.py), started without --io-processor-plugin."""
+    assert "--io-processor-plugin" not in server.proc.args
+    response = httpx.post(server.url("/pooling"), json={"data": {"text": "hi"}}, timeout=30)
+    assert response.status_code == 404 and "error" in response.json()

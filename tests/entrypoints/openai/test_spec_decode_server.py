@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 
 import httpx
 import pytest
-from remote_server import RemoteServer, brigade_command
+from cli_runner import run_main
+from remote_server import RemoteServer
 
 from brigade.config import ConfigError
 from brigade.entrypoints.cli import serve
@@ -101,10 +100,8 @@ def test_defaults_follow_vllm(smollm2_path):
 
 
 def test_the_cli_prints_one_line(smollm2_path):
-    env = {k: v for k, v in os.environ.items() if k != "BRIGADE_LOGGING_LEVEL"}
-    proc = subprocess.run([*brigade_command(), "serve", str(smollm2_path), "--speculative-config",
-                           '{"method": "medusa", "num_speculative_tokens": 2}'],
-                          capture_output=True, text=True, timeout=120, env=env)
+    proc = run_main("serve", str(smollm2_path), "--speculative-config",
+                    '{"method": "medusa", "num_speculative_tokens": 2}')
     lines = proc.stderr.splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith("brigade serve: error: --speculative-config method 'medusa' is not supported")

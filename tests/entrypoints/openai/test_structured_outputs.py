@@ -1,8 +1,9 @@
 """End to end: structured outputs and tool calls on a real ``brigade serve`` (SmolLM2, CPU) with the openai client.
 
 Every constrained output is checked with ``jsonschema`` (or the regex / choice / grammar it must match),
-for n > 1 and for streams, since the grammar must hold for each sequence and each chunking. One server for
-the module; outputs are short so the CPU keeps up.
+for n > 1 and for streams, since the grammar must hold for each sequence and each chunking. The requests only
+read the server: they go to the folder's shared one (``server`` and ``client`` of conftest.py); outputs are short
+so the CPU keeps up.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ import re
 import httpx
 import jsonschema
 import pytest
-from remote_server import RemoteServer
+from shared_server import MODEL
 
-MODEL = "smollm2"
 WEATHER_SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Berlin"]},
@@ -35,19 +35,6 @@ TOOLS = [
                        "required": ["amount", "to"], "additionalProperties": False}}},
 ]
 PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-
-
-@pytest.fixture(scope="module")
-def server(smollm2_path):
-    srv = RemoteServer(smollm2_path, ["--served-model-name", MODEL, "--max-model-len", "1024",
-                                      "--max-num-seqs", "8", "--disable-log-requests"])
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return server.openai_client()
 
 
 def check_calls(tool_calls, allowed=PARAMETERS):
