@@ -25,7 +25,8 @@ Usage: benchmarks/run_gpu_suite.sh [options]
                      part 1's name to fill the same folder
   --out DIR          the result folder itself (default: [$OUT/]benchmarks/results/<gpu>/<run name>)
   --baseline DIR     also compare every headline figure with this earlier result folder
-  --label TEXT       a note stored in run_<part>.json (e.g. the commit: the device's copy has no git history)
+  --label TEXT       a note stored in run_<part>.json (give the commit: the device's copy of the tree may carry
+                     a stale git HEAD, so the script records none)
   --no-setup         skip benchmarks/gpu_setup.sh (wheels and editable installs already done on this machine)
   --dry-run          print the commands, run nothing
   -h, --help         this help
@@ -213,15 +214,14 @@ done
 [ "$dry" = 1 ] && exit 0
 
 python3 - "$out_dir" "$run_name" "$started" "$tag" "$quick" "$label" "$selected" <<'PY'
-import json, subprocess, sys, time
+import json, sys, time
 from pathlib import Path
 out, name, started, tag, quick, label, selected = sys.argv[1:]
 lines = (Path(out) / f"steps_{tag}.tsv").read_text().splitlines()
 steps = [{"step": s, "exit_status": int(rc), "seconds": int(sec)} for s, rc, sec in (l.split("\t") for l in lines if l)]
-commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
 gpu = (Path(out) / "logs" / f"nvidia-smi_{tag}.txt").read_text().strip()
 record = {"run_name": name, "part": tag, "quick": quick == "1", "benchmarks": selected.split(), "started": started,
-          "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "label": label or None, "commit": commit,
+          "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "label": label or None,
           "gpu": gpu, "steps": steps}
 (Path(out) / f"run_{tag}.json").write_text(json.dumps(record, indent=1) + "\n")
 PY
@@ -229,3 +229,9 @@ echo
 echo "steps (name, exit status, seconds):"; column -t "$steps_file" 2>/dev/null || cat "$steps_file"
 echo
 python3 benchmarks/suite_summary.py "$out_dir" ${baseline:+--baseline "$baseline"}
+# The device tool returns a few files from shallow paths only: with $OUT set, the whole folder also goes back as one
+# archive beside it, $OUT/<run name>-<part>.tgz (unpack it into benchmarks/results/<gpu>/).
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/$run_name-$tag.tgz" -C "$(dirname "$out_dir")" "$(basename "$out_dir")" \
+    && echo "archive: $OUT/$run_name-$tag.tgz"
+fi
