@@ -35,7 +35,8 @@ def server(smollm2_path):
     server = RemoteServer(smollm2_path, ["--served-model-name", MODEL, "-tp", "3", "--max-model-len", "64",
                                          "--block-size", "8",
                                          "--max-num-batched-tokens", "16", "--num-gpu-blocks-override", "9",
-                                         "--dtype", "float32", "--disable-log-requests"])
+                                         "--dtype", "float32", "--disable-log-requests"],
+                          env={"BRIGADE_WORKER_MULTIPROC_METHOD": "fork"})  # spawn is test_tensor_parallel's
     yield server
     server.stop()
 
