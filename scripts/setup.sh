@@ -103,9 +103,11 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT_STAMP" || -n "$MISSING" ]]; t
     CONSTRAINTS="$(mktemp)"
     "$PY" -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' > "$CONSTRAINTS"
     # uv (PyPI `uv`) installs the same set about twice as fast as pip: it downloads and unpacks in parallel, and
-    # on a fresh machine this step is mostly downloads. pip does it when uv cannot be had.
+    # on a fresh machine this step is mostly downloads. --compile-bytecode writes the .pyc files as pip does: where
+    # PYTHONDONTWRITEBYTECODE is set, nothing else would, and every process of the suite would compile
+    # transformers from source. pip does it all when uv cannot be had.
     if pip_install uv; then
-        "$PY" -m uv pip install --quiet --python "$PY" -c "$CONSTRAINTS" "${EDITABLES[@]}"
+        "$PY" -m uv pip install --quiet --compile-bytecode --python "$PY" -c "$CONSTRAINTS" "${EDITABLES[@]}"
     else
         pip_install -c "$CONSTRAINTS" "${EDITABLES[@]}"
     fi

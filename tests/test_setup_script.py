@@ -50,7 +50,8 @@ def test_a_package_missing_from_the_venv_is_reinstalled_though_the_stamp_is_curr
     make_checkout(root, pip_log)
     run_setup(root)  # no stamp yet: installs, then writes the stamp
     assert len(installs(pip_log)) == 1 and "plugins/gone" in installs(pip_log)[0]
-    assert installs(pip_log)[0].startswith("-m uv pip install --quiet --python ")  # uv, once pip installed it
+    # uv, once pip installed it, writing the .pyc files as pip does
+    assert installs(pip_log)[0].startswith("-m uv pip install --quiet --compile-bytecode --python ")
     assert (root / ".venv" / ".brigade-setup-stamp").is_file()
 
     out = run_setup(root)  # stamp current, but the plugin's distribution is not installed
