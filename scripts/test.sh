@@ -26,7 +26,8 @@ for arg in "$@"; do
 done
 
 WORKERS="${TEST_WORKERS:-2}"
-CORES="$(nproc 2>/dev/null || echo 1)"
+# The CPUs this process may run on (not `nproc`, which answers OMP_NUM_THREADS when that is set).
+CORES="$("$ROOT/.venv/bin/python" -c 'import os; print(len(os.sched_getaffinity(0)))' 2>/dev/null || echo 1)"
 (( WORKERS > CORES )) && WORKERS=$CORES
 PYTEST_ARGS=(-q --durations=10)
 if (( WORKERS > 1 )); then
