@@ -110,13 +110,7 @@ def save_with_greedy_references(config, path, model_cls=None) -> tuple[list[list
     torch.manual_seed(0)
     model = (model_cls or transformers.LlamaForCausalLM)(config).eval()
     model.save_pretrained(path)
-    refs = []
-    with torch.inference_mode():
-        for prompt in PROMPTS:
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
-                                 do_sample=False)
-            refs.append(out[0, len(prompt):].tolist())
-    return refs, sum(p.numel() * p.element_size() for p in model.parameters())
+    return _greedy(model), sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def kill_rank_mid_stream(server, body: dict, pid: int, sig: int | None = None) -> str:
@@ -145,7 +139,13 @@ def hf_greedy_tokens(path) -> list[list[int]]:
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return _greedy(transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
+
+
+def _greedy(model) -> list[list[int]]:
+    """``model``'s greedy tokens on ``PROMPTS``, ``MAX_TOKENS`` each."""
+    import torch
+
     refs = []
     with torch.inference_mode():
         for prompt in PROMPTS:
