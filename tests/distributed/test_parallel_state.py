@@ -8,7 +8,7 @@ import traceback
 import pytest
 import torch
 
-from brigade.distributed import RankGrid, init_parallel_state
+from brigade.distributed import RankGrid, RendezvousStore, init_parallel_state
 
 
 def test_grid_matches_vllm_layout():
@@ -42,10 +42,10 @@ def test_grid_rejects_bad_sizes():
         RankGrid(pp=2, tp=2).coords(4)
 
 
-def _rank_main(rank: int, grid: RankGrid, init_method: str, results) -> None:
+def _rank_main(rank: int, grid: RankGrid, store_address: str, results) -> None:
     try:
         state = init_parallel_state(grid, rank, local_rank=rank, device=torch.device("cpu"), backend="gloo",
-                                    init_method=init_method, timeout_s=60)
+                                    store_address=store_address, timeout_s=60)
         out = {"tp": state.tp.ranks, "pp": state.pp.ranks, "dp": state.dp.ranks, "ep": state.ep.ranks,
                "tp_rank": state.tp.rank_in_group, "pp_rank": state.pp.rank_in_group}
         # all-reduce over TP: sum of (rank + 1) over the TP group
@@ -70,10 +70,11 @@ def _rank_main(rank: int, grid: RankGrid, init_method: str, results) -> None:
         results.put((rank, traceback.format_exc()))
 
 
-def _run_world(grid: RankGrid, port: int) -> dict[int, dict]:
+def _run_world(grid: RankGrid) -> dict[int, dict]:
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, grid, f"tcp://127.0.0.1:{port}", results))
+    store = RendezvousStore()  # hosted here, as the executor hosts it
+    procs = [ctx.Process(target=_rank_main, args=(r, grid, store.address, results))
              for r in range(grid.world_size)]
     for p in procs:
         p.start()
@@ -86,9 +87,9 @@ def _run_world(grid: RankGrid, port: int) -> dict[int, dict]:
     return got
 
 
-def test_gloo_groups_pp2_tp2(free_port):
+def test_gloo_groups_pp2_tp2():
     grid = RankGrid(dp=1, pp=2, tp=2)
-    got = _run_world(grid, free_port)
+    got = _run_world(grid)
     for rank, out in got.items():
         c = grid.coords(rank)
         assert out["tp"] == grid.group_of(grid.tp_groups(), rank)
@@ -107,15 +108,16 @@ def test_gloo_groups_pp2_tp2(free_port):
         assert got[last]["recv"]["ids"] == ([first], "torch.int64")
 
 
-def test_teardown_destroys_every_group_before_the_world(free_port, monkeypatch):
+def test_teardown_destroys_every_group_before_the_world(monkeypatch):
     """A real one-rank gloo world: ``destroy`` takes each dimension's groups down (its device group before its CPU
     group: on gloo they are one object, destroyed once), then the world's, and leaves no state behind."""
     import torch.distributed as dist
 
     from brigade.distributed.state import get_parallel_state
 
+    store = RendezvousStore()
     state = init_parallel_state(RankGrid(), 0, local_rank=0, device=torch.device("cpu"), backend="gloo",
-                                init_method=f"tcp://127.0.0.1:{free_port}", timeout_s=30)
+                                store_address=store.address, timeout_s=30)
     names = {}
     for coordinator in (state.ep, state.dp, state.pp, state.tp, state.world):
         names.setdefault(id(coordinator.cpu_group), coordinator.name)
@@ -133,3 +135,20 @@ def test_teardown_destroys_every_group_before_the_world(free_port, monkeypatch):
             real()
     assert order == ["ep", "dp", "pp", "tp", "world", "the world"], order  # the world's CPU group, then the world
     assert not dist.is_initialized() and get_parallel_state() is None
+
+
+def test_the_rendezvous_store_holds_its_port_from_the_start():
+    """The executor's store listens from construction on a port the OS chose, so no other process can take the
+    port between choosing and binding it (the EADDRINUSE start-up race of a probed free port); ranks connect."""
+    import socket
+
+    from brigade.distributed.rendezvous import connect_store
+
+    store = RendezvousStore()
+    host, _, port = store.address.rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other, pytest.raises(OSError):
+        other.bind((host, int(port)))
+    client = connect_store(store.address, timeout_s=10)
+    client.set("rank0", "here")
+    assert connect_store(store.address, timeout_s=10).get("rank0") == b"here"
+    store.close()

@@ -1,6 +1,7 @@
 """ParallelState: this rank's process groups for every parallel dimension, built and torn down in order.
 
-``init_parallel_state`` joins the world over ``torch.distributed`` (a TCP store on loopback by default), then
+``init_parallel_state`` joins the world over ``torch.distributed`` (at the executor's rendezvous store, on
+loopback for one node: ``rendezvous.py``), then
 builds each dimension's groups from a ``RankGrid`` exactly as vLLM's ``initialize_model_parallel`` does. Every
 rank creates every group, in the same order (``new_group`` is itself a collective: a rank that skips one hangs the
 others). ``destroy`` undoes it in reverse: the groups (each destroying its device group before its CPU group), then
@@ -20,6 +21,7 @@ import torch.distributed as dist
 
 from brigade.distributed.grid import RankGrid
 from brigade.distributed.group import GroupCoordinator
+from brigade.distributed.rendezvous import connect_store
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +103,7 @@ def get_ep_group() -> GroupCoordinator:
 
 
 def init_parallel_state(grid: RankGrid, rank: int, local_rank: int, device: torch.device, *, backend: str,
-                        init_method: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> ParallelState:
+                        store_address: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> ParallelState:
     """Join the world as ``rank`` and build every group of ``grid``.
 
     Args:
@@ -112,7 +114,7 @@ def init_parallel_state(grid: RankGrid, rank: int, local_rank: int, device: torc
         backend: the ``torch.distributed`` backend of the world and the device groups: the platform's
             ``Platform.dist_backend`` ("nccl" on CUDA, "gloo" on the CPU; an out-of-tree platform names its own).
             The CPU groups are gloo whatever it is.
-        init_method: ``tcp://HOST:PORT`` of the rendezvous store, the same for every rank.
+        store_address: ``HOST:PORT`` of the rendezvous store (``RendezvousStore``), the same for every rank.
         timeout_s: how long a collective may stall before it raises.
     Returns:
         The rank's ``ParallelState``.
@@ -120,8 +122,8 @@ def init_parallel_state(grid: RankGrid, rank: int, local_rank: int, device: torc
         RuntimeError: the rendezvous or a group creation failed (from ``torch.distributed``).
     """
     timeout = datetime.timedelta(seconds=timeout_s)
-    dist.init_process_group(backend=backend, init_method=init_method, world_size=grid.world_size, rank=rank,
-                            timeout=timeout)
+    dist.init_process_group(backend=backend, store=connect_store(store_address, timeout_s),
+                            world_size=grid.world_size, rank=rank, timeout=timeout)
 
     def build(name: str, groups: list[list[int]]) -> GroupCoordinator:
         mine = None

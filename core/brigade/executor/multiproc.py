@@ -2,8 +2,8 @@
 
 Workers start with ``fork`` or ``spawn`` (``BRIGADE_WORKER_MULTIPROC_METHOD``, default spawn). Each worker process
 loads the general and platform plugins itself, so plugin code works in both (it must be re-entrant). With several
-ranks (``-tp`` above 1) the workers join a ``torch.distributed`` world over a TCP store on a free loopback port
-(``worker_proc``). Commands are a fixed enum, never method names, published once on a ``BroadcastChannel``; each
+ranks (``-tp`` above 1) the workers join a ``torch.distributed`` world at a rendezvous store this executor hosts
+on loopback (``distributed/rendezvous.py``, ``worker_proc``). Commands are a fixed enum, never method names, published once on a ``BroadcastChannel``; each
 worker answers on its own pipe, and a step's output comes from the driver rank alone. A step's result is read back
 lazily, so the EngineCore can overlap the next step's scheduling with this one. A worker answers its commands in
 order, so before any other command the answers of the steps still unread are read and kept for their ``get()``.
@@ -22,12 +22,12 @@ import collections
 import logging
 import multiprocessing
 import signal
-import socket
 from multiprocessing.connection import wait
 from typing import Any
 
 from brigade import envs
 from brigade.config import BrigadeConfig
+from brigade.distributed.rendezvous import RendezvousStore
 from brigade.executor.abstract import Executor
 from brigade.executor.broadcast import BroadcastChannel
 from brigade.executor.worker_proc import WorkerCommand, WorkerInfo, WorkerReply, WorkerSpec, worker_main
@@ -64,13 +64,6 @@ class PendingReplies:
         while not self.fetched:  # the answers of the steps sent before this one come first
             self.executor._outstanding.popleft().fetch()
         return self.value
-
-
-def free_loopback_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for the rendezvous store)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def death_cause(exitcode: int | None) -> str:
@@ -116,7 +109,7 @@ class MultiprocExecutor(Executor):
         self.world_size = parallel.world_size
         self.driver_rank = self.world_size - parallel.tensor_parallel_size  # the last stage's first TP rank
         self.channel = BroadcastChannel()
-        init_method = f"tcp://127.0.0.1:{free_loopback_port()}"
+        self.store = RendezvousStore("127.0.0.1") if self.world_size > 1 else None
         self.conns, self.procs = [], []
         self._outstanding: collections.deque[PendingReplies] = collections.deque()  # steps not read yet, in order
         # The server's EngineCore is itself a daemonic process, and multiprocessing refuses children to those (so
@@ -124,7 +117,8 @@ class MultiprocExecutor(Executor):
         multiprocessing.current_process().daemon = False
         try:
             for rank in range(self.world_size):
-                spec = WorkerSpec(rank, self.world_size, self.driver_rank, method, self.channel.address, init_method)
+                spec = WorkerSpec(rank, self.world_size, self.driver_rank, method, self.channel.address,
+                                  self.store.address if self.store is not None else "")
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=worker_main, args=(config, hf_config, spec, child), daemon=True,
                                    name=f"BrigadeWorker-{rank}")
@@ -270,3 +264,6 @@ class MultiprocExecutor(Executor):
         if self.channel is not None:
             self.channel.close()
             self.channel = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None

@@ -6,8 +6,8 @@ deaths. Each actor runs the mp worker's own body (``worker_proc.run_worker``): i
 ``torch.distributed`` world, builds the platform's worker and serves the commands the executor publishes once per
 step on its ``BroadcastChannel``. Only the transport differs from mp: the channel is bound to a TCP port on the
 address Ray reports for this node (``ray.util.get_node_ip_address``), each rank answers on its own ZMQ socket
-(``ReplySender`` -> ``ReplyReceiver``) instead of a pipe, and the rendezvous store is hosted by rank 0 on its
-node's address. Ranks are numbered node by node, this node first, so a TP group stays within one node.
+(``ReplySender`` -> ``ReplyReceiver``) instead of a pipe, and the rendezvous store this executor hosts listens
+on that address too. Ranks are numbered node by node, this node first, so a TP group stays within one node.
 
 A worker's death (``ray.kill``, a killed process, a lost node) ends the actor's ``run`` task with Ray's error;
 the executor checks those tasks whenever it waits for an answer, and raises ``WorkerDiedError`` naming the rank,
@@ -21,11 +21,11 @@ import logging
 import multiprocessing.util
 import os
 import re
-import socket
 
 import zmq
 
 from brigade.config import BrigadeConfig
+from brigade.distributed.rendezvous import RendezvousStore
 from brigade.executor.abstract import Executor
 from brigade.executor.broadcast import BroadcastChannel, ReplyReceiver, ReplySender
 from brigade.executor.multiproc import MultiprocExecutor, PendingReplies, WorkerDiedError
@@ -49,12 +49,6 @@ class RayWorker:
         import ray
 
         return ray.util.get_node_ip_address(), [str(i) for i in ray.get_gpu_ids()], os.getpid()
-
-    def free_port(self) -> int:
-        """A TCP port free on this node now (rank 0 hosts the rendezvous store on it)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            return s.getsockname()[1]
 
     def run(self, config: BrigadeConfig, hf_config, spec: WorkerSpec, reply_address: str,
             env: dict[str, str]) -> None:
@@ -83,6 +77,7 @@ class RayExecutor(MultiprocExecutor):
         self.world_size = parallel.world_size
         self.driver_rank = self.world_size - parallel.tensor_parallel_size  # the last stage's first TP rank
         self.channel = None
+        self.store: RendezvousStore | None = None
         self.conns: list[ReplyReceiver] = []
         self.actors, self.run_refs, self.places = [], [], []
         self.group = None
@@ -127,7 +122,7 @@ class RayExecutor(MultiprocExecutor):
         self.actors, self.places = [actors[i] for i in order], [places[i] for i in order]
         self.channel = BroadcastChannel(host)
         self.conns = [ReplyReceiver(host) for _ in range(self.world_size)]
-        init_method = f"tcp://{self.places[0][0]}:{ray.get(self.actors[0].free_port.remote())}"
+        self.store = RendezvousStore(host)
         env = {k: v for k, v in os.environ.items() if k.startswith("BRIGADE_")}
         node_gpus = collections.defaultdict(list)  # node -> the GPU ids of its ranks, in rank order
         for ip, gpus, _ in self.places:
@@ -135,8 +130,8 @@ class RayExecutor(MultiprocExecutor):
         for rank, (actor, (ip, gpus, _)) in enumerate(zip(self.actors, self.places)):
             local_rank = node_gpus[ip].index(gpus[0]) if gpus else sum(p[0] == ip for p in self.places[:rank])
             rank_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(node_gpus[ip])} if gpus else env
-            spec = WorkerSpec(rank, self.world_size, self.driver_rank, "ray", self.channel.address, init_method,
-                              local_rank=local_rank)
+            spec = WorkerSpec(rank, self.world_size, self.driver_rank, "ray", self.channel.address,
+                              self.store.address, local_rank=local_rank)
             self.run_refs.append(actor.run.remote(config, hf_config, spec, self.conns[rank].address, rank_env))
 
     # ---- the transport: ZMQ sockets and Ray's view of the actors --------------------------------
@@ -207,6 +202,9 @@ class RayExecutor(MultiprocExecutor):
         if self.channel is not None:
             self.channel.close()
             self.channel = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
             self._owns_ray = False

@@ -3,9 +3,9 @@
 A worker reads its commands from the executor's ``BroadcastChannel`` (one pickled message for all ranks) and
 answers on its own connection (a pipe under mp, a ZMQ socket under ray): every command but a step, which only the
 driver rank answers (the others reply only when the step failed on them). Under tensor or pipeline parallelism it
-first joins the ``torch.distributed`` world (``init_parallel_state``; a TCP store on loopback under mp, on the
-driver node's address under ray), so the model's layers find their groups as they are built; on SHUTDOWN it tears
-the groups down (device groups before CPU groups, then the world). ``run_worker`` is the body both executors
+first joins the ``torch.distributed`` world (``init_parallel_state``, at the executor's rendezvous store: on
+loopback under mp, on the EngineCore node's address under ray), so the model's layers find their groups as they
+are built; on SHUTDOWN it tears the groups down (device groups before CPU groups, then the world). ``run_worker`` is the body both executors
 run: ``worker_main`` in an mp process, ``RayWorker.run`` in a Ray actor.
 """
 
@@ -70,7 +70,7 @@ class WorkerSpec:
     driver_rank: int  # the rank whose step outputs come back (the last stage's first TP rank)
     start_method: str
     channel: str  # the BroadcastChannel's address
-    init_method: str  # tcp://HOST:PORT of the torch.distributed store
+    store: str  # HOST:PORT of the executor's rendezvous store ("" for one rank)
     local_rank: int | None = None  # its device index on its node; None: the rank (one node)
 
 
@@ -125,7 +125,7 @@ def _start_worker(config: BrigadeConfig, hf_config, spec: WorkerSpec):
         grid = RankGrid(dp=1, pp=parallel.pipeline_parallel_size, tp=parallel.tensor_parallel_size)
         # Device communicators are made lazily, at the first collective, on the device bound by init_device.
         state = init_parallel_state(grid, spec.rank, local_rank=local_rank, device=worker.device,
-                                    backend=platform.dist_backend, init_method=spec.init_method,
+                                    backend=platform.dist_backend, store_address=spec.store,
                                     timeout_s=envs.BRIGADE_DISTRIBUTED_TIMEOUT)
     worker.init_device(hf_config)  # the runner sizes its KV cache for its stage and heads
     if state is not None:
