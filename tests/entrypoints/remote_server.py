@@ -37,21 +37,33 @@ class RemoteServer:
     def __init__(self, model: str | os.PathLike, args: list[str], *, env: dict[str, str] | None = None,
                  api_key: str | None = None, command: list[str] | None = None):
         """``command``: what runs ``brigade`` (another venv's ``python -m brigade.entrypoints.cli.main``, say);
-        default: this environment's console script."""
-        self.port = find_free_port()
+        default: this environment's console script.
+
+        The port is probed free here and bound by the server a second later; should another process take it in
+        between (the server then exits at once saying it cannot listen), the server starts again on a new port.
+        """
         self.api_key = api_key
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        cmd = [*(command or brigade_command()), "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port), *args]
-        if api_key is not None:
-            cmd += ["--api-key", api_key]
-        self.log = tempfile.NamedTemporaryFile(prefix="brigade-serve-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(3):
+            self.port = find_free_port()
+            self.base_url = f"http://127.0.0.1:{self.port}"
+            cmd = [*(command or brigade_command()), "serve", str(model), "--host", "127.0.0.1", "--port",
+                   str(self.port), *args]
+            if api_key is not None:
+                cmd += ["--api-key", api_key]
+            self.log = tempfile.NamedTemporaryFile(prefix="brigade-serve-", suffix=".log", delete=False)
+            self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, **(env or {})})
+            try:
+                self._wait_healthy()
+                return
+            except RuntimeError:
+                taken = f"cannot listen on 127.0.0.1:{self.port}" in self.log_tail()
+                self.stop()
+                if not taken or attempt == 2:
+                    raise
+            except BaseException:
+                self.stop()
+                raise
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
