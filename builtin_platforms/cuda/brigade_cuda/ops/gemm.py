@@ -43,6 +43,17 @@ MAX_ROWS = 16  # x rows the kernel takes (tl.dot's smallest M); larger batches g
 FP8_X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # activations an FP8 weight's kernels take
 
 
+@triton.jit
+def _widened_dot(x, w, acc):
+    # acc + x @ w.T for an FP8 tile w, widened to x's dtype first; fp32 x multiplies in IEEE fp32 (no TF32).
+    w = w.to(x.dtype)
+    if x.dtype == tl.float32:
+        acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(x, tl.trans(w), acc)
+    return acc
+
+
 @triton.jit(do_not_specialize=["M"])  # 16 rows (divisible by 16) must not compile a variant mid-serving
 def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, stride_rm,
                         HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -68,8 +79,9 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, stride_xm, s
             x = tl.load(x_ptrs, mask=m_ok & k_ok, other=0.0)
             w = tl.load(w_ptrs, mask=n_ok & k_ok, other=0.0)
         if W_SCALE:  # FP8 codes, widened to x's dtype in registers (W8A16)
-            w = w.to(x_ptr.dtype.element_ty)
-        acc = tl.dot(x, tl.trans(w), acc)
+            acc = _widened_dot(x, w, acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if W_SCALE:  # the weight's per-output-channel scale
@@ -272,7 +284,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         residual: optional [M, N] in x's dtype, last dimension contiguous; the product is rounded to x's
             dtype, then added.
         weight_scale: optional [N] fp32: ``weight`` holds ``float8_e4m3fn`` codes, widened to x's dtype in
-            registers before the tensor-core product (W8A16; fp32 x multiplies as tf32 on GPUs), the fp32 result
+            registers before the tensor-core product (W8A16; fp32 x multiplies in IEEE fp32, no TF32), the fp32 result
             scaled per output channel before bias and residual.
         tile: (block_n, block_k, num_warps, num_stages); default from ``TILES`` by shape.
 
