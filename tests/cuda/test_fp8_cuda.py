@@ -215,3 +215,12 @@ def test_fp8_engine_decode_kernels_match_transformers_on_the_dequantized_weights
     assert [o.outputs[0].token_ids for o in llm.generate(prompts[:1], params, use_tqdm=False)] == expected[:1]
     del llm, model
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("tile", [(4, 1024, 8, 1), (8, 512, 4, 3), (16, 256, 4, 2), (32, 256, 8, 4), (8, 1024, 4, 2)])
+def test_every_fp8_gemv_tile_is_correct(tile):
+    from brigade_cuda.ops.gemm import gemv
+
+    x = torch.randn(1, 4096 + 64, device="cuda").to(torch.bfloat16)  # K not a multiple of 512: masked tail
+    qw, sw = quantize_fp8_per_channel(torch.randn(3001, 4096 + 64, device="cuda"))  # N not a multiple of block_n
+    assert _rel(gemv(x, qw, weight_scale=sw, tile=tile), x.float() @ (qw.float() * sw[:, None]).T) < 2e-2

@@ -179,3 +179,25 @@ def test_layouts_the_kernels_refuse_return_none():
     assert fp8_decode_gemm(torch.zeros(1, 128)[:, ::2], qw, s, None) is None  # x's last dimension strided
     assert fp8_silu_mul_gemm(torch.zeros(2, 128), qw, s, None) is None  # SiLU fold: one row only
     assert fp8_residual_gemm(x, qw, s, None, torch.zeros(1, 32, dtype=torch.float16)) is None  # residual dtype
+
+
+def test_an_fp8_weight_takes_its_own_tiles_else_the_bf16_ones(tmp_path, monkeypatch):
+    import json
+
+    from brigade_cuda.ops import gemm
+
+    table = {"tiles": {"64x32": [16, 32, 4, 2], "64x32/fp8": [32, 64, 4, 3]},
+             "gemv_tiles": {"64x32": [4, 32, 4, 1], "64x32/silu_mul": [8, 32, 4, 1], "64x32/fp8": [16, 64, 8, 2],
+                            "96x32": [4, 64, 4, 1]}}
+    (tmp_path / "tiles.json").write_text(json.dumps(table))
+    monkeypatch.setenv("BRIGADE_CUDA_GEMM_TILES", str(tmp_path / "tiles.json"))
+    gemm.tile_tables.cache_clear()
+    try:
+        assert gemm._gemv_tile(64, 32, "", fp8=True) == (16, 64, 8, 2)
+        assert gemm._gemv_tile(64, 32, "silu_mul", fp8=True) == (16, 64, 8, 2)  # no fp8_silu_mul entry: fp8's
+        assert gemm._gemv_tile(64, 32, "silu_mul") == (8, 32, 4, 1)  # bf16 lookups ignore the FP8 entries
+        assert gemm._gemv_tile(96, 32, "", fp8=True) == (4, 64, 4, 1)  # no FP8 entry: the bf16 tile of the shape
+        assert gemm._gemv_tile(7, 7, "", fp8=True) == gemm.DEFAULT_GEMV_TILE
+        assert gemm._tile(64, 32, fp8=True) == (32, 64, 4, 3) and gemm._tile(64, 32) == (16, 32, 4, 2)
+    finally:
+        gemm.tile_tables.cache_clear()

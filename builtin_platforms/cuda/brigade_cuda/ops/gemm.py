@@ -22,6 +22,13 @@ streams ``x`` and scales its outputs at the end (``gemv(rms_norm_eps=...)``). Th
 each branch goes into the epilogue of o_proj and down_proj (``residual=``). Together they remove both norm
 kernels of every layer at batch 1. (A first fold also loaded the residual and the norm weight
 in every K step and was measured slower, see ``docs/performance-notes.md``.)
+
+Both kernels also take an FP8 weight (``weight_scale=``, the ``W_SCALE`` constexpr): ``float8_e4m3fn`` codes,
+one byte per weight read once, widened in registers to fp32 (GEMV) or to x's dtype (tensor-core kernel), and the
+fp32 result scaled per output channel in the epilogue, x staying in the model dtype (W8A16). brigade-fp8's decode
+kernels (``brigade_fp8/decode_gemm.py``) are these. Everything FP8 sits behind the constexpr (and the scale
+pointer defaults to None, a constexpr too), so the bf16 variants compile to the same code as without it. An FP8
+weight takes its own tile entries when the table has them (``"NxK/fp8"``), else the bf16 tile of its shape.
 """
 
 from __future__ import annotations
