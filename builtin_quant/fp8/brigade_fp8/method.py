@@ -168,17 +168,18 @@ class Fp8LinearMethod(LinearMethod):
         if s.static_input:
             self._check_scale("input_scale", layer.input_scale.data)
             layer.input_scale = nn.Parameter(layer.input_scale.data.max().reshape(1), requires_grad=False)
-        from brigade_fp8.gemm import fp8_block_gemm, fp8_gemm_for
+        from brigade_fp8.gemm import cuda_fp8_supported, fp8_block_gemm, fp8_gemm_for
 
         if s.weight_strategy == "block":
             block = s.block
             self.gemm = lambda x, w, ws, _, bias: fp8_block_gemm(x, w, ws, block, bias)
-        else:
-            self.gemm = fp8_gemm_for(qweight.device, layer.input_size, layer.output_size)
-            device_type = qweight.device.type
-            self.decode_gemm = kernel_for("fp8_gemm", device_type)
-            self.silu_mul_gemm = kernel_for("fp8_silu_mul_gemm", device_type)
-            self.residual_gemm = kernel_for("fp8_residual_gemm", device_type)
+            return
+        device = qweight.device
+        self.gemm = fp8_gemm_for(device, layer.input_size, layer.output_size)
+        if device.type != "cuda" or cuda_fp8_supported(device):  # Triton loads e4m3 from compute capability 8.9
+            self.decode_gemm = kernel_for("fp8_gemm", device.type)
+            self.silu_mul_gemm = kernel_for("fp8_silu_mul_gemm", device.type)
+            self.residual_gemm = kernel_for("fp8_residual_gemm", device.type)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Args: x [T, input_size] in the model dtype. Returns [T, sum(output_sizes)] in x's dtype: the platform's
