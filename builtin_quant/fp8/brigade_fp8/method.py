@@ -1,5 +1,7 @@
 """Fp8LinearMethod: a linear layer held as FP8 (e4m3) weights with per-output-channel scales, applied as a W8A8
-product (``brigade_fp8.gemm``: FP8 tensor cores on CUDA, an fp32 emulation elsewhere).
+product (``brigade_fp8.gemm``: FP8 tensor cores on CUDA, an fp32 emulation elsewhere), and on CUDA at decode
+sizes as a W8A16 one (``brigade_fp8.decode_gemm``, the platform kernels ``fp8_gemm``, ``fp8_silu_mul_gemm`` and
+``fp8_residual_gemm``: activations in the model dtype, each FP8 weight byte read once).
 
 What the checkpoint holds is described by an ``Fp8Scheme``:
 
@@ -14,7 +16,9 @@ What the checkpoint holds is described by an ``Fp8Scheme``:
 
 Per-tensor and per-channel checkpoints load into one scale per output channel (per-tensor shard scales expand
 exactly to their rows), so they run the rowwise FP8 GEMM, activations quantized per token (dynamic) unless the
-checkpoint gives a static ``input_scale``. Block-scaled layers keep their [rows, cols] block scales and run
+checkpoint gives a static ``input_scale``; on CUDA, batches of up to ``BRIGADE_FP8_DECODE_ROWS`` rows (16) take
+the decode kernels instead, whose activations stay in the model dtype (a static ``input_scale`` plays no part
+there). Block-scaled layers keep their [rows, cols] block scales and run
 ``gemm.fp8_block_gemm`` (activations per 1x``block[1]`` group, as the scheme says; a dequantizing product).
 Scales that are not finite and positive are refused at load, naming the layer.
 
@@ -33,6 +37,7 @@ from torch import nn
 
 from brigade.model_executor.layers.linear_method import LinearMethod, input_split
 from brigade.model_executor.weight_utils import set_weight_attrs
+from brigade.plugins.kernels import kernel_for
 
 from brigade_fp8.quantize import FP8_DTYPE, quantize_fp8_per_channel
 
@@ -76,6 +81,8 @@ class Fp8LinearMethod(LinearMethod):
         self.scheme = scheme
         self.prefix = prefix
         self.gemm = None
+        # The platform's decode kernels (``register_kernels`` ops fp8_*), bound with the product; None: none.
+        self.decode_gemm = self.silu_mul_gemm = self.residual_gemm = None
 
     def create_weights(self, layer: nn.Module, *, input_size: int, output_sizes: list[int],
                        dtype: torch.dtype) -> None:
@@ -161,14 +168,39 @@ class Fp8LinearMethod(LinearMethod):
         if s.static_input:
             self._check_scale("input_scale", layer.input_scale.data)
             layer.input_scale = nn.Parameter(layer.input_scale.data.max().reshape(1), requires_grad=False)
-        from brigade_fp8.gemm import fp8_block_gemm, fp8_gemm_for
+        from brigade_fp8.gemm import cuda_fp8_supported, fp8_block_gemm, fp8_gemm_for
 
         if s.weight_strategy == "block":
             block = s.block
             self.gemm = lambda x, w, ws, _, bias: fp8_block_gemm(x, w, ws, block, bias)
-        else:
-            self.gemm = fp8_gemm_for(qweight.device, layer.input_size, layer.output_size)
+            return
+        device = qweight.device
+        self.gemm = fp8_gemm_for(device, layer.input_size, layer.output_size)
+        if device.type != "cuda" or cuda_fp8_supported(device):  # Triton loads e4m3 from compute capability 8.9
+            self.decode_gemm = kernel_for("fp8_gemm", device.type)
+            self.silu_mul_gemm = kernel_for("fp8_silu_mul_gemm", device.type)
+            self.residual_gemm = kernel_for("fp8_residual_gemm", device.type)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """Args: x [T, input_size] in the model dtype. Returns [T, sum(output_sizes)] in x's dtype."""
+        """Args: x [T, input_size] in the model dtype. Returns [T, sum(output_sizes)] in x's dtype: the platform's
+        decode kernel where it takes x (few rows, on CUDA), else the W8A8 product."""
+        if self.decode_gemm is not None:
+            out = self.decode_gemm(x, layer.weight, layer.weight_scale, bias)
+            if out is not None:
+                return out
         return self.gemm(x, layer.weight, layer.weight_scale, layer.input_scale, bias)
+
+    def apply_silu_mul(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, *,
+                       residual: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The decode kernel with SiLU-and-mul computed from x (gate then up) as it loads it, or None (see
+        ``LinearMethod.apply_silu_mul``)."""
+        if self.silu_mul_gemm is None:
+            return None
+        return self.silu_mul_gemm(x, layer.weight, layer.weight_scale, bias, residual=residual)
+
+    def apply_residual(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                       residual: torch.Tensor) -> torch.Tensor | None:
+        """The decode kernel with the residual add in its epilogue, or None (see ``LinearMethod.apply_residual``)."""
+        if self.residual_gemm is None:
+            return None
+        return self.residual_gemm(x, layer.weight, layer.weight_scale, bias, residual)

@@ -30,6 +30,13 @@ KERNEL_OPS: dict[str, str] = {
     "residual_gemm": "impl(x, weight, bias, residual) -> residual + x @ W.T + b, or None",
     "rms_norm_gemm": "impl(x, weight, bias, eps) -> (x / rms(x)) @ W.T + b, or None; registering it makes the "
                      "loader fold each RMSNorm's weight into the following projection",
+    "fp8_gemm": "FP8 linear at decode sizes: impl(x [T, K], qweight [N, K] float8_e4m3fn, weight_scale [N] fp32, "
+                "bias) -> x @ (qweight * weight_scale[:, None]).T + b in x's dtype, or None for a shape it does not "
+                "take (the quantization method's own product then runs)",
+    "fp8_silu_mul_gemm": "impl(x [T, 2K], qweight, weight_scale, bias, *, residual=None) -> silu(gate) * up @ W.T + b "
+                         "(+ residual), W as in fp8_gemm, or None",
+    "fp8_residual_gemm": "impl(x, qweight, weight_scale, bias, residual) -> residual + x @ W.T + b, W as in fp8_gemm, "
+                         "or None",
     "fused_sampler": "impl(logits [B, V], temperature [B] or None, *, greedy) -> ids [B] int64 "
                      "(brigade.sample.fused)",
     "fused_moe": "FusedMoE: impl(layer, x [T, H], topk_weights [T, k] fp32, topk_ids [T, k]) -> [T, H], "

@@ -22,6 +22,13 @@ streams ``x`` and scales its outputs at the end (``gemv(rms_norm_eps=...)``). Th
 each branch goes into the epilogue of o_proj and down_proj (``residual=``). Together they remove both norm
 kernels of every layer at batch 1. (A first fold also loaded the residual and the norm weight
 in every K step and was measured slower, see ``docs/performance-notes.md``.)
+
+Both kernels also take an FP8 weight (``weight_scale=``, the ``W_SCALE`` constexpr): ``float8_e4m3fn`` codes,
+one byte per weight read once, widened in registers to fp32 (GEMV) or to x's dtype (tensor-core kernel), and the
+fp32 result scaled per output channel in the epilogue, x staying in the model dtype (W8A16). brigade-fp8's decode
+kernels (``brigade_fp8/decode_gemm.py``) are these. Everything FP8 sits behind the constexpr (and the scale
+pointer defaults to None, a constexpr too), so the bf16 variants compile to the same code as without it. An FP8
+weight takes its own tile entries when the table has them (``"NxK/fp8"``), else the bf16 tile of its shape.
 """
 
 from __future__ import annotations
@@ -40,12 +47,25 @@ from brigade_cuda.pdl import gdc_prologue, pdl_launch
 
 
 MAX_ROWS = 16  # x rows the kernel takes (tl.dot's smallest M); larger batches go to cuBLAS
+FP8_X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # activations an FP8 weight's kernels take
+
+
+@triton.jit
+def _widened_dot(x, w, acc):
+    # acc + x @ w.T for an FP8 tile w, widened to x's dtype first; fp32 x multiplies in IEEE fp32 (no TF32).
+    w = w.to(x.dtype)
+    if x.dtype == tl.float32:
+        acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(x, tl.trans(w), acc)
+    return acc
 
 
 @triton.jit(do_not_specialize=["M"])  # 16 rows (divisible by 16) must not compile a variant mid-serving
 def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, stride_rm,
                         HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False):
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False,
+                        s_ptr=None, W_SCALE: tl.constexpr = False):
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -65,9 +85,14 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, stride_xm, s
             k_ok = offs_k[None, :] < K - k * BLOCK_K
             x = tl.load(x_ptrs, mask=m_ok & k_ok, other=0.0)
             w = tl.load(w_ptrs, mask=n_ok & k_ok, other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc)
+        if W_SCALE:  # FP8 codes, widened to x's dtype in registers (W8A16)
+            acc = _widened_dot(x, w, acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if W_SCALE:  # the weight's per-output-channel scale
+        acc *= tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     ok = m_ok & (offs_n[None, :] < N)
@@ -82,7 +107,8 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K, stride_xm, s
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_wn, eps,
                  HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SILU_MUL: tl.constexpr,
                  RMS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False,
+                 s_ptr=None, W_SCALE: tl.constexpr = False):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -113,6 +139,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, N, K, stride_wn, eps,
         acc += w.to(tl.float32) * xf[None, :]
         w_ptrs += BLOCK_K
     y = tl.sum(acc, 1)
+    if W_SCALE:  # FP8 codes (widened to fp32 above): the weight's per-output-channel scale
+        y *= tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0)
     if RMS_NORM:
         y = y / tl.sqrt(tl.sum(sq, 0) / K + eps)
     if HAS_BIAS:
@@ -150,19 +178,33 @@ def __getattr__(name: str) -> dict[str, Tile]:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _tile(n: int, k: int) -> tuple[int, int, int, int]:
-    return tile_tables()[0].get(f"{n}x{k}", DEFAULT_TILE)
+def _tile(n: int, k: int, fp8: bool = False) -> tuple[int, int, int, int]:
+    """The tensor-core tile for weight [n, k]: ``"NxK/fp8"`` first for an FP8 weight, then ``"NxK"``, else the
+    default."""
+    tiles = tile_tables()[0]
+    if fp8 and f"{n}x{k}/fp8" in tiles:
+        return tiles[f"{n}x{k}/fp8"]
+    return tiles.get(f"{n}x{k}", DEFAULT_TILE)
 
 
-def check_skinny(x: torch.Tensor, weight: torch.Tensor, *, k_factor: int = 1) -> str | None:
+def check_skinny(x: torch.Tensor, weight: torch.Tensor, *, k_factor: int = 1,
+                 weight_scale: torch.Tensor | None = None) -> str | None:
     """Why the skinny kernels cannot take ``x @ weight.T`` (one line), or None when they can.
 
-    ``k_factor`` is 2 for the SiLU-and-mul input (``x`` holds gate and up halves of ``weight``'s K each).
+    ``k_factor`` is 2 for the SiLU-and-mul input (``x`` holds gate and up halves of ``weight``'s K each). With
+    ``weight_scale`` the weight is FP8 (``float8_e4m3fn`` codes, ``weight_scale`` [N] fp32 contiguous, one per
+    output channel) and x may be fp16, bf16 or fp32; without it, x and the weight share one fp16/bf16 dtype.
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != k_factor * weight.shape[1]:
         return (f"needs x [M, {k_factor if k_factor > 1 else ''}K] and weight [N, K], got {tuple(x.shape)} and "
                 f"{tuple(weight.shape)}")
-    if x.shape[0] > MAX_ROWS or x.dtype != weight.dtype or x.dtype not in (torch.float16, torch.bfloat16):
+    if weight_scale is not None:
+        if x.shape[0] > MAX_ROWS or weight.dtype != torch.float8_e4m3fn or x.dtype not in FP8_X_DTYPES:
+            return f"takes at most {MAX_ROWS} fp16/bf16/fp32 rows and a float8_e4m3fn weight"
+        if (weight_scale.dtype != torch.float32 or tuple(weight_scale.shape) != (weight.shape[0],)
+                or not weight_scale.is_contiguous()):
+            return f"needs a contiguous fp32 weight scale of shape [{weight.shape[0]}]"
+    elif x.shape[0] > MAX_ROWS or x.dtype != weight.dtype or x.dtype not in (torch.float16, torch.bfloat16):
         return f"takes at most {MAX_ROWS} fp16/bf16 rows of the weight's dtype"
     if x.stride(-1) != 1 or weight.stride(-1) != 1:
         return "needs contiguous last dimensions"
@@ -178,15 +220,19 @@ def check_residual(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     return None
 
 
-def _gemv_tile(n: int, k: int, variant: str) -> tuple[int, int, int, int]:
-    key = f"{n}x{k}" + (f"/{variant}" if variant else "")
+def _gemv_tile(n: int, k: int, variant: str, fp8: bool = False) -> tuple[int, int, int, int]:
+    """The one-row tile for weight [n, k]: ``"NxK/variant"``, else ``"NxK"``, else the default. An FP8 weight
+    first looks for its own entries, ``"NxK/fp8_variant"`` then ``"NxK/fp8"``, and else takes the bf16 tile."""
+    shape = f"{n}x{k}"
     gemv_tiles = tile_tables()[1]
-    return gemv_tiles.get(key) or gemv_tiles.get(f"{n}x{k}", DEFAULT_GEMV_TILE)
+    keys = [f"{shape}/fp8_{variant}", f"{shape}/fp8"] if fp8 and variant else [f"{shape}/fp8"] if fp8 else []
+    keys += [f"{shape}/{variant}", shape] if variant else [shape]
+    return next((gemv_tiles[key] for key in keys if key in gemv_tiles), DEFAULT_GEMV_TILE)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu_mul: bool = False,
          rms_norm_eps: float | None = None, residual: torch.Tensor | None = None,
-         tile: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+         weight_scale: torch.Tensor | None = None, tile: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """``x @ weight.T + bias`` for one row; with ``silu_mul`` the input is ``silu_and_mul(x)``, with
     ``rms_norm_eps`` it is ``x / sqrt(mean(x**2) + eps)`` (RMSNorm without its weight, which the caller folded
     into ``weight``), and ``residual`` is added to the output.
@@ -198,6 +244,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         rms_norm_eps: normalize the input (not with ``silu_mul``); each program sums the squares of the row
             while it streams it, and scales its fp32 outputs by the reciprocal RMS before the bias.
         residual: optional [1, N] in x's dtype; the product is rounded to x's dtype, then added.
+        weight_scale: optional [N] fp32: ``weight`` holds ``float8_e4m3fn`` codes, read as one byte each and
+            widened in registers (x stays in its fp16/bf16/fp32 dtype: W8A16), and each output is scaled by its
+            channel's scale before the norm, bias and residual.
         tile: (block_n, block_k, num_warps, num_stages); default from ``GEMV_TILES`` by shape.
 
     Returns: a new [1, N] tensor in x's dtype (fp32 accumulation; with ``silu_mul`` the activation is
@@ -207,7 +256,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         ValueError: on more than one row, mismatched shapes or dtypes, a non-contiguous last dimension, or
             ``silu_mul`` with ``rms_norm_eps``.
     """
-    reason = check_skinny(x, weight, k_factor=2 if silu_mul else 1)
+    reason = check_skinny(x, weight, k_factor=2 if silu_mul else 1, weight_scale=weight_scale)
     if reason is None and x.shape[0] != 1:
         reason = "takes exactly one row"
     if reason is None and silu_mul and rms_norm_eps is not None:
@@ -218,18 +267,21 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"gemv {reason}")
     n, k = weight.shape
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    block_n, block_k, num_warps, num_stages = tile or _gemv_tile(n, k, "silu_mul" if silu_mul else "")
+    block_n, block_k, num_warps, num_stages = tile or _gemv_tile(n, k, "silu_mul" if silu_mul else "",
+                                                                 fp8=weight_scale is not None)
+    fp8 = {} if weight_scale is None else {"s_ptr": weight_scale, "W_SCALE": True}  # bf16 compiles as before
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else y, residual if residual is not None else y, y, n, k,
         weight.stride(0), float(rms_norm_eps or 0.0),
         HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, EVEN_N=n % block_n == 0, SILU_MUL=silu_mul,
         RMS_NORM=rms_norm_eps is not None, HAS_RESIDUAL=residual is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **pdl_launch())
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **fp8, **pdl_launch())
     return y
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  residual: torch.Tensor | None = None, tile: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                  residual: torch.Tensor | None = None, weight_scale: torch.Tensor | None = None,
+                  tile: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """``x @ weight.T + bias (+ residual)`` for at most ``MAX_ROWS`` rows.
 
     Args:
@@ -238,14 +290,18 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         bias: optional [N].
         residual: optional [M, N] in x's dtype, last dimension contiguous; the product is rounded to x's
             dtype, then added.
+        weight_scale: optional [N] fp32: ``weight`` holds ``float8_e4m3fn`` codes, widened to x's dtype in
+            registers before the tensor-core product (W8A16; fp32 x multiplies in IEEE fp32, no TF32), the fp32 result
+            scaled per output channel before bias and residual.
         tile: (block_n, block_k, num_warps, num_stages); default from ``TILES`` by shape.
 
     Returns: a new [M, N] tensor in x's dtype (fp32 accumulation).
 
     Raises:
-        ValueError: on more than 16 rows, mismatched shapes or dtypes, or a non-contiguous last dimension.
+        ValueError: on more than 16 rows, mismatched shapes or dtypes, a bad ``weight_scale``, or a
+            non-contiguous last dimension.
     """
-    reason = check_skinny(x, weight)
+    reason = check_skinny(x, weight, weight_scale=weight_scale)
     if reason is None and residual is not None:
         reason = check_residual(residual, x, weight)
     if reason is not None:
@@ -255,10 +311,12 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
-    block_n, block_k, num_warps, num_stages = tile or _tile(n, k)
+    block_n, block_k, num_warps, num_stages = tile or _tile(n, k, fp8=weight_scale is not None)
     r = residual if residual is not None else y
+    fp8 = {} if weight_scale is None else {"s_ptr": weight_scale, "W_SCALE": True}  # bf16 compiles as before
     _skinny_gemm_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else y, r, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
         r.stride(0), HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, EVEN_K=k % block_k == 0,
-        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **pdl_launch())
+        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **fp8,
+        **pdl_launch())
     return y
