@@ -49,7 +49,7 @@ def _decode_split_kernel(
     stride_mid_r, stride_mid_h, stride_mid_s, num_splits,
     k_new_ptr, v_new_ptr, positions_ptr, cos_sin_ptr, slot_ptr,
     stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h, stride_cos_sin,
-    v_scale, k_inv_scale, v_inv_scale,
+    k_inv_scale, v_inv_scale, v_scale,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, ROPE: tl.constexpr = False, HALF: tl.constexpr = 1, IS_NEOX: tl.constexpr = True,
@@ -271,6 +271,17 @@ class DecodeRope:
     is_neox_style: bool = True
 
 
+def _rope_launch_args(rope: DecodeRope | None, query: torch.Tensor, seq_lens: torch.Tensor,
+                      k_inv: float | None, v_inv: float | None) -> tuple[tuple, dict]:
+    """The split kernel's rope arguments (this step's K/V, positions, table, slots, strides, then the fp8 cache's
+    inverse scales, which only its rope write uses) and constexprs; placeholders without ``rope``."""
+    if rope is None:
+        return (query, query, seq_lens, query, seq_lens, 0, 0, 0, 0, 0, None, None), {}
+    args = (rope.key, rope.value, rope.positions, rope.cos_sin_cache, rope.slot_mapping, rope.key.stride(0),
+            rope.key.stride(1), rope.value.stride(0), rope.value.stride(1), rope.cos_sin_cache.stride(0), k_inv, v_inv)
+    return args, {"ROPE": True, "HALF": rope.cos_sin_cache.shape[1] // 2, "IS_NEOX": rope.is_neox_style}
+
+
 def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, out: torch.Tensor, *, num_decodes: int, num_splits: int,
                      scale: float, block_n: int = 64, num_warps: int = 4, num_stages: int = 3,
@@ -306,23 +317,16 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     else:
         mid_o = mid_lse = out  # unused by the kernel with a single split
     mid_strides = (num_heads * num_splits, num_splits, 1)
-    if rope is not None:
-        rope_args = (rope.key, rope.value, rope.positions, rope.cos_sin_cache, rope.slot_mapping,
-                     rope.key.stride(0), rope.key.stride(1), rope.value.stride(0), rope.value.stride(1),
-                     rope.cos_sin_cache.stride(0))
-        rope_kw = {"ROPE": True, "HALF": rope.cos_sin_cache.shape[1] // 2, "IS_NEOX": rope.is_neox_style}
-    else:
-        rope_args, rope_kw = (query, query, seq_lens, query, seq_lens, 0, 0, 0, 0, 0), {}
+    fp8, k_fold, v_mul, k_inv, v_inv = kernel_scales(kv_cache, k_scale, v_scale)
+    rope_args, rope_kw = _rope_launch_args(rope, query, seq_lens, k_inv, v_inv)
     pdl = pdl_launch()
     early = bool(pdl["USE_PDL"] and rope is not None and pdl_prefetch())
-    fp8, k_fold, v_mul, k_inv, v_inv = kernel_scales(kv_cache, k_scale, v_scale)
     _decode_split_kernel[(num_decodes, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_table, seq_lens, out, mid_o, mid_lse,
         scale * LOG2E * k_fold,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
-        *mid_strides, num_splits, *rope_args, v_mul, k_inv if rope is not None else None,
-        v_inv if rope is not None else None,
+        *mid_strides, num_splits, *rope_args, v_mul,
         BLOCK_SIZE=block_size, GROUP=group, GROUP_P2=max(16, triton.next_power_of_2(group)),
         HEAD_SIZE=head_size, HEAD_P2=head_p2, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1,
         DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages, EARLY=early, KV_FP8=fp8, **rope_kw,
