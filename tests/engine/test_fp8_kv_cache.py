@@ -135,7 +135,8 @@ def test_kv_scales_from_the_checkpoint_reach_every_layer(tiny_llama_dir, tmp_pat
     caches = [c.clone() for c in auto.engine.core.executor.worker.model_runner.kv_caches]
     del auto
     amax = [(float(c[0].abs().max()), float(c[1].abs().max())) for c in caches]
-    scales = {"model.layers.0.self_attn.k_scale": amax[0][0] / 448, "model.layers.0.self_attn.v_scale": amax[0][1] / 448,
+    scales = {"model.layers.0.self_attn.k_scale": amax[0][0] / 448,
+              "model.layers.0.self_attn.v_scale": amax[0][1] / 448,
               "model.layers.1.self_attn.k_proj.output_scale": amax[1][0] / 448,
               "model.layers.1.self_attn.v_proj.output_scale": amax[1][1] / 448}
     path = _with_scales(tiny_llama_dir, tmp_path / "scaled", scales)

@@ -59,8 +59,8 @@ class CacheConfig:
         return self.cache_dtype in FP8_CACHE_DTYPES
 
     def check_cache_dtype(self, model_dtype: str) -> None:
-        """Refuse a --kv-cache-dtype naming a dtype other than the model's (fp8 is not one) (``model_dtype``, e.g. "bfloat16"),
-        once that is resolved.
+        """Refuse a --kv-cache-dtype naming a dtype other than the model's (``model_dtype``, e.g. "bfloat16"),
+        once that is resolved; fp8 goes with any model dtype.
 
         Raises:
             ConfigError: one line naming both dtypes and the two ways out.

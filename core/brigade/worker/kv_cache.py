@@ -85,6 +85,7 @@ class KVCacheSpec:
             model += f"+{model_config.quantization}"
         if model_config.load_format == "dummy":
             model += f"+dummy(seed={model_config.seed})"
-        return KVCacheLayout(model=model, dtype=str(self.storage_dtype).removeprefix("torch."), block_size=self.block_size,
+        dtype = str(self.storage_dtype).removeprefix("torch.")
+        return KVCacheLayout(model=model, dtype=dtype, block_size=self.block_size,
                              num_layers=self.num_layers, block_shape=one[:block_dim] + one[block_dim + 1:],
                              block_dim=block_dim)

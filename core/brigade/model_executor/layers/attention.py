@@ -77,6 +77,6 @@ class Attention(nn.Module):
         return out.reshape(num_tokens, self.num_heads * self.head_size)
 
     def extra_repr(self) -> str:
-        scales = "" if not self.kv_scales_loaded else f", k_scale={self.backend.k_scale}, v_scale={self.backend.v_scale}"
+        scales = f", k_scale={self.backend.k_scale}, v_scale={self.backend.v_scale}" if self.kv_scales_loaded else ""
         return (f"layer={self.layer_idx}, heads={self.num_heads}, kv_heads={self.num_kv_heads}, "
                 f"head_size={self.head_size}, backend={type(self.backend).__name__}{scales}")
