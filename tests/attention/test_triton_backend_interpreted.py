@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-_INTERPRETED = r"""
+_HELPERS = r"""
 import time
 import torch
 from brigade.attention.backend import AttentionMetadata
@@ -54,7 +54,9 @@ def batch(q_lens, ctx_lens, *, num_heads, num_kv_heads, head_size, block_size, s
                            block_table=table, slot_mapping=torch.tensor(slots, dtype=torch.int64),
                            query_start_loc_cpu=qsl, seq_lens_cpu=lens)
     return q, k, v, kv, md
+"""
 
+_INTERPRETED = _HELPERS + r"""
 
 def check(name, q_lens, ctx_lens, *, num_heads, num_kv_heads, head_size, block_size=16, splits=2, seed=0):
     q, k, v, kv, md = batch(q_lens, ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
@@ -133,4 +135,102 @@ def test_triton_backend_kernels_under_the_cpu_interpreter():
     varlen path with long contexts split by one plan that two layers share: outputs within 1e-4."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, "-c", _INTERPRETED], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and "ok" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-3000:])
+
+
+_FP8 = _HELPERS + r"""
+import dataclasses
+import numpy as np
+import triton.language as tl
+from triton.runtime import interpreter
+from brigade.attention.fp8_kv import quantize_kv
+
+# The interpreter's own fp32 -> e4m3 cast rounds halfway cases up and drops the carry of a rounded-up mantissa into
+# the exponent (31.9 becomes 16, 100 becomes 104; torch and the GPU's cvt.rn.satfinite give 32 and 96): that one
+# conversion goes through torch here, so the comparison checks the kernels, not the interpreter's cast.
+_interpreter_cast = interpreter._convert_float
+
+
+def _convert_float(data, input_dtype, output_dtype, rounding_mode):
+    if input_dtype == tl.float32 and output_dtype == tl.float8e4nv:
+        fp8 = torch.from_numpy(np.ascontiguousarray(data)).to(torch.float8_e4m3fn)
+        return fp8.view(torch.uint8).numpy().reshape(data.shape)
+    return _interpreter_cast(data, input_dtype, output_dtype, rounding_mode)
+
+
+interpreter._convert_float = _convert_float
+
+K_SCALE, V_SCALE = 0.05, 0.02
+
+
+def fp8_batch(q_lens, ctx_lens, *, num_heads, num_kv_heads, head_size, seed):
+    q, k, v, kv, md = batch(q_lens, ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
+                            block_size=16, seed=seed)
+    k[::5, :, :3] *= 40.0  # outliers past 448 * K_SCALE: the write saturates them
+    cache = torch.stack([quantize_kv(kv[0], K_SCALE), quantize_kv(kv[1], V_SCALE)])
+    return q, k, v, cache, md
+
+
+def backends(num_heads, head_size, num_kv_heads, splits):
+    ref = ReferenceAttentionBackend(num_heads, head_size, num_kv_heads, head_size ** -0.5)
+    got = TritonAttentionBackend(num_heads, head_size, num_kv_heads, head_size ** -0.5, decode_num_splits=splits)
+    for b in (ref, got):
+        b.k_scale, b.v_scale = K_SCALE, V_SCALE
+    return ref, got
+
+
+def compare(name, ref, got, ref_cache, got_cache):
+    assert got_cache.dtype == torch.float8_e4m3fn
+    assert torch.equal(got_cache.view(torch.uint8), ref_cache.view(torch.uint8)), (name, "fp8 KV write differs")
+    err = float((got.double() - ref.double()).norm() / ref.double().norm())
+    assert torch.isfinite(got).all() and err < 1e-4, (name, err)
+    print(name, f"relative error {err:.1e}")
+
+
+def check(name, q_lens, ctx_lens, *, num_heads, num_kv_heads, head_size, splits=2, seed=0, mixed_graph=False):
+    q, k, v, cache, md = fp8_batch(q_lens, ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                   head_size=head_size, seed=seed)
+    ref_b, got_b = backends(num_heads, head_size, num_kv_heads, splits)
+    ref_cache, got_cache = cache.clone(), cache.clone()
+    ref = ref_b.forward(q, k, v, ref_cache, md)
+    if mixed_graph:  # every request through the varlen kernel, long contexts split
+        md = dataclasses.replace(md, mixed_graph=True)
+    got = got_b.forward(q, k, v, got_cache, md)
+    if mixed_graph:
+        plan = next(iter(md.backend_state.values()))
+        assert max(plan[len(q_lens) + 1:2 * len(q_lens) + 1].tolist()) > 1, (name, "no request was split")
+    compare(name, ref, got, ref_cache, got_cache)
+
+
+def check_rotary(name, q_lens, ctx_lens, *, num_heads, num_kv_heads, head_size, splits=2, seed=0):
+    q, k, v, cache, md = fp8_batch(q_lens, ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                   head_size=head_size, seed=seed)
+    positions = torch.cat([torch.arange(c, c + ql) for ql, c in zip(q_lens, ctx_lens)]).long()
+    rope = RotaryEmbedding(head_size, head_size, 1024, RopeParameters(rope_theta=10000.0))
+    ref_b, got_b = backends(num_heads, head_size, num_kv_heads, splits)
+    ref_cache, got_cache = cache.clone(), cache.clone()
+    ref = ref_b.forward_rotary(positions, q.clone(), k.clone(), v, ref_cache, md, rope)
+    got = got_b.forward_rotary(positions, q.clone(), k.clone(), v, got_cache, md, rope)
+    compare(name, ref, got, ref_cache, got_cache)
+
+
+t0 = time.perf_counter()
+check("fp8-decodes-split", [1, 1, 1], [0, 20, 70], num_heads=4, num_kv_heads=2, head_size=32, splits=3)
+check("fp8-mixed", [1, 1, 7, 12], [33, 5, 40, 0], num_heads=8, num_kv_heads=2, head_size=64, seed=1)
+check("fp8-mixed-graph-split", [1, 1, 3, 9], [700, 1200, 600, 20], num_heads=8, num_kv_heads=2, head_size=32,
+      seed=2, mixed_graph=True)
+check_rotary("fp8-rotary-decodes", [1, 1], [9, 50], num_heads=4, num_kv_heads=2, head_size=32, seed=3)
+check_rotary("fp8-rotary-mixed", [1, 6, 17], [30, 10, 0], num_heads=4, num_kv_heads=2, head_size=32, seed=4)
+print(f"ok {time.perf_counter() - t0:.1f}s")
+"""
+
+
+def test_fp8_kv_cache_kernels_under_the_cpu_interpreter():
+    """A float8 e4m3 cache (``--kv-cache-dtype fp8``) with k_scale 0.05 and v_scale 0.02, and keys past 448 * k_scale,
+    which saturate: the KV write (plain and fused with rotary), split-KV decode (3 splits, and rotating and writing
+    the new K/V itself), varlen prefill with cached context, and a mixed-step graph's varlen path with long contexts
+    split, each kernel's KV_FP8 variant. The cache must equal the reference backend's byte for byte, the outputs be
+    within 1e-4 of its attention over the dequantized cache."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", _FP8], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0 and "ok" in proc.stdout, (proc.stdout[-2000:], proc.stderr[-3000:])

@@ -8,7 +8,8 @@ followed by ``forward``, and a backend may override it to fuse the rotation with
 
 Layout of the paged KV cache of one layer: ``[2, num_blocks, block_size, num_kv_heads, head_size]``
 (index 0 holds K, 1 holds V). Token ``t`` of request ``r`` lives in block ``block_table[r, t // block_size]``
-at offset ``t % block_size``; its flat slot is ``block_id * block_size + offset``.
+at offset ``t % block_size``; its flat slot is ``block_id * block_size + offset``. The tensor is in the model
+dtype, or in float8 e4m3 with ``--kv-cache-dtype fp8`` (``fp8_kv``: each layer's backend holds its k/v scales).
 """
 
 from __future__ import annotations
@@ -84,12 +85,19 @@ class AttentionBackend(ABC):
     # The longest context (tokens, context plus the step's own) a mixed-step graph of this backend should take;
     # steps with a longer one run eagerly. None: any (a backend whose mixed-graph attention splits long contexts).
     mixed_graph_max_context: ClassVar[int | None] = None
+    # True when forward() reads and writes a float8 e4m3 KV cache (``--kv-cache-dtype fp8``) with this layer's
+    # ``k_scale``/``v_scale`` (``brigade.attention.fp8_kv``); the worker refuses fp8 for a backend without it.
+    supports_fp8_kv_cache: ClassVar[bool] = False
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float):
         self.num_heads = num_heads
         self.head_size = head_size
         self.num_kv_heads = num_kv_heads
         self.scale = scale
+        # The fp8 KV cache's per-layer scales (stored = x / scale, read = stored * scale), Python floats fixed
+        # at load (so CUDA graphs capture them as constants); unused by a cache in the model dtype.
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     @classmethod
     def kv_cache_shape(cls, num_blocks: int, block_size: int, num_kv_heads: int,

@@ -3,7 +3,9 @@
 Prefill routes are the reference backend's (PyTorch SDPA over the step's own K/V, or over the gathered
 context). Decode rows, most of a CPU step's attention time, go to ``csrc/cpu_attention.c``, which reads
 K/V in place through the block tables instead of gathering them, with an online softmax in fp32
-(``brigade.attention.cpu_kernels``). When the kernels cannot be built (no C compiler, say) the backend
+(``brigade.attention.cpu_kernels``). A float8 e4m3 cache (``--kv-cache-dtype fp8``) decodes with the
+reference route, which dequantizes the gathered blocks in PyTorch. When the kernels cannot be built (no C
+compiler, say) the backend
 logs one warning with the reason and decodes with the reference route, so results never depend on it.
 """
 
@@ -20,7 +22,8 @@ logger = logging.getLogger(__name__)
 
 
 class CpuAttentionBackend(ReferenceAttentionBackend):
-    """Paged attention on the CPU: compiled decode for float32/bfloat16 caches, reference routes otherwise."""
+    """Paged attention on the CPU: compiled decode for float32/bfloat16 caches, reference routes otherwise (an fp8
+    cache among them)."""
 
     name = "cpu"
     supported_devices = ("cpu",)

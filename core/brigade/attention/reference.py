@@ -18,19 +18,26 @@ import torch
 import torch.nn.functional as F
 
 from brigade.attention.backend import AttentionBackend, AttentionMetadata
+from brigade.attention.fp8_kv import dequantize_kv, is_fp8_kv, quantize_kv, round_trip_kv
 
 
 def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor) -> None:
+                   slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Scatter new K/V rows into the paged cache.
 
     Args:
         key, value: [num_tokens, num_kv_heads, head_size]
-        kv_cache: [2, num_blocks, block_size, num_kv_heads, head_size], written in place.
+        kv_cache: [2, num_blocks, block_size, num_kv_heads, head_size], written in place; in float8 e4m3 the
+            rows are stored quantized with ``k_scale``/``v_scale`` (``fp8_kv.quantize_kv``), which are
+            otherwise unused.
         slot_mapping: [num_tokens] int64 flat slots; rows with slot -1 are skipped (padding).
     """
     num_tokens = slot_mapping.shape[0]
     flat = kv_cache.view(2, -1, kv_cache.shape[-2], kv_cache.shape[-1])  # [2, num_slots, Hkv, D]
+    if is_fp8_kv(kv_cache):  # PyTorch's CPU copies take no float8: the quantized rows move as bytes
+        key = quantize_kv(key[:num_tokens], k_scale).view(torch.uint8)
+        value = quantize_kv(value[:num_tokens], v_scale).view(torch.uint8)
+        flat = flat.view(torch.uint8)
     valid = slot_mapping >= 0
     if bool(valid.all()):
         flat[0].index_copy_(0, slot_mapping, key[:num_tokens].to(flat.dtype))
@@ -39,6 +46,11 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
         slots = slot_mapping[valid]
         flat[0].index_copy_(0, slots, key[:num_tokens][valid].to(flat.dtype))
         flat[1].index_copy_(0, slots, value[:num_tokens][valid].to(flat.dtype))
+
+
+def _as_bytes(kv_cache: torch.Tensor) -> torch.Tensor:
+    """A float8 cache as its bytes (PyTorch's CPU gathers take no float8), any other as it is."""
+    return kv_cache.view(torch.uint8) if is_fp8_kv(kv_cache) else kv_cache
 
 
 def gather_context(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens_cpu: torch.Tensor
@@ -58,8 +70,8 @@ def gather_context(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens_c
     slots = blocks[:, positions // block_size] * block_size + positions % block_size  # [R, S]
     valid = positions[None, :] < seq_lens_cpu.to(device)[:, None]
     slots = torch.where(valid, slots, torch.zeros_like(slots))
-    flat = kv_cache.view(2, -1, kv_cache.shape[-2], kv_cache.shape[-1])
-    return flat[0][slots], flat[1][slots], valid
+    flat = _as_bytes(kv_cache).view(2, -1, kv_cache.shape[-2], kv_cache.shape[-1])
+    return flat[0][slots].view(kv_cache.dtype), flat[1][slots].view(kv_cache.dtype), valid
 
 
 def gather_blocks(kv_cache: torch.Tensor, block_table: torch.Tensor, num_blocks: int) -> torch.Tensor:
@@ -74,19 +86,23 @@ def gather_blocks(kv_cache: torch.Tensor, block_table: torch.Tensor, num_blocks:
     """
     two, total, block_size, num_kv_heads, head_size = kv_cache.shape
     ids = block_table[:, :num_blocks].reshape(-1).long()
-    rows = torch.index_select(kv_cache.view(two, total, -1), 1, ids)  # [2, R * nb, bs * Hkv * D]
-    return rows.view(two, block_table.shape[0], num_blocks * block_size, num_kv_heads, head_size)
+    rows = torch.index_select(_as_bytes(kv_cache).view(two, total, -1), 1, ids)  # [2, R * nb, bs * Hkv * D]
+    return rows.view(kv_cache.dtype).view(two, block_table.shape[0], num_blocks * block_size, num_kv_heads, head_size)
 
 
 class ReferenceAttentionBackend(AttentionBackend):
-    """Paged attention in plain PyTorch; any dtype, block size and head size, on any device."""
+    """Paged attention in plain PyTorch; any dtype, block size and head size, on any device; a float8 e4m3
+    cache (``--kv-cache-dtype fp8``) is dequantized where it is read (correctness, not speed)."""
 
     name = "reference"
+    supports_fp8_kv_cache = True
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:
         n = metadata.num_actual_tokens
-        write_kv_cache(key[:n], value[:n], kv_cache, metadata.slot_mapping[:n])
+        write_kv_cache(key[:n], value[:n], kv_cache, metadata.slot_mapping[:n], self.k_scale, self.v_scale)
+        if is_fp8_kv(kv_cache):  # fresh prefills attend to their own K/V as a read of the cache returns them
+            key, value = round_trip_kv(key, self.k_scale), round_trip_kv(value, self.v_scale)
         out = torch.empty_like(query)
         num_reqs, num_decodes = metadata.num_reqs, metadata.num_decodes
         if num_decodes:
@@ -117,6 +133,13 @@ class ReferenceAttentionBackend(AttentionBackend):
             self._prefill_with_context(query, kv_cache, metadata, with_context, qsl, out)
         return out
 
+    def _read(self, keys: torch.Tensor, values: torch.Tensor, dtype: torch.dtype
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gathered cache rows as ``dtype``: dequantized with this layer's scales from a float8 cache."""
+        if keys.dtype == values.dtype and is_fp8_kv(keys):
+            return dequantize_kv(keys, self.k_scale, dtype), dequantize_kv(values, self.v_scale, dtype)
+        return keys.to(dtype), values.to(dtype)
+
     def _decode(self, query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                 seq_lens_cpu: torch.Tensor) -> torch.Tensor:
         """One query token per request. query: [R, H, D] -> [R, H, D]."""
@@ -124,8 +147,9 @@ class ReferenceAttentionBackend(AttentionBackend):
         block_size = kv_cache.shape[2]
         max_len = int(seq_lens_cpu.max())
         num_blocks = -(-max_len // block_size)
-        kv = gather_blocks(kv_cache, block_table, num_blocks).to(query.dtype)  # [2, R, S, Hkv, D]
-        k, v = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [R, Hkv, S, D]
+        kv = gather_blocks(kv_cache, block_table, num_blocks)  # [2, R, S, Hkv, D]
+        k, v = self._read(kv[0], kv[1], query.dtype)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # [R, Hkv, S, D]
         group = self.num_heads // self.num_kv_heads
         # Query head h reads KV head h // group: the group's query heads become rows of one call.
         q = query.view(num_reqs, self.num_kv_heads, group, self.head_size)
@@ -153,8 +177,8 @@ class ReferenceAttentionBackend(AttentionBackend):
         q_pos = (seq_lens - query_lens)[:, None] + q_idx[None, :]  # [R, max_q]
         k_pos = torch.arange(keys.shape[1])
         mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & valid.cpu()[:, None, :]  # [R, max_q, S]
-        k = keys.transpose(1, 2).to(query.dtype)  # [R, Hkv, S, D]
-        v = values.transpose(1, 2).to(query.dtype)
+        keys, values = self._read(keys, values, query.dtype)
+        k, v = keys.transpose(1, 2), values.transpose(1, 2)  # [R, Hkv, S, D]
         attn = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None].to(device),
                                               scale=self.scale,
                                               enable_gqa=self.num_heads != self.num_kv_heads)  # [R, H, max_q, D]

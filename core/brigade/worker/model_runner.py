@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from brigade.attention.backend import AttentionBackend, AttentionContext
+from brigade.attention.fp8_kv import FP8_KV_DTYPE
 from brigade.config import BrigadeConfig
 from brigade.distributed import get_pp_group
 from brigade.interfaces import KVConnectorMetadata, ModelRunnerOutput, RequestFailure, SchedulerOutput
@@ -46,7 +47,8 @@ class ModelRunner:
         self.pp = get_pp_group()  # one rank (a no-op group) without a pipeline
         self.kv_cache = KVCacheSpec.for_model(hf_config, attn_backend, self.block_size, dtype,
                                               tp_size=config.parallel_config.tensor_parallel_size,
-                                              pp_rank=self.pp.rank_in_group, pp_size=self.pp.world_size)
+                                              pp_rank=self.pp.rank_in_group, pp_size=self.pp.world_size,
+                                              cache_dtype=FP8_KV_DTYPE if config.cache_config.fp8_kv_cache else None)
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.sampler = plugin_sampler()
@@ -68,6 +70,10 @@ class ModelRunner:
         self.model = load_model(self.config.model_config, self.hf_config, dtype=self.dtype, device=self.device,
                                 attn_backend=self.attn_backend, fold_norms=lora_config is None,
                                 expert_parallel=self.config.parallel_config.enable_expert_parallel)
+        if self.config.cache_config.fp8_kv_cache:  # where the fp8 KV cache's k/v scales come from, in one line
+            from brigade.model_executor.kv_scales import log_kv_scales
+
+            log_kv_scales(self.model)
         load = getattr(self.model, "expert_load", None)
         self.expert_counts = ExpertCounts(load) if load is not None else None  # MoE models
         self.vocab_size = self.hf_config.vocab_size
@@ -106,7 +112,7 @@ class ModelRunner:
         return self.lora_manager is not None and self.lora_manager.remove_adapter(lora_int_id)
 
     def kv_cache_bytes_per_block(self, cache_dtype: torch.dtype | None = None) -> int:
-        """Bytes one block takes across all layers (K and V)."""
+        """Bytes one block takes across all layers (K and V), in ``cache_dtype`` (default: the cache's)."""
         return self.kv_cache.bytes_per_block(cache_dtype)
 
     def kv_cache_layout(self) -> KVCacheLayout:

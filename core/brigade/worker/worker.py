@@ -9,7 +9,7 @@ import logging
 
 import torch
 
-from brigade.config import BrigadeConfig
+from brigade.config import BrigadeConfig, ConfigError
 from brigade.interfaces import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
 from brigade.worker.model_runner import ModelRunner
 
@@ -51,6 +51,10 @@ class Worker:
                                             device_type=self.device.type)
         if reason is not None:
             raise ValueError(f"attention backend {self.attn_backend.name!r} cannot run this model: {reason}")
+        if self.config.cache_config.fp8_kv_cache and not self.attn_backend.supports_fp8_kv_cache:
+            raise ConfigError(f"--kv-cache-dtype {self.config.cache_config.cache_dtype}: attention backend "
+                              f"{self.attn_backend.name!r} does not store an fp8 KV cache; use --kv-cache-dtype auto "
+                              "or a backend that does (reference, cpu, triton)")
         self.model_runner = ModelRunner(self.config, self.device, dtype, self.attn_backend, hf_config)
 
     def load_model(self) -> None:
@@ -60,6 +64,8 @@ class Worker:
         """Size the KV pool: --num-gpu-blocks-override, else --kv-cache-memory, else profile the device."""
         cache = self.config.cache_config
         per_block = self.model_runner.kv_cache_bytes_per_block()
+        if self.rank == 0:
+            self._log_cache_dtype(per_block)
         if cache.num_gpu_blocks_override is not None:
             return cache.num_gpu_blocks_override
         if cache.kv_cache_memory_gib is not None:
@@ -67,6 +73,21 @@ class Worker:
         if self.device.type == "cpu":
             return int(DEFAULT_CPU_KV_CACHE_GIB * _GIB // per_block)
         return self._profile_num_blocks(per_block)
+
+    def _log_cache_dtype(self, per_block: int) -> None:
+        """One INFO line: the KV cache's dtype and block size in bytes; for fp8, how many more blocks that holds
+        than the model dtype (and bfloat16) in the same memory."""
+        spec = self.model_runner.kv_cache
+        name = str(spec.storage_dtype).removeprefix("torch.")
+        if spec.cache_dtype is None or spec.cache_dtype == spec.dtype:
+            logger.info("KV cache dtype %s: %d bytes per block", name, per_block)
+            return
+        model = str(spec.dtype).removeprefix("torch.")
+        ratios = [f"{spec.bytes_per_block(spec.dtype) / per_block:.1f}x the blocks of {model}"]
+        if spec.dtype != torch.bfloat16:
+            ratios.append(f"{spec.bytes_per_block(torch.bfloat16) / per_block:.1f}x of bfloat16")
+        logger.info("KV cache dtype %s (--kv-cache-dtype %s): %d bytes per block, %s in the same memory", name,
+                    self.config.cache_config.cache_dtype, per_block, ", ".join(ratios))
 
     def _profile_num_blocks(self, per_block: int) -> int:
         """Run the largest step once and give the KV pool what is left of the memory budget."""

@@ -79,10 +79,10 @@ def test_defaults_and_model_flag(smollm2_path):
     (["--tokenizer", "/no/such/tokenizer"], "--tokenizer '/no/such/tokenizer' is not a folder"),
     (["--generation-config", "/no/such/dir"], "--generation-config '/no/such/dir' is not a folder; use auto, none"),
     (["--long-prefill-token-threshold", "-1"], "--long-prefill-token-threshold must be 0 (off) or more, got -1"),
-    # vLLM's fp8 KV caches parse, but nothing here stores one: refused, not ignored.
-    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8: no attention backend here stores an fp8 KV cache"),
-    (["--kv-cache-dtype", "fp8_e5m2"], "use --kv-cache-dtype auto"),
-    (["--kv-cache-dtype", "int4"], "--kv-cache-dtype 'int4' is not known"),
+    # fp8 (e4m3) KV caches are stored; vLLM's e5m2 one is not: refused, not ignored.
+    (["--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype fp8_e5m2 is not supported: the fp8 KV cache is e4m3"),
+    (["--kv-cache-dtype", "int4"], "--kv-cache-dtype 'int4' is not known; use auto (the model dtype), its name "
+                                   "(bfloat16, float16, float32), or fp8 (alias fp8_e4m3)"),
 ])
 def test_bad_values_name_the_flag(smollm2_path, flags, expected):
     with pytest.raises(ConfigError) as info:

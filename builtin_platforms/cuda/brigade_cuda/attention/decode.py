@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from brigade_cuda.attention.fp8_kv import kernel_scales, quantize_fp8
 from brigade_cuda.pdl import gdc_prologue, pdl_launch, pdl_prefetch
 
 
@@ -48,11 +49,15 @@ def _decode_split_kernel(
     stride_mid_r, stride_mid_h, stride_mid_s, num_splits,
     k_new_ptr, v_new_ptr, positions_ptr, cos_sin_ptr, slot_ptr,
     stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h, stride_cos_sin,
+    k_inv_scale, v_inv_scale, v_scale,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, ROPE: tl.constexpr = False, HALF: tl.constexpr = 1, IS_NEOX: tl.constexpr = True,
     USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False, EARLY: tl.constexpr = False,
+    KV_FP8: tl.constexpr = False,
 ):
+    # KV_FP8: a float8 e4m3 cache (fp8_kv.py): K/V tiles upcast to the query's dtype, the k scale already in
+    # scale_log2, the v scale on the output; with ROPE the new K/V are quantized as the cache stores them.
     # EARLY (with USE_PDL and ROPE): the step's own K/V come from registers, so everything the context loop
     # reads (sequence lengths, block table, cached K/V of earlier tokens) was written before this step, and
     # those loads start before the wait for the previous kernel (the qkv projection), see
@@ -106,6 +111,9 @@ def _decode_split_kernel(
         kv_mask = pos_mask[:, None] & dim_mask[None, :]
         k = tl.load(k_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [N, D]
         v = tl.load(v_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        if KV_FP8:
+            k = k.to(q_ptr.dtype.element_ty)
+            v = v.to(q_ptr.dtype.element_ty)
         if EARLY:
             if n0 == start:
                 tl.extra.cuda.gdc_wait()
@@ -124,6 +132,9 @@ def _decode_split_kernel(
             q, k_new, v_new = _load_step(q_rows, q_mask, k_row, v_row, dims, dim_mask, cos, sin, partner, ROPE)
 
     if ROPE:
+        if KV_FP8:  # the new token is attended to as the cache will hold it
+            k_new = quantize_fp8(k_new, k_inv_scale).to(k_cache_ptr.dtype.element_ty)
+            v_new = quantize_fp8(v_new, v_inv_scale).to(v_cache_ptr.dtype.element_ty)
         if (last >= start) & (last < end):  # the split that owns the new token attends to it from registers
             s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale_log2  # [G]
             m_new = tl.maximum(m_i, s_new)
@@ -142,6 +153,8 @@ def _decode_split_kernel(
     # An empty split (or a zero-length padding request) has l_i == 0: emit zeros and weight -inf.
     has_any = l_i > 0
     o = acc / tl.where(has_any, l_i, 1.0)[:, None]
+    if KV_FP8:
+        o = o * v_scale
     out_mask = head_mask[:, None] & dim_mask[None, :]
     if SINGLE_SPLIT:
         tl.store(out_ptr + req.to(tl.int64) * stride_out_t + heads[:, None] * stride_out_h + dims[None, :],
@@ -258,15 +271,27 @@ class DecodeRope:
     is_neox_style: bool = True
 
 
+def _rope_launch_args(rope: DecodeRope | None, query: torch.Tensor, seq_lens: torch.Tensor,
+                      k_inv: float | None, v_inv: float | None) -> tuple[tuple, dict]:
+    """The split kernel's rope arguments (this step's K/V, positions, table, slots, strides, then the fp8 cache's
+    inverse scales, which only its rope write uses) and constexprs; placeholders without ``rope``."""
+    if rope is None:
+        return (query, query, seq_lens, query, seq_lens, 0, 0, 0, 0, 0, None, None), {}
+    args = (rope.key, rope.value, rope.positions, rope.cos_sin_cache, rope.slot_mapping, rope.key.stride(0),
+            rope.key.stride(1), rope.value.stride(0), rope.value.stride(1), rope.cos_sin_cache.stride(0), k_inv, v_inv)
+    return args, {"ROPE": True, "HALF": rope.cos_sin_cache.shape[1] // 2, "IS_NEOX": rope.is_neox_style}
+
+
 def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, out: torch.Tensor, *, num_decodes: int, num_splits: int,
                      scale: float, block_n: int = 64, num_warps: int = 4, num_stages: int = 3,
-                     rope: DecodeRope | None = None) -> None:
+                     rope: DecodeRope | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Paged attention for ``num_decodes`` single-token requests, written into ``out[:num_decodes]``.
 
     Args:
         query: [num_tokens, num_heads, head_size]; row i is the query of decode request i.
-        kv_cache: [2, num_blocks, block_size, num_kv_heads, head_size].
+        kv_cache: [2, num_blocks, block_size, num_kv_heads, head_size], query's dtype or float8 e4m3 (read as
+            ``stored * k_scale`` / ``stored * v_scale``; ``rope`` writes ``x / scale``, see ``fp8_kv.py``).
         block_table: [num_reqs, max_blocks] int32; seq_lens: [num_reqs] int32 (context + this token).
         out: [num_tokens, num_heads, head_size], same dtype as query.
         num_decodes: requests (and leading query rows) to process; num_splits: context chunks per request.
@@ -292,24 +317,20 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     else:
         mid_o = mid_lse = out  # unused by the kernel with a single split
     mid_strides = (num_heads * num_splits, num_splits, 1)
-    if rope is not None:
-        rope_args = (rope.key, rope.value, rope.positions, rope.cos_sin_cache, rope.slot_mapping,
-                     rope.key.stride(0), rope.key.stride(1), rope.value.stride(0), rope.value.stride(1),
-                     rope.cos_sin_cache.stride(0))
-        rope_kw = {"ROPE": True, "HALF": rope.cos_sin_cache.shape[1] // 2, "IS_NEOX": rope.is_neox_style}
-    else:
-        rope_args, rope_kw = (query, query, seq_lens, query, seq_lens, 0, 0, 0, 0, 0), {}
+    fp8, k_fold, v_mul, k_inv, v_inv = kernel_scales(kv_cache, k_scale, v_scale)
+    rope_args, rope_kw = _rope_launch_args(rope, query, seq_lens, k_inv, v_inv)
     pdl = pdl_launch()
     early = bool(pdl["USE_PDL"] and rope is not None and pdl_prefetch())
     _decode_split_kernel[(num_decodes, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_table, seq_lens, out, mid_o, mid_lse,
-        scale * LOG2E,
+        scale * LOG2E * k_fold,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
-        *mid_strides, num_splits, *rope_args,
+        *mid_strides, num_splits, *rope_args, v_mul,
         BLOCK_SIZE=block_size, GROUP=group, GROUP_P2=max(16, triton.next_power_of_2(group)),
         HEAD_SIZE=head_size, HEAD_P2=head_p2, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1,
-        DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages, EARLY=early, **rope_kw, **pdl,
+        DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages, EARLY=early, KV_FP8=fp8, **rope_kw,
+        **pdl,
     )
     if num_splits > 1:
         _decode_merge_kernel[(num_decodes, num_heads)](

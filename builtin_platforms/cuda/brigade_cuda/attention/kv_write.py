@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from brigade_cuda.attention.fp8_kv import kernel_scales, quantize_fp8
 from brigade_cuda.pdl import gdc_prologue, pdl_launch
 
 
@@ -19,10 +20,10 @@ from brigade_cuda.pdl import gdc_prologue, pdl_launch
 def _write_kv_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     stride_key_t, stride_key_h, stride_value_t, stride_value_h,
-    stride_cache_slot, stride_cache_h,
+    stride_cache_slot, stride_cache_h, k_inv_scale, v_inv_scale,
     NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
     HEADS_P2: tl.constexpr, HEAD_P2: tl.constexpr,
-    USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False, KV_FP8: tl.constexpr = False,
 ):
     if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel, let the next one launch
         gdc_prologue(PDL_EARLY)
@@ -37,6 +38,9 @@ def _write_kv_kernel(
     tok = token.to(tl.int64)
     k = tl.load(key_ptr + tok * stride_key_t + heads * stride_key_h + dims, mask=mask)
     v = tl.load(value_ptr + tok * stride_value_t + heads * stride_value_h + dims, mask=mask)
+    if KV_FP8:  # float8 e4m3 cache: x / scale, saturated (fp8_kv.py); k/v_inv_scale are None otherwise
+        k = quantize_fp8(k, k_inv_scale)
+        v = quantize_fp8(v, v_inv_scale)
     dst = slot * stride_cache_slot + heads * stride_cache_h + dims
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
@@ -54,14 +58,15 @@ def has_contiguous_blocks(kv_cache: torch.Tensor) -> bool:
 
 
 def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor) -> None:
+                   slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Scatter new K/V rows into the paged cache, skipping slots equal to -1.
 
     Args:
         key, value: [num_tokens, num_kv_heads, head_size]; the last dim must be contiguous (row views of
             a fused QKV projection are fine).
         kv_cache: [2, num_blocks, block_size, num_kv_heads, head_size], written in place; its
-            ``[block_size, num_kv_heads, head_size]`` part must be contiguous.
+            ``[block_size, num_kv_heads, head_size]`` part must be contiguous. A float8 e4m3 cache stores
+            ``key / k_scale`` and ``value / v_scale`` saturated to ±448 (``fp8_kv.py``); other dtypes ignore them.
         slot_mapping: [num_tokens] int32/int64 flat slots (``block_id * block_size + offset``).
 
     Raises:
@@ -76,11 +81,12 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
     if not has_contiguous_blocks(kv_cache):
         raise ValueError("write_kv_cache needs each KV-cache block laid out contiguously")
     k_cache, v_cache = kv_cache[0], kv_cache[1]
+    fp8, _, _, k_inv, v_inv = kernel_scales(kv_cache, k_scale, v_scale)
     _write_kv_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(1), k_cache.stride(2),
+        k_cache.stride(1), k_cache.stride(2), k_inv, v_inv,
         NUM_KV_HEADS=num_kv_heads, HEAD_SIZE=head_size,
         HEADS_P2=triton.next_power_of_2(num_kv_heads), HEAD_P2=triton.next_power_of_2(head_size),
-        num_warps=4, **pdl_launch(),
+        num_warps=4, KV_FP8=fp8, **pdl_launch(),
     )

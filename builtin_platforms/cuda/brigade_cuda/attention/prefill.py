@@ -15,20 +15,25 @@ import triton
 import triton.language as tl
 
 from brigade_cuda.attention.decode import LOG2E
+from brigade_cuda.attention.fp8_kv import kernel_scales
 
 
 @triton.jit
 def _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr, head_off, dims, dim_mask,
                  scale_log2, stride_cache_block, stride_cache_tok,
                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
-    """One online-softmax step over keys ``n0 .. n0 + BLOCK_N - 1``; MASKED adds the causal/length mask."""
+                 DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr = False):
+    """One online-softmax step over keys ``n0 .. n0 + BLOCK_N - 1``; MASKED adds the causal/length mask. KV_FP8:
+    a float8 e4m3 cache, upcast to the query's dtype (the caller folds the k scale into ``scale_log2`` and
+    multiplies the output by the v scale; fp8_kv.py)."""
     pos = n0 + tl.arange(0, BLOCK_N)
     pos_mask = pos < kv_end
     block = tl.load(bt_row + pos // BLOCK_SIZE, mask=pos_mask, other=0).to(tl.int64)
     row = block * stride_cache_block + (pos % BLOCK_SIZE) * stride_cache_tok + head_off  # [N]
     kv_mask = pos_mask[:, None] & dim_mask[None, :]
     k = tl.load(k_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [N, D]
+    if KV_FP8:
+        k = k.to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [M, N], log2 units
     if MASKED:
         s = tl.where((pos[None, :] <= q_pos[:, None]) & pos_mask[None, :], s, float("-inf"))
@@ -37,6 +42,8 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cac
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     v = tl.load(v_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [N, D]
+    if KV_FP8:
+        v = v.to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
@@ -45,7 +52,7 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cac
 def _attend_causal(q, q_pos, first_pos, kv_end, bt_row, k_cache_ptr, v_cache_ptr, head_off, dims, dim_mask,
                    scale_log2, stride_cache_block, stride_cache_tok,
                    BLOCK_M: tl.constexpr, HEAD_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr = False):
     """Causal attention of a tile of query rows ``q`` [M, D] (absolute positions ``q_pos``, the smallest
     ``first_pos``) over keys ``0 .. kv_end - 1``; returns the normalized output [M, D] in float32.
 
@@ -59,11 +66,11 @@ def _attend_causal(q, q_pos, first_pos, kv_end, bt_row, k_cache_ptr, v_cache_ptr
     for n0 in range(0, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
                                      head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
-                                     BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION)
+                                     BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION, KV_FP8)
     for n0 in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
                                      head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
-                                     BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION)
+                                     BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION, KV_FP8)
     return acc / l_i[:, None]
 
 
@@ -74,9 +81,9 @@ def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
     scale_log2, first_req,
     stride_q_t, stride_q_h, stride_out_t, stride_out_h,
-    stride_cache_block, stride_cache_tok, stride_cache_h, stride_bt_r,
+    stride_cache_block, stride_cache_tok, stride_cache_h, stride_bt_r, v_scale,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr = False,
 ):
     req = first_req + tl.program_id(0)
     head = tl.program_id(1)
@@ -102,7 +109,9 @@ def _prefill_kernel(
     kv_end = tl.minimum(seq_len, context_len + (m_block + 1) * BLOCK_M)  # keys past the block's last row
     o = _attend_causal(q, q_pos, context_len + m_block * BLOCK_M, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
                        kv_head * stride_cache_h, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
-                       BLOCK_M, HEAD_P2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION)
+                       BLOCK_M, HEAD_P2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, KV_FP8)
+    if KV_FP8:  # a float8 cache: the v scale (the k scale is in scale_log2)
+        o = o * v_scale
     tl.store(out_ptr + tok[:, None] * stride_out_t + head * stride_out_h + dims[None, :],
              o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dim_mask[None, :])
 
@@ -110,13 +119,15 @@ def _prefill_kernel(
 def prefill_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                       seq_lens: torch.Tensor, query_start_loc: torch.Tensor, out: torch.Tensor, *,
                       first_req: int, num_prefills: int, max_query_len: int, scale: float,
-                      tile: tuple[int, int, int, int] | None = None) -> None:
+                      tile: tuple[int, int, int, int] | None = None, k_scale: float = 1.0,
+                      v_scale: float = 1.0) -> None:
     """Causal paged attention for requests ``first_req .. first_req + num_prefills - 1``.
 
     Args:
         query: [num_tokens, num_heads, head_size]; request r's rows are
             ``query_start_loc[r] .. query_start_loc[r + 1] - 1``.
-        kv_cache: [2, num_blocks, block_size, num_kv_heads, head_size], already holding this step's K/V.
+        kv_cache: [2, num_blocks, block_size, num_kv_heads, head_size], already holding this step's K/V; query's
+            dtype, or float8 e4m3 read as ``stored * k_scale`` / ``stored * v_scale`` (``fp8_kv.py``).
         block_table: [num_reqs, max_blocks] int32; seq_lens: [num_reqs] int32;
         query_start_loc: [num_reqs + 1] int32 (device).
         out: [num_tokens, num_heads, head_size], written at these requests' rows.
@@ -137,12 +148,13 @@ def prefill_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: 
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     grid = (num_prefills, num_heads, triton.cdiv(max_query_len, block_m))
+    fp8, k_fold, v_mul, _, _ = kernel_scales(kv_cache, k_scale, v_scale)
     _prefill_kernel[grid](
         query, k_cache, v_cache, block_table, seq_lens, query_start_loc, out,
-        scale * LOG2E, first_req,
+        scale * LOG2E * k_fold, first_req,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0), v_mul,
         BLOCK_SIZE=block_size, GROUP=num_heads // num_kv_heads, HEAD_SIZE=head_size, HEAD_P2=head_p2,
-        BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
+        BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision, KV_FP8=fp8,
         num_warps=num_warps, num_stages=num_stages,
     )

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from brigade_cuda.attention.fp8_kv import kernel_scales, quantize_fp8
 from brigade_cuda.attention.kv_write import has_contiguous_blocks
 from brigade_cuda.ops.rotary import _head_view_strides, _load_cos_sin, _pair_offsets, _rotate_heads, _rotate_pair
 from brigade_cuda.pdl import gdc_prologue, pdl_launch
@@ -26,11 +27,11 @@ from brigade_cuda.pdl import gdc_prologue, pdl_launch
 def _rotary_kv_write_kernel(
     positions_ptr, q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, cos_sin_ptr,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
-    stride_cache_slot, stride_cache_h, stride_cos_sin,
+    stride_cache_slot, stride_cache_h, stride_cos_sin, k_inv_scale, v_inv_scale,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, Q_HEADS_P2: tl.constexpr,
     KV_HEADS_P2: tl.constexpr, HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr,
     HALF: tl.constexpr, HALF_P2: tl.constexpr, IS_NEOX: tl.constexpr,
-    USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False, KV_FP8: tl.constexpr = False,
 ):
     if USE_PDL:  # see brigade_cuda/pdl.py: wait for the previous kernel, let the next one launch
         gdc_prologue(PDL_EARLY)
@@ -58,6 +59,9 @@ def _rotary_kv_write_kernel(
     out2 = out2.to(k_ptr.dtype.element_ty)
     tl.store(k_row + first, out1, mask=rotated)
     tl.store(k_row + second, out2, mask=rotated)
+    if KV_FP8:  # float8 e4m3 cache: the rotated key (rounded as above) / k_scale, saturated (fp8_kv.py)
+        out1 = quantize_fp8(out1, k_inv_scale)
+        out2 = quantize_fp8(out2, k_inv_scale)
     tl.store(k_dst + first, out1.to(k_cache_ptr.dtype.element_ty), mask=rotated & cached)
     tl.store(k_dst + second, out2.to(k_cache_ptr.dtype.element_ty), mask=rotated & cached)
 
@@ -66,15 +70,19 @@ def _rotary_kv_write_kernel(
     if 2 * HALF < HEAD_SIZE:
         rest = cached & (dims >= 2 * HALF) & (dims < HEAD_SIZE)
         k_rest = tl.load(k_row + dims, mask=rest)
+        if KV_FP8:
+            k_rest = quantize_fp8(k_rest, k_inv_scale)
         tl.store(k_dst + dims, k_rest.to(k_cache_ptr.dtype.element_ty), mask=rest)
     whole = cached & (dims < HEAD_SIZE)
     v = tl.load(v_ptr + token * stride_v_t + heads * stride_v_h + dims, mask=whole)
+    if KV_FP8:
+        v = quantize_fp8(v, v_inv_scale)
     tl.store(v_dst + dims, v.to(v_cache_ptr.dtype.element_ty), mask=whole)
 
 
 def rotary_write_kv_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor, cos_sin_cache: torch.Tensor, *,
-                          is_neox_style: bool = True) -> None:
+                          is_neox_style: bool = True, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Rotate ``query`` and ``key`` in place and write the rotated key and ``value`` into the paged cache.
 
     Same effect as ``ops.rotary.rotary_embedding(positions, query, key, head_size, cos_sin_cache)`` then
@@ -87,7 +95,8 @@ def rotary_write_kv_cache(positions: torch.Tensor, query: torch.Tensor, key: tor
             place; only the last dimension must be contiguous (views of a fused QKV output are fine).
         key, value: likewise with num_kv_heads; key is rotated in place, value only read.
         kv_cache: [2, num_blocks, block_size, num_kv_heads, head_size], each block contiguous; written in
-            place (K and V rows of each non-padding token, cast to its dtype).
+            place (K and V rows of each non-padding token, cast to its dtype; a float8 e4m3 cache stores them
+            divided by ``k_scale``/``v_scale`` and saturated, as ``write_kv_cache``).
         slot_mapping: [num_tokens] int32/int64 flat slots (``block_id * block_size + offset``); -1 = padding,
             whose q/k are still rotated but whose cache write is skipped.
         cos_sin_cache: [max_position, rotary_dim] fp32, cos then sin of each frequency; row-major,
@@ -114,12 +123,13 @@ def rotary_write_kv_cache(positions: torch.Tensor, query: torch.Tensor, key: tor
         return
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     half = rotary_dim // 2
+    fp8, _, _, k_inv, v_inv = kernel_scales(kv_cache, k_scale, v_scale)
     _rotary_kv_write_kernel[(num_tokens,)](
         positions, query, key, value, k_cache, v_cache, slot_mapping, cos_sin_cache,
         stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
-        k_cache.stride(1), k_cache.stride(2), cos_sin_cache.stride(0),
+        k_cache.stride(1), k_cache.stride(2), cos_sin_cache.stride(0), k_inv, v_inv,
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, Q_HEADS_P2=triton.next_power_of_2(num_q_heads),
         KV_HEADS_P2=triton.next_power_of_2(num_kv_heads), HEAD_SIZE=head_size,
         HEAD_P2=triton.next_power_of_2(head_size), HALF=half, HALF_P2=triton.next_power_of_2(half),
-        IS_NEOX=is_neox_style, num_warps=4, **pdl_launch(),
+        IS_NEOX=is_neox_style, num_warps=4, KV_FP8=fp8, **pdl_launch(),
     )

@@ -9,7 +9,8 @@ write with one fused kernel (``rotary_kv_write.py``), and in a pure-decode step 
 kernel rotates and writes the new K/V itself (``BRIGADE_CUDA_DECODE_ROPE=0`` turns that off);
 ``BRIGADE_CUDA_FUSED_ROPE_KV=0`` keeps rotary and the KV write as two kernels.
 Neither reads device memory on the host (no ``.item()``, no ``.tolist()``); only the host integers of the
-metadata size the grids.
+metadata size the grids. A float8 e4m3 cache (``--kv-cache-dtype fp8``) takes every kernel's ``KV_FP8`` variant
+with the layer's ``k_scale``/``v_scale`` as fp32 arguments, fixed at load, so graphs capture them (``fp8_kv.py``).
 
 CUDA-graph capture of mixed steps (``metadata.mixed_graph``): the KV write (slot -1 for padding rows), then
 ``varlen_attention`` over every request, its grid set by the padded token and request counts only. Long contexts
@@ -102,6 +103,7 @@ class TritonAttentionBackend(AttentionBackend):
     supports_cuda_graphs = True
     supports_mixed_cuda_graphs = True  # metadata.mixed_graph: one varlen kernel whose grid is the padded sizes
     mixed_graph_max_context = None  # the varlen kernel splits long contexts
+    supports_fp8_kv_cache = True  # every kernel's KV_FP8 variant, with this layer's k_scale/v_scale (fp8_kv.py)
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float,
                  decode_num_splits: int | None = None):
@@ -147,7 +149,8 @@ class TritonAttentionBackend(AttentionBackend):
                 metadata: AttentionMetadata) -> torch.Tensor:
         """See ``AttentionBackend.forward``; query/key/value must have a contiguous last dimension."""
         num_tokens = metadata.num_actual_tokens
-        write_kv_cache(key[:num_tokens], value[:num_tokens], kv_cache, metadata.slot_mapping[:num_tokens])
+        write_kv_cache(key[:num_tokens], value[:num_tokens], kv_cache, metadata.slot_mapping[:num_tokens],
+                       self.k_scale, self.v_scale)
         return self._attend(query, kv_cache, metadata)
 
     def forward_rotary(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
@@ -169,7 +172,7 @@ class TritonAttentionBackend(AttentionBackend):
         num_tokens = metadata.num_actual_tokens
         rotary_write_kv_cache(positions[:num_tokens], query[:num_tokens], key[:num_tokens], value[:num_tokens],
                               kv_cache, metadata.slot_mapping[:num_tokens], rotary_emb.cos_sin_cache,
-                              is_neox_style=rotary_emb.is_neox_style)
+                              is_neox_style=rotary_emb.is_neox_style, k_scale=self.k_scale, v_scale=self.v_scale)
         return self._attend(query, kv_cache, metadata)
 
     def _can_fuse(self, rotary_emb: object, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -201,7 +204,7 @@ class TritonAttentionBackend(AttentionBackend):
         if metadata.mixed_graph:  # a mixed-step graph: every request through the varlen kernel
             varlen_attention(query, kv_cache, metadata.block_table, metadata.seq_lens, metadata.query_start_loc,
                              out, num_reqs=metadata.num_reqs, scale=self.scale,
-                             plan=self._step_plan(query, metadata))
+                             plan=self._step_plan(query, metadata), k_scale=self.k_scale, v_scale=self.v_scale)
             return out
         num_decodes = metadata.num_decodes
         if num_decodes:
@@ -209,11 +212,12 @@ class TritonAttentionBackend(AttentionBackend):
                 num_decodes, self.num_kv_heads, metadata.max_seq_len, self._multiprocessors(query.device),
                 single_split_len=single_split_len())
             decode_attention(query, kv_cache, metadata.block_table, metadata.seq_lens, out,
-                             num_decodes=num_decodes, num_splits=num_splits, scale=self.scale, rope=rope)
+                             num_decodes=num_decodes, num_splits=num_splits, scale=self.scale, rope=rope,
+                             k_scale=self.k_scale, v_scale=self.v_scale)
         num_prefills = metadata.num_reqs - num_decodes
         if num_prefills:
             prefill_attention(query, kv_cache, metadata.block_table, metadata.seq_lens,
                               metadata.query_start_loc, out, first_req=num_decodes,
                               num_prefills=num_prefills, max_query_len=metadata.max_query_len,
-                              scale=self.scale)
+                              scale=self.scale, k_scale=self.k_scale, v_scale=self.v_scale)
         return out

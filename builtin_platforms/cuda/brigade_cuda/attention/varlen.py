@@ -43,7 +43,9 @@ import torch
 import triton
 import triton.language as tl
 
+from brigade.attention.fp8_kv import FP8_KV_DTYPE
 from brigade_cuda.attention.decode import LOG2E
+from brigade_cuda.attention.fp8_kv import kernel_scales
 from brigade_cuda.attention.prefill import _attend_causal, _attend_tile
 
 PLAN_LANES = 256  # requests the plan kernel takes at a time
@@ -106,11 +108,14 @@ def _varlen_kernel(
     plan_ptr, mid_o_ptr, mid_lse_ptr, counter_ptr,
     scale_log2, num_reqs,
     stride_q_t, stride_q_h, stride_out_t, stride_out_h,
-    stride_cache_block, stride_cache_tok, stride_cache_h, stride_bt_r,
+    stride_cache_block, stride_cache_tok, stride_cache_h, stride_bt_r, v_scale,
     NUM_KV_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr = False,
 ):
+    # KV_FP8: a float8 e4m3 cache (fp8_kv.py): tiles upcast to the query's dtype, the k scale in scale_log2, the
+    # v scale on each output (v_scale is None otherwise).
     item = tl.program_id(0)
     kv_head = tl.program_id(1)
     if item >= tl.load(plan_ptr + num_reqs):  # the grid's slack: no work item here
@@ -154,7 +159,9 @@ def _varlen_kernel(
     if splits == 1:
         o = _attend_causal(q, q_pos, context_len + j * BLOCK_Q, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
                            head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
-                           BLOCK_M, HEAD_P2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION)
+                           BLOCK_M, HEAD_P2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, KV_FP8)
+        if KV_FP8:
+            o = o * v_scale
         tl.store(out_rows, o.to(out_ptr.dtype.element_ty), mask=io_mask)
         return
 
@@ -170,12 +177,12 @@ def _varlen_kernel(
     for n0 in range(n_lo, n_hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
                                      head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
-                                     BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION)
+                                     BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION, KV_FP8)
     if split == splits - 1:
         for n0 in range(full_end, kv_end, BLOCK_N):
             acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
                                          head_off, dims, dim_mask, scale_log2, stride_cache_block,
-                                         stride_cache_tok, BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION)
+                                         stride_cache_tok, BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION, KV_FP8)
     has_any = l_i > 0
     first_slot = tl.load(plan_ptr + 2 * num_reqs + 1 + req)
     mid_rows = ((first_slot + split) * NUM_KV_HEADS + kv_head).to(tl.int64) * BLOCK_M + m  # [M]
@@ -205,6 +212,8 @@ def _varlen_kernel(
             num = num * alpha[:, None] + part * w[:, None]
             best = new
         o = num / tl.where(den > 0, den, 1.0)[:, None]
+        if KV_FP8:
+            o = o * v_scale
         tl.store(out_rows, o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
@@ -303,8 +312,9 @@ def _check_operands(query: torch.Tensor, kv_cache: torch.Tensor, block_table: to
                          f"or num_heads not a multiple of num_kv_heads)")
     if out.shape != query.shape:
         raise ValueError(f"out {tuple(out.shape)} must have query's shape {tuple(query.shape)}")
-    if kv_cache.dtype != query.dtype:
-        raise ValueError(f"kv_cache dtype {kv_cache.dtype} differs from query dtype {query.dtype}")
+    if kv_cache.dtype not in (query.dtype, FP8_KV_DTYPE):
+        raise ValueError(f"kv_cache dtype {kv_cache.dtype} differs from query dtype {query.dtype} (and is not "
+                         "float8_e4m3fn, the fp8 cache)")
     if query.stride(2) != 1 or out.stride(2) != 1 or kv_cache.stride(4) != 1 or block_table.stride(1) != 1:
         raise ValueError("query, out and kv_cache need a contiguous last dimension, block_table contiguous rows")
     if block_table.shape[0] < num_reqs or seq_lens.shape[0] < num_reqs or query_start_loc.shape[0] < num_reqs + 1:
@@ -315,7 +325,7 @@ def _check_operands(query: torch.Tensor, kv_cache: torch.Tensor, block_table: to
 def varlen_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      query_start_loc: torch.Tensor, out: torch.Tensor, *, num_reqs: int, scale: float,
                      tile: tuple[int, int, int, int] | None = None, split: VarlenSplit = DEFAULT_SPLIT,
-                     plan: torch.Tensor | None = None) -> None:
+                     plan: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Causal paged attention for every request of a step (decodes and prefills in any order), in one launch.
 
     Request ``r`` has query rows ``query_start_loc[r] .. query_start_loc[r + 1] - 1``; its row ``i`` sits at
@@ -335,7 +345,8 @@ def varlen_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         query: [T, num_heads, head_size] fp16/bf16/fp32, last dimension contiguous; T may include padded
             token rows past ``query_start_loc[num_reqs]``.
         kv_cache: [2, num_blocks, block_size, num_kv_heads, head_size], query's dtype, last dimension
-            contiguous, already holding this step's K/V (the KV write runs first).
+            contiguous, already holding this step's K/V (the KV write runs first); or float8 e4m3, read as
+            ``stored * k_scale`` / ``stored * v_scale`` (``fp8_kv.py``; the scales are ignored otherwise).
         block_table: [>= num_reqs, max_blocks] int32, rows contiguous (device); entries past a request's
             length are never read.
         seq_lens: [>= num_reqs] int32 (device), context plus this step's tokens of each request.
@@ -369,12 +380,13 @@ def varlen_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         plan = varlen_plan(query_start_loc, seq_lens, num_reqs=num_reqs, block_q=tile_config[0],
                            block_n=tile_config[2], split=split)
     _launch(query, kv_cache, block_table, seq_lens, query_start_loc, out, plan, num_reqs=num_reqs, scale=scale,
-            tile_config=tile_config, split=split)
+            tile_config=tile_config, split=split, kv_scales=(k_scale, v_scale))
 
 
 def _launch(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
             query_start_loc: torch.Tensor, out: torch.Tensor, plan: torch.Tensor, *, num_reqs: int, scale: float,
-            tile_config: tuple[int, int, int, int, int], split: VarlenSplit) -> None:
+            tile_config: tuple[int, int, int, int, int], split: VarlenSplit,
+            kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:
     """Launch ``_varlen_kernel`` on checked operands (``varlen_attention``) with ``varlen_tile``'s
     ``(block_q, block_m, block_n, num_warps, num_stages)`` and the step's ``plan``."""
     _, _, block_size, num_kv_heads, head_size = kv_cache.shape
@@ -385,16 +397,17 @@ def _launch(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tens
     mid_o, mid_lse, counters = _buffers(query.device, 2 * split.extra, num_kv_heads, block_m, head_p2)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     grid = (num_tokens // block_q + num_reqs + split.extra, num_kv_heads)
+    fp8, k_fold, v_mul, _, _ = kernel_scales(kv_cache, *kv_scales)
     _varlen_kernel[grid](
         query, k_cache, v_cache, block_table, seq_lens, query_start_loc, out,
         plan, mid_o, mid_lse, counters,
-        scale * LOG2E, num_reqs,
+        scale * LOG2E * k_fold, num_reqs,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0), v_mul,
         NUM_KV_HEADS=num_kv_heads, BLOCK_SIZE=block_size, GROUP=group, GROUP_P2=triton.next_power_of_2(group),
         HEAD_SIZE=head_size, HEAD_P2=head_p2,
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
         num_warps=num_warps, num_stages=num_stages,
     )
 

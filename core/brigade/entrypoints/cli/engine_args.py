@@ -109,8 +109,8 @@ def _add_kv_cache_args(parser: argparse.ArgumentParser, choices: Mapping[str, Se
     c.add_argument("--prefix-caching-hash-algo", choices=("sha256", "builtin"), default=None,
                    help="hash of a full KV block's tokens for prefix caching (default sha256)")
     c.add_argument("--kv-cache-dtype", default="auto",
-                   help="KV cache dtype: auto (the model dtype) or the model dtype's name; fp8, fp8_e4m3 and fp8_e5m2 "
-                        "(vLLM's) are refused: no backend here stores an fp8 cache")
+                   help="auto (the model dtype), its name, or fp8 (alias fp8_e4m3): float8 e4m3, half the bytes of "
+                        "bfloat16, with per-layer k_scale/v_scale from the checkpoint (else 1.0); not fp8_e5m2")
     c.add_argument("--kv-transfer-config", metavar="JSON",
                    help='{"kv_connector": NAME, "kv_role": "kv_producer"|"kv_consumer"|"kv_both", '
                         f'"kv_connector_extra_config": {{...}}}}; connectors: {_installed(choices["kv_connector"])}')

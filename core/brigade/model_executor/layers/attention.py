@@ -36,6 +36,13 @@ class Attention(nn.Module):
         self.scale = scale
         self.layer_idx = layer_idx
         self.backend = backend_cls(num_heads, head_size, num_kv_heads, scale)
+        self.kv_scales_loaded = False  # whether a k or v scale came from the checkpoint (``kv_scales``)
+
+    def set_kv_scale(self, which: str, value: float) -> None:
+        """Set the fp8 KV cache's ``which`` ("k" or "v") scale of this layer: a positive finite float, fixed
+        from then on (CUDA graphs capture it as a kernel constant)."""
+        setattr(self.backend, f"{which}_scale", float(value))
+        self.kv_scales_loaded = True
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ctx: AttentionContext, *,
                 positions: torch.Tensor | None = None, rotary_emb: Callable[..., Any] | None = None
@@ -70,5 +77,6 @@ class Attention(nn.Module):
         return out.reshape(num_tokens, self.num_heads * self.head_size)
 
     def extra_repr(self) -> str:
+        scales = f", k_scale={self.backend.k_scale}, v_scale={self.backend.v_scale}" if self.kv_scales_loaded else ""
         return (f"layer={self.layer_idx}, heads={self.num_heads}, kv_heads={self.num_kv_heads}, "
-                f"head_size={self.head_size}, backend={type(self.backend).__name__}")
+                f"head_size={self.head_size}, backend={type(self.backend).__name__}{scales}")

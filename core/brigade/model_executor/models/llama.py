@@ -29,6 +29,7 @@ from brigade.model_executor.layers.layernorm import RMSNorm
 from brigade.model_executor.layers.linear import MergedColumnLinear, QKVLinear, RowParallelLinear
 from brigade.model_executor.layers.linear_method import QuantizationConfig, get_linear_method
 from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope_parameters
+from brigade.model_executor.kv_scales import kv_scale_target, load_kv_scale
 from brigade.model_executor.layers.vocab import LMHead, VocabEmbedding
 from brigade.model_executor.models.pipeline import IntermediateTensors, MissingLayer, StageLayout, stage_inputs
 from brigade.model_executor.weight_utils import default_weight_loader
@@ -271,17 +272,23 @@ class LlamaForCausalLM(nn.Module):
         """Load HF-named checkpoint tensors into the merged parameters.
 
         Skips precomputed RoPE tables and, with tied embeddings, ``lm_head.weight`` (the head shares
-        the embedding). Returns the set of checkpoint names that were loaded.
+        the embedding). The fp8 KV cache's per-layer ``k_scale``/``v_scale`` go to the attention layers
+        (``kv_scales``). Returns the set of checkpoint names that were loaded.
 
         Raises:
             ValueError: a checkpoint tensor matches no parameter, does not fit its parameter, or a
-                parameter (or one shard of a merged one) received no tensor at all.
+                parameter (or one shard of a merged one) received no tensor at all; a bad KV-cache scale.
         """
         params = dict(self.named_parameters())
         loaded_names: set[str] = set()
         filled: dict[str, set[str | int | None]] = {}
         for hf_name, tensor in weights:
             if _SKIPPED.search(hf_name) or (self.tie_word_embeddings and hf_name == "lm_head.weight"):
+                continue
+            if (scale_of := kv_scale_target(hf_name)) is not None:  # the fp8 KV cache's k/v scale of a layer
+                if self._on_this_stage(scale_of[0] + "."):
+                    load_kv_scale(self, *scale_of, hf_name, tensor)
+                    loaded_names.add(hf_name)
                 continue
             name, shard_id = self.checkpoint_name(hf_name)
             param = params.get(name)
