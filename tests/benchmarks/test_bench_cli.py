@@ -45,25 +45,38 @@ def check_throughput(values: dict, num_requests: int, num_output: int) -> None:
     assert values["requests_per_s"] == pytest.approx(num_requests / values["elapsed_s"])
 
 
-def test_throughput_with_both_hf_peers(smollm2_path, tmp_path):
+def test_throughput_with_both_hf_peers_over_interleaved_repeats(smollm2_path, tmp_path):
+    """One run checks the peers (``generate`` in static batches of 3 and ``generate_batch``), the interleaved
+    rounds with their medians, and the repetition-penalty fraction."""
     out = tmp_path / "throughput.json"
-    proc = run_bench("throughput", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25", "--max-model-len", "2048",
-                     "--num-prompts", "4", "--input-len", "16", "--output-len", "8", "--hf-peer", "both",
-                     "--hf-batch-size", "3", "--output-json", str(out))
+    proc = run_bench("throughput", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25",
+                     "--max-model-len", "2048", "--num-prompts", "4", "--input-len", "16", "--output-len", "8",
+                     "--hf-peer", "both", "--hf-batch-size", "3", "--repeats", "3",
+                     "--repetition-penalty-fraction", "0.25", "--output-json", str(out))
+    assert "output tok/s ratio" in proc.stdout and "median of 3 interleaved rounds" in proc.stdout
     record = load(out)
-    assert "output tok/s ratio" in proc.stdout
     results = record["results"]
-    for name in ("brigade", "hf_generate", "hf_generate_batch"):
+    names = ("brigade", "hf_generate", "hf_generate_batch")
+    for name in names:
         check_throughput(results[name], 4, 32)
+        assert len(results[name]["rounds"]) == 3
+        for values in results[name]["rounds"]:
+            check_throughput(values, 4, 32)
+        speeds = sorted(v["output_tokens_per_s"] for v in results[name]["rounds"])
+        assert results[name]["output_tokens_per_s"] == speeds[1]  # the median round
     assert results["hf_generate"]["batch_size"] == 3
     # 2 static batches (3 + 1 prompts) of 8 tokens each
     assert results["hf_generate"]["num_generated_tokens"] == 32
-    for peer in ("hf_generate", "hf_generate_batch"):
-        expected = results["brigade"]["output_tokens_per_s"] / results[peer]["output_tokens_per_s"]
-        assert record["ratios"][f"brigade/{peer}/output_tokens_per_s"] == pytest.approx(expected)
+    for peer in ("hf_generate", "hf_generate_batch"):  # the median of the per-round ratios
+        per_round = sorted(b["output_tokens_per_s"] / h["output_tokens_per_s"]
+                           for b, h in zip(results["brigade"]["rounds"], results[peer]["rounds"]))
+        assert record["ratios"][f"brigade/{peer}/output_tokens_per_s"] == pytest.approx(per_round[1])
     bench = record["config"]["benchmark"]
     assert (bench["num_prompt_tokens"], bench["num_output_tokens"], bench["sampling"]["ignore_eos"]) == (64, 32, True)
     assert record["config"]["engine"]["model_config"]["dtype"] == "float32"
+    assert bench["repeats"] == 3
+    # one of the four requests sampled with the default penalty, and still gave exactly its tokens
+    assert (bench["repetition_penalty_fraction"], bench["repetition_penalty"]) == (0.25, 1.1)
 
 
 def test_latency_with_hf_peer(smollm2_path, tmp_path):
@@ -164,29 +177,6 @@ def test_dummy_weights_on_a_shrunk_llama_8b_config(tmp_path, free_port):
               "--num-prompts", "3", "--input-len", "10", "--output-len", "4", "--output-json", str(out))
     metrics = load(out)["results"]["brigade"]
     assert (metrics["completed"], metrics["num_output_tokens"]) == (3, 12)
-
-
-def test_throughput_repeats_interleave_rounds_and_report_medians(smollm2_path, tmp_path):
-    out = tmp_path / "repeats.json"
-    proc = run_bench("throughput", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25", "--max-model-len", "2048",
-                     "--num-prompts", "3", "--input-len", "8", "--output-len", "4", "--hf-peer", "generate",
-                     "--repeats", "3", "--repetition-penalty-fraction", "0.34", "--output-json", str(out))
-    assert "median of 3 interleaved rounds" in proc.stdout
-    record = load(out)
-    rounds = {name: record["results"][name]["rounds"] for name in ("brigade", "hf_generate")}
-    assert [len(r) for r in rounds.values()] == [3, 3]
-    for name, per_round in rounds.items():
-        for values in per_round:
-            check_throughput(values, 3, 12)
-        speeds = sorted(v["output_tokens_per_s"] for v in per_round)
-        assert record["results"][name]["output_tokens_per_s"] == speeds[1]  # the median round
-    per_round_ratios = sorted(b["output_tokens_per_s"] / h["output_tokens_per_s"]
-                              for b, h in zip(rounds["brigade"], rounds["hf_generate"]))
-    assert record["ratios"]["brigade/hf_generate/output_tokens_per_s"] == pytest.approx(per_round_ratios[1])
-    assert record["config"]["benchmark"]["repeats"] == 3
-    # one of the three requests sampled with the default penalty, and still gave exactly its tokens
-    assert (record["config"]["benchmark"]["repetition_penalty_fraction"],
-            record["config"]["benchmark"]["repetition_penalty"]) == (0.34, 1.1)
 
 
 def test_serve_accepts_an_openai_base_url_ending_in_v1(launched):
