@@ -19,6 +19,7 @@ from brigade.sampling_params import RequestOutputKind, SamplingParams
 
 PROMPT = "Once upon a time, in a small village by the sea,"
 MAX_TOKENS = 200  # far more than the few steps a test lets run before it aborts
+OTHER_TOKENS = 24  # the request beside the aborted one, still running when the abort comes, runs to this length
 WAIT_S = 30.0  # a hang fails the test after this, instead of blocking the suite
 
 
@@ -44,8 +45,8 @@ def engine(smollm2_path, loop):
     loop.run_until_complete(stop())
 
 
-def params(kind: RequestOutputKind = RequestOutputKind.DELTA, n: int = 1) -> SamplingParams:
-    return SamplingParams(n=n, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, output_kind=kind)
+def params(kind: RequestOutputKind = RequestOutputKind.DELTA, n: int = 1, max_tokens: int = MAX_TOKENS) -> SamplingParams:
+    return SamplingParams(n=n, temperature=0.0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind)
 
 
 async def consume(llm: AsyncLLM, request_id: str, sampling_params: SamplingParams,
@@ -74,7 +75,7 @@ def test_abort_ends_a_waiting_delta_stream_with_a_final_abort_output(engine, loo
     async def scenario():
         started = asyncio.Event()
         aborted = asyncio.ensure_future(consume(engine, f"abort-delta-{n}", params(n=n), started))
-        other = asyncio.ensure_future(consume(engine, f"other-delta-{n}", params(n=1)))
+        other = asyncio.ensure_future(consume(engine, f"other-delta-{n}", params(n=1, max_tokens=OTHER_TOKENS)))
         await asyncio.wait_for(started.wait(), WAIT_S)
         await engine.abort(f"abort-delta-{n}")
         outputs = await asyncio.wait_for(aborted, WAIT_S)  # the consumer was released, not left hanging
@@ -87,7 +88,7 @@ def test_abort_ends_a_waiting_delta_stream_with_a_final_abort_output(engine, loo
         # The other request was not touched: it runs to its length.
         rest = await asyncio.wait_for(other, 120)
         assert rest[-1].finished and rest[-1].outputs[0].finish_reason == "length"
-        assert sum(len(o.outputs[0].token_ids) for o in rest) == MAX_TOKENS
+        assert sum(len(o.outputs[0].token_ids) for o in rest) == OTHER_TOKENS
         await wait_blocks_free(engine)
 
     loop.run_until_complete(scenario())
