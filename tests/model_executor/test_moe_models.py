@@ -132,7 +132,8 @@ def _config(path, **kwargs) -> BrigadeConfig:
     ("qwen2-moe", {}, {"parallel_config": ParallelConfig(tensor_parallel_size=4)}, None),
     ("qwen2-moe", {}, {"lora_config": LoRAConfig()}, "Qwen2Moe: LoRA on mixture-of-experts models is not supported"),
     ("mixtral", {"quantization_config": {"quant_method": "gptq", "bits": 4}}, {},
-     "Mixtral: quantization (gptq) of mixture-of-experts models is not supported yet"),
+     "Mixtral: quantized mixture-of-experts checkpoints (gptq) are not supported yet; serve the unquantized "
+     "checkpoint, with --quantization fp8"),
     ("qwen3-moe", {"moe_intermediate_size": 30}, {"parallel_config": ParallelConfig(tensor_parallel_size=4)},
      "Qwen3Moe: the experts' intermediate size 30 does not divide over -tp 4; choose a -tp that divides it, or use "
      "--enable-expert-parallel"),
