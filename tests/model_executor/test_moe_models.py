@@ -15,6 +15,7 @@ from test_llama import load_with_transformers, run_three_steps
 from brigade.attention.reference import ReferenceAttentionBackend
 from brigade.config import BrigadeConfig, ConfigError, LoRAConfig, ModelConfig, ParallelConfig
 from brigade.model_executor.layers.fused_moe import FusedMoE, fused_moe_reference
+from brigade.model_executor.layers.linear_method import QuantizationConfig
 from brigade.model_executor.layers.moe_router import select_experts
 from brigade.model_executor.loader import check_model_config, get_hf_config, load_model
 from brigade.model_executor.models.sparse_moe import SparseMoeBlock
@@ -149,6 +150,28 @@ def test_unsupported_moe_configs_are_one_line(case, overrides, kwargs, needle, t
     with pytest.raises(ConfigError) as info:
         check_model_config(hf_config, config)
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+class DenseOnlyQuantization(QuantizationConfig):
+    """A quantization method with linear layers only (no ``get_moe_method``), as a plugin may register."""
+
+    name = "dense-only"
+
+    @classmethod
+    def from_hf_config(cls, hf_config):
+        return cls()
+
+    def get_linear_method(self, prefix):
+        return None
+
+
+def test_a_quantization_without_an_expert_method_is_one_line_when_the_block_is_built():
+    with pytest.raises(ConfigError) as info:
+        SparseMoeBlock(hidden_size=8, num_experts=4, top_k=2, intermediate_size=6, renormalize=True,
+                       shared_intermediate_size=0, dtype=torch.float32, quant_config=DenseOnlyQuantization(),
+                       prefix="model.layers.0.mlp")
+    assert "quantization dense-only has no method for mixture-of-experts layers (model.layers.0.mlp.experts" \
+        in str(info.value) and "\n" not in str(info.value)
 
 
 def test_supported_configs_pass_the_check(tmp_path):
