@@ -40,8 +40,16 @@ class Fp8MoEMethod(MoEMethod):
         if layer.tp_size > 1:
             get_tp_group().all_reduce_max(amax2)
         scale2 = fp8_scale_from_amax(amax2)
-        layer.w13_weight = nn.Parameter(quantize_fp8_rows(w13, scale13), requires_grad=False)
-        layer.w2_weight = nn.Parameter(quantize_fp8_rows(w2, scale2), requires_grad=False)
+        layer.w13_weight = nn.Parameter(quantize_by_expert(w13, scale13), requires_grad=False)
+        layer.w2_weight = nn.Parameter(quantize_by_expert(w2, scale2), requires_grad=False)
         layer.w13_weight_scale = nn.Parameter(scale13.contiguous(), requires_grad=False)
         layer.w2_weight_scale = nn.Parameter(scale2.contiguous(), requires_grad=False)
 
+
+def quantize_by_expert(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``weight`` [E, N, K] divided by ``scale`` [E, N] and rounded to ``float8_e4m3fn`` [E, N, K], one expert at a
+    time, so that the fp32 temporaries are one expert's (a Mixtral-8x7B layer's w13 would take 3.8 GB at once)."""
+    out = torch.empty(weight.shape, dtype=FP8_DTYPE, device=weight.device)
+    for expert in range(weight.shape[0]):
+        out[expert] = quantize_fp8_rows(weight[expert], scale[expert])
+    return out
