@@ -41,13 +41,13 @@ class SparseMoeBlock(nn.Module):
     Under a quantization config the experts take its ``get_moe_method`` and the shared expert its linear method,
     like any dense MLP.
 
-    Raises:
-        ConfigError: a quantization config with no method for the experts (``get_moe_method`` returns None).
-
     Under ``-tp N`` the experts are sliced on their intermediate dimension, or, with ``--enable-expert-parallel``,
     spread whole over the expert-parallel group (``FusedMoE``). Either way every rank computes a partial sum of
     the block's output for all tokens (the shared expert's partial scaled by the replicated sigmoid gate, which
     distributes over the sum), and one all-reduce per layer adds them.
+
+    Raises:
+        ConfigError: a quantization config with no method for the experts (``get_moe_method`` returns None).
     """
 
     def __init__(self, *, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int,
