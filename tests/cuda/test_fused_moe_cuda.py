@@ -1,7 +1,10 @@
 """brigade-cuda's fused MoE on the GPU: the Triton kernels against the PyTorch reference on fresh random inputs
 (bf16, relative error < 1e-2, never NaN) at Mixtral-8x7B's and Qwen3-30B-A3B's expert shapes and 1 to 4096 tokens;
 captured in a CUDA graph and replayed on new inputs; bound by layers built on CUDA; and a tiny MoE model on the
-whole engine (CUDA graphs, chunked prefill) against transformers' greedy tokens. Skipped without CUDA (CI)."""
+whole engine (CUDA graphs, chunked prefill) against transformers' greedy tokens. FP8 experts (online
+``--quantization fp8``: W8A16, per-channel scales) against the reference on the same dequantized weights at 1 to 512
+tokens (bf16, relative error < 2e-2, never NaN), in a CUDA graph, and bound by a layer quantized by brigade-fp8's
+``Fp8MoEMethod``. Skipped without CUDA (CI)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ pytest.importorskip("triton")
 from brigade.model_executor.layers.fused_moe import FusedMoE, fused_moe_reference  # noqa: E402
 from brigade.model_executor.layers.moe_router import select_experts  # noqa: E402
 from brigade_cuda.ops.fused_moe import fused_moe, moe_align_block_size, pick_tile  # noqa: E402
+from brigade_fp8.moe_method import Fp8MoEMethod  # noqa: E402
+from brigade_fp8.quantize import FP8_DTYPE, fp8_scale_from_amax, quantize_fp8_rows  # noqa: E402
 
 # name -> (experts, hidden, intermediate, top_k, renormalize), the public configs' expert shapes
 SHAPES = {"mixtral-8x7b": (8, 4096, 14336, 2, True), "qwen3-30b-a3b": (128, 2048, 768, 8, True)}
@@ -60,6 +65,58 @@ def test_triton_fused_moe_matches_the_reference(name, num_tokens, experts, rel_e
     assert out.dtype == torch.bfloat16 and out.shape == x.shape
     assert not out.isnan().any()
     assert rel_err(out, ref) < 1e-2, (name, num_tokens, pick_tile(num_tokens, *SHAPES[name][:3], SHAPES[name][3]))
+
+
+def _fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[E, N, K] -> (codes [E, N, K] float8_e4m3fn, scales [E, N] fp32), as ``Fp8MoEMethod`` quantizes."""
+    scale = fp8_scale_from_amax(w.abs().amax(dim=2))
+    return quantize_fp8_rows(w, scale), scale
+
+
+@pytest.mark.parametrize("num_tokens", [1, 8, 64, 512])
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_triton_fp8_fused_moe_matches_the_reference(name, num_tokens, experts, rel_err):
+    """W8A16: FP8 expert tiles converted to bf16 in registers, scales in the epilogue, against the reference
+    (fp32) on the same FP8 codes dequantized."""
+    (q13, s13), (q2, s2) = (_fp8(w) for w in experts(name))
+    x, weights, ids = _routed(num_tokens, name, seed=100 + num_tokens)
+    out = fused_moe(x, q13, q2, weights, ids, w13_scale=s13, w2_scale=s2)
+    ref = fused_moe_reference(x.float(), q13, q2, weights, ids, w13_scale=s13, w2_scale=s2)
+    assert out.dtype == torch.bfloat16 and out.shape == x.shape
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < 2e-2, (name, num_tokens, pick_tile(num_tokens, *SHAPES[name][:3], SHAPES[name][3]))
+
+
+def test_fp8_fused_moe_replays_in_a_cuda_graph(experts, rel_err):
+    name = "qwen3-30b-a3b"
+    (q13, s13), (q2, s2) = (_fp8(w) for w in experts(name))
+    x, weights, ids = _routed(24, name, seed=11)
+    fused_moe(x, q13, q2, weights, ids, w13_scale=s13, w2_scale=s2)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_moe(x, q13, q2, weights, ids, w13_scale=s13, w2_scale=s2)
+    x2, weights2, ids2 = _routed(24, name, seed=12)
+    x.copy_(x2)
+    weights.copy_(weights2)
+    ids.copy_(ids2)
+    graph.replay()
+    ref = fused_moe_reference(x.float(), q13, q2, weights, ids, w13_scale=s13, w2_scale=s2)
+    assert rel_err(out, ref) < 2e-2
+
+
+def test_fp8_layer_built_on_cuda_binds_the_triton_kernel(cuda_ops_registered, rel_err):
+    """A bf16 layer quantized by ``Fp8MoEMethod`` (as the loader does after loading) runs the W8A16 kernel."""
+    with torch.device("cuda"):
+        layer = FusedMoE(8, 2, 256, 512, dtype=torch.bfloat16, quant_method=Fp8MoEMethod())
+    layer.w13_weight.data.normal_(0, 256 ** -0.5)
+    layer.w2_weight.data.normal_(0, 512 ** -0.5)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert layer.impl_name == "cuda" and layer.w13_weight.dtype == layer.w2_weight.dtype == FP8_DTYPE
+    assert layer.w13_weight_scale.shape == (8, 1024) and layer.w2_weight_scale.shape == (8, 256)
+    x = torch.randn(5, 256, device="cuda").bfloat16()
+    weights, ids = select_experts(torch.randn(5, 8, device="cuda"), 2, True)
+    out = layer(x, weights, ids)
+    assert not out.isnan().any() and rel_err(out, layer.forward_native(x, weights, ids)) < 2e-2
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))

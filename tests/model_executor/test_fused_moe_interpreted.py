@@ -2,7 +2,9 @@
 assignment once, each block one expert's, padding marked) and the two grouped GEMMs against
 ``fused_moe_reference`` in fp32, under Triton's interpreter (``TRITON_INTERPRET=1``) in a subprocess so the
 interpreter mode stays out of this process. Shapes cover one token, uneven K and N, and more experts than tokens;
-half types and timing run on CUDA (tests/cuda/test_fused_moe_cuda.py)."""
+half types and timing run on CUDA (tests/cuda/test_fused_moe_cuda.py). The W8A16 variant (``FP8_W``: FP8 experts
+with per-channel scales, quantized here by brigade-fp8's torch code, since the interpreter's own fp32 -> e4m3 cast
+is not exact) against the reference path on the same FP8 weights, which dequantizes them."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 from brigade.model_executor.layers.fused_moe import fused_moe_reference
 from brigade.model_executor.layers.moe_router import select_experts
 from brigade_cuda.ops.fused_moe import MoETile, fused_moe, moe_align_block_size, pick_tile
+from brigade_fp8.quantize import FP8_DTYPE, fp8_scale_from_amax, quantize_fp8_rows
 
 
 def check(num_tokens, num_experts, top_k, hidden, inter, tile, seed=0):
@@ -51,11 +54,35 @@ check(37, 6, 3, 40, 24, MoETile(16, 16, 16, 4, 4, 1))  # K and N not multiples o
 check(50, 16, 4, 32, 32, MoETile(32, 32, 16, 2, 4, 1))
 check(3, 32, 8, 32, 16, MoETile(16, 16, 32, 1, 4, 1))  # more experts than assignments
 check(40, 4, 2, 64, 64, None)  # the tile pick_tile chooses (32 rows)
+
+
+def check_fp8(num_tokens, num_experts, top_k, hidden, inter, tile, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, hidden, generator=gen)
+    w13 = torch.randn(num_experts, 2 * inter, hidden, generator=gen) / hidden ** 0.5
+    w2 = torch.randn(num_experts, hidden, inter, generator=gen) / inter ** 0.5
+    w2[0, 3] = 0.0  # a channel of zeros keeps a positive scale and stays zero
+    s13, s2 = fp8_scale_from_amax(w13.abs().amax(2)), fp8_scale_from_amax(w2.abs().amax(2))  # [E, 2I], [E, H]
+    q13, q2 = quantize_fp8_rows(w13, s13), quantize_fp8_rows(w2, s2)
+    assert q13.dtype == q2.dtype == FP8_DTYPE
+    weights, ids = select_experts(torch.randn(num_tokens, num_experts, generator=gen), top_k, True)
+    got = fused_moe(x, q13, q2, weights, ids, w13_scale=s13, w2_scale=s2, tile=tile)
+    want = fused_moe_reference(x, q13, q2, weights, ids, w13_scale=s13, w2_scale=s2)
+    err = ((got - want).norm() / want.norm()).item()
+    assert torch.isfinite(got).all() and err < 1e-5, (num_tokens, num_experts, top_k, err)
+    # and it is the FP8 product, not the unquantized one: e4m3 rounding moves the output by a few percent
+    unquantized = fused_moe_reference(x, w13, w2, weights, ids)
+    assert 5e-3 < ((unquantized - want).norm() / want.norm()).item() < 0.1
+
+
+check_fp8(1, 8, 2, 64, 48, MoETile(16, 32, 32, 1, 4, 1))
+check_fp8(37, 6, 3, 40, 24, MoETile(16, 16, 16, 4, 4, 1))  # K and N not multiples of the tile
+check_fp8(50, 16, 4, 32, 32, MoETile(32, 32, 16, 2, 4, 1))
 print("OK")
 """
 
 
-def test_fused_moe_kernels_match_the_reference_under_the_interpreter():
+def test_fused_moe_kernels_and_their_fp8_variant_match_the_reference_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, "-c", _INTERPRETED], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -15,6 +15,7 @@ from test_llama import load_with_transformers, run_three_steps
 from brigade.attention.reference import ReferenceAttentionBackend
 from brigade.config import BrigadeConfig, ConfigError, LoRAConfig, ModelConfig, ParallelConfig
 from brigade.model_executor.layers.fused_moe import FusedMoE, fused_moe_reference
+from brigade.model_executor.layers.linear_method import QuantizationConfig
 from brigade.model_executor.layers.moe_router import select_experts
 from brigade.model_executor.loader import check_model_config, get_hf_config, load_model
 from brigade.model_executor.models.sparse_moe import SparseMoeBlock
@@ -132,7 +133,8 @@ def _config(path, **kwargs) -> BrigadeConfig:
     ("qwen2-moe", {}, {"parallel_config": ParallelConfig(tensor_parallel_size=4)}, None),
     ("qwen2-moe", {}, {"lora_config": LoRAConfig()}, "Qwen2Moe: LoRA on mixture-of-experts models is not supported"),
     ("mixtral", {"quantization_config": {"quant_method": "gptq", "bits": 4}}, {},
-     "Mixtral: quantization (gptq) of mixture-of-experts models is not supported yet"),
+     "Mixtral: quantized mixture-of-experts checkpoints (gptq) are not supported yet; serve the unquantized "
+     "checkpoint, with --quantization fp8"),
     ("qwen3-moe", {"moe_intermediate_size": 30}, {"parallel_config": ParallelConfig(tensor_parallel_size=4)},
      "Qwen3Moe: the experts' intermediate size 30 does not divide over -tp 4; choose a -tp that divides it, or use "
      "--enable-expert-parallel"),
@@ -148,6 +150,28 @@ def test_unsupported_moe_configs_are_one_line(case, overrides, kwargs, needle, t
     with pytest.raises(ConfigError) as info:
         check_model_config(hf_config, config)
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+class DenseOnlyQuantization(QuantizationConfig):
+    """A quantization method with linear layers only (no ``get_moe_method``), as a plugin may register."""
+
+    name = "dense-only"
+
+    @classmethod
+    def from_hf_config(cls, hf_config):
+        return cls()
+
+    def get_linear_method(self, prefix):
+        return None
+
+
+def test_a_quantization_without_an_expert_method_is_one_line_when_the_block_is_built():
+    with pytest.raises(ConfigError) as info:
+        SparseMoeBlock(hidden_size=8, num_experts=4, top_k=2, intermediate_size=6, renormalize=True,
+                       shared_intermediate_size=0, dtype=torch.float32, quant_config=DenseOnlyQuantization(),
+                       prefix="model.layers.0.mlp")
+    assert "quantization dense-only has no method for mixture-of-experts layers (model.layers.0.mlp.experts" \
+        in str(info.value) and "\n" not in str(info.value)
 
 
 def test_supported_configs_pass_the_check(tmp_path):

@@ -9,6 +9,8 @@
 
 Only the transformer's linear layers (qkv, o, gate_up, down) are quantized: embeddings and ``lm_head`` are not
 linear layers of the ``LinearMethod`` seam and stay in the model dtype, which also keeps the logits' precision.
+In mixture-of-experts models the routed experts are quantized too, online only (``Fp8MoEMethod``: per expert and
+output channel, W8A16); the router gate and the shared expert's sigmoid gate stay in the model dtype.
 Layers named in ``ignored_layers`` (or ``modules_to_not_convert``) stay unquantized; a merged layer is ignored when
 all the projections it holds are, and refused when only some are.
 """
@@ -18,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from brigade.model_executor.layers.linear_method import LinearMethod, QuantizationConfig
+from brigade.model_executor.layers.linear_method import LinearMethod, MoEMethod, QuantizationConfig
 
 from brigade_fp8.method import ONLINE, Fp8LinearMethod, Fp8Scheme
+from brigade_fp8.moe_method import Fp8MoEMethod
 
 # The merged layers of Brigade's models and the HF projections each one holds (the models'
 # ``packed_modules_mapping``), so that ignore lists written with HF names match them.
@@ -119,3 +122,10 @@ class Fp8Config(QuantizationConfig):
         if is_ignored(prefix, matches, "FP8 checkpoint"):
             return None
         return Fp8LinearMethod(self.scheme, prefix)
+
+    def get_moe_method(self, prefix: str) -> MoEMethod | None:
+        """``Fp8MoEMethod`` for online FP8; None for a serialized checkpoint (its experts' FP8 tensors have no
+        loader: the MoE models refuse quantized checkpoints first) and for experts in ``ignored_layers``."""
+        if self.scheme.serialized or any(prefix == ig or prefix.endswith("." + ig) for ig in self.ignored_layers):
+            return None
+        return Fp8MoEMethod()

@@ -35,10 +35,20 @@ def quantize_fp8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.
     if weight.dim() != 2 or not weight.is_floating_point():
         raise ValueError(f"expected a 2-D floating weight, got shape {tuple(weight.shape)} dtype {weight.dtype}")
     w = weight.float()
-    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=_MIN_SCALE)
+    scale = fp8_scale_from_amax(w.abs().amax(dim=1))
+    return quantize_fp8_rows(w, scale), scale
+
+
+def fp8_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """The per-channel scale ``amax / 448`` (fp32, floored so that a row of zeros stays zero) of rows whose largest
+    magnitude is ``amax`` (any shape)."""
+    return (amax.float() / FP8_MAX).clamp(min=_MIN_SCALE)
+
+
+def quantize_fp8_rows(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``weight`` [..., K] divided by ``scale`` [...] (one per row) and rounded to ``float8_e4m3fn`` [..., K]."""
     # The clamp guards against the row maximum rounding just above 448 after the division.
-    qweight = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return qweight, scale
+    return (weight.float() / scale.float()[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
 def dequantize_fp8_per_channel(qweight: torch.Tensor, scale: torch.Tensor,

@@ -68,6 +68,13 @@ class GroupCoordinator:
             dist.all_reduce(tensor, group=self.device_group)
         return tensor
 
+    def all_reduce_max(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The elementwise maximum of ``tensor`` over the group, in place; returns it (a load-time statistic such
+        as a weight scale's row maximum over the ranks' slices)."""
+        if self.world_size > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.device_group)
+        return tensor
+
     def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Concatenate every rank's ``tensor`` along ``dim``, in group order.
 

@@ -18,6 +18,13 @@ Only blocks that hold assignments run (the others return at once, reading the pa
 so every active expert's weights are read once per ``BLOCK_M`` of its tokens: at decode sizes (a few tokens per
 expert) once per step, which is the decode path; nothing depends on the host, so CUDA graphs capture it.
 
+FP8 experts (``--quantization fp8``: ``float8_e4m3fn`` weights with one fp32 scale per expert and output channel)
+run the same kernels as W8A16 behind the ``FP8_W`` constexpr: each FP8 weight tile is loaded (half the bytes of
+bf16), converted to the activations' dtype in registers, multiplied on the same tensor-core path, and the
+accumulators are multiplied by their columns' scales in the epilogue (a scale per output channel factors out of
+the dot product). With ``FP8_W`` off the scale pointer is None and the code under the switch is not emitted, so
+the bf16/fp16/fp32 kernels are the unquantized ones instruction for instruction.
+
 Tiles (``BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages``) come per shape and token count from
 ``moe_tiles.json`` (written by ``benchmarks/kernels/bench_fused_moe.py --tune --write-tiles`` on the GPU) and
 otherwise from ``default_tile``, which sizes ``BLOCK_M`` for the mean tokens per expert.
@@ -151,12 +158,13 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["num_assignments", "num_pid_m"])
-def _moe_gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+def _moe_gate_up_kernel(x_ptr, w_ptr, w_scale_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
                         num_assignments, num_pid_m, N, K, stride_xm, stride_we, stride_wn, stride_om,
-                        TOP_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                        TOP_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, FP8_W: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """out[a, n] = silu(x[a // TOP_K] . w[e, n]) * (x[a // TOP_K] . w[e, N + n]) for the block's assignments a of
-    expert e; w is [E, 2N, K] (gate rows, then up rows), out [T * TOP_K, N]."""
+    expert e; w is [E, 2N, K] (gate rows, then up rows), out [T * TOP_K, N]. With ``FP8_W``, w is FP8 and each
+    dot is multiplied by its row's scale, ``w_scale`` [E, 2N] contiguous fp32 (None otherwise)."""
     pid_m, pid_n = _block_of(tl.program_id(0), num_pid_m, tl.cdiv(N, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_post_ptr):
         return
@@ -182,11 +190,18 @@ def _moe_gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, n
             x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             wg = tl.load(wg_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             wu = tl.load(wu_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if FP8_W:  # W8A16: the FP8 tiles become the activations' dtype in registers (exactly: e4m3 fits in it)
+            wg = wg.to(x.dtype)
+            wu = wu.to(x.dtype)
         acc_g = _dot(x, wg, acc_g, IEEE)
         acc_u = _dot(x, wu, acc_u, IEEE)
         x_ptrs += BLOCK_K
         wg_ptrs += BLOCK_K
         wu_ptrs += BLOCK_K
+    if FP8_W:  # the per-channel scales of the expert's gate and up rows
+        scale_ptrs = w_scale_ptr + expert * 2 * N + offs_n
+        acc_g *= tl.load(scale_ptrs, mask=n_ok, other=0.0)[None, :]
+        acc_u *= tl.load(scale_ptrs + N, mask=n_ok, other=0.0)[None, :]
     dtype = out_ptr.dtype.element_ty
     # gate and up rounded to the model dtype first, as the reference's GEMM output is
     act = silu_mul(acc_g.to(dtype).to(tl.float32), acc_u.to(dtype).to(tl.float32), dtype)
@@ -195,12 +210,13 @@ def _moe_gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, n
 
 
 @triton.jit(do_not_specialize=["num_assignments", "num_pid_m"])
-def _moe_down_kernel(a_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
-                     num_assignments, num_pid_m, N, K, stride_am, stride_we, stride_wn, stride_om,
-                     EVEN_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+def _moe_down_kernel(a_ptr, w_ptr, w_scale_ptr, out_ptr, topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr,
+                     num_post_ptr, num_assignments, num_pid_m, N, K, stride_am, stride_we, stride_wn, stride_om,
+                     EVEN_K: tl.constexpr, IEEE: tl.constexpr, FP8_W: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """out[a, n] = topk_weights[a] * (a_rows[a] . w[e, n]) for the block's assignments a of expert e; w is
-    [E, N, K], a_rows [T * top_k, K], out [T * top_k, N]."""
+    [E, N, K], a_rows [T * top_k, K], out [T * top_k, N]. With ``FP8_W``, w is FP8 and ``w_scale`` [E, N]
+    contiguous fp32 scales each output channel (None otherwise)."""
     pid_m, pid_n = _block_of(tl.program_id(0), num_pid_m, tl.cdiv(N, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_post_ptr):
         return
@@ -222,9 +238,13 @@ def _moe_down_kernel(a_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_ids_ptr, ex
             k_ok = offs_k < K - k * BLOCK_K
             a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if FP8_W:
+            w = w.to(a.dtype)
         acc = _dot(a, w, acc, IEEE)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if FP8_W:
+        acc *= tl.load(w_scale_ptr + expert * N + offs_n, mask=n_ok, other=0.0)[None, :]
     acc *= tl.load(topk_weights_ptr + rows, mask=m_ok, other=0.0)[:, None]
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -289,12 +309,15 @@ def fit_shared_memory(tile: MoETile, element_size: int) -> MoETile:
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, *, tile: MoETile | None = None) -> torch.Tensor:
+              topk_ids: torch.Tensor, *, w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+              tile: MoETile | None = None) -> torch.Tensor:
     """``sum_j topk_weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))``, ``e = topk_ids[t, j]``.
 
     Args:
         x: [T, H] fp16/bf16/fp32 on CUDA, last dimension contiguous.
-        w13: [E, 2I, H] (gate rows, then up rows), x's dtype, contiguous. w2: [E, H, I], contiguous.
+        w13: [E, 2I, H] (gate rows, then up rows), x's dtype, contiguous. w2: [E, H, I], contiguous. Or both
+            ``float8_e4m3fn`` (compute capability 8.9 and up) with ``w13_scale`` [E, 2I] and ``w2_scale`` [E, H]
+            contiguous fp32, one scale per expert and output channel: the W8A16 kernels.
         topk_weights: [T, k] float32. topk_ids: [T, k] int32/int64.
         tile: a launch configuration (benchmarks); default: ``pick_tile``.
 
@@ -312,37 +335,56 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     num_assignments = num_tokens * top_k
     num_pid_m = expert_ids.numel()
     ieee = x.dtype == torch.float32
+    fp8 = w13_scale is not None
     launch = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
                   num_warps=tile.num_warps, num_stages=tile.num_stages)
     act = torch.empty(num_assignments, inter, dtype=x.dtype, device=x.device)
     grid = (num_pid_m * triton.cdiv(inter, tile.block_n),)
-    _moe_gate_up_kernel[grid](x, w13, act, sorted_ids, expert_ids, num_post, num_assignments, num_pid_m, inter,
-                              hidden, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), TOP_K=top_k,
-                              EVEN_K=hidden % tile.block_k == 0, IEEE=ieee, **launch)
+    _moe_gate_up_kernel[grid](x, w13, w13_scale, act, sorted_ids, expert_ids, num_post, num_assignments, num_pid_m,
+                              inter, hidden, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), TOP_K=top_k,
+                              EVEN_K=hidden % tile.block_k == 0, IEEE=ieee, FP8_W=fp8, **launch)
     out = torch.empty(num_assignments, hidden, dtype=x.dtype, device=x.device)
     grid = (num_pid_m * triton.cdiv(hidden, tile.block_n),)
-    _moe_down_kernel[grid](act, w2, out, topk_weights.reshape(-1).float(), sorted_ids, expert_ids, num_post,
-                           num_assignments, num_pid_m, hidden, inter, act.stride(0), w2.stride(0), w2.stride(1),
-                           out.stride(0), EVEN_K=inter % tile.block_k == 0, IEEE=ieee, **launch)
+    _moe_down_kernel[grid](act, w2, w2_scale if fp8 else None, out, topk_weights.reshape(-1).float(), sorted_ids,
+                           expert_ids, num_post, num_assignments, num_pid_m, hidden, inter, act.stride(0),
+                           w2.stride(0), w2.stride(1), out.stride(0), EVEN_K=inter % tile.block_k == 0, IEEE=ieee,
+                           FP8_W=fp8, **launch)
     return out if top_k == 1 else out.view(num_tokens, top_k, hidden).sum(dim=1)  # fp32 accumulation
 
 
-def check_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> str | None:
+def check_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor | None = None,
+                    w2_scale: torch.Tensor | None = None) -> str | None:
     """Why ``fused_moe`` cannot take these tensors (one line), or None when it can."""
-    if x.dim() != 2 or x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or x.dtype != w13.dtype:
-        return "needs x [T, H] in fp16/bf16/fp32, the experts' dtype"
+    if x.dim() != 2 or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return "needs x [T, H] in fp16/bf16/fp32"
+    if w13_scale is None and x.dtype != w13.dtype:
+        return "needs the experts in x's dtype, or FP8 with their scales"
+    if w13_scale is not None and (w13.dtype != torch.float8_e4m3fn or w2.dtype != torch.float8_e4m3fn
+                                  or w2_scale is None):
+        return "needs both expert weights in float8_e4m3fn with both scales"
     if x.stride(-1) != 1 or not (w13.is_contiguous() and w2.is_contiguous()):
         return "needs a contiguous last dimension of x and contiguous expert weights"
     return None
 
 
+@functools.cache
+def loads_fp8(device_index: int) -> bool:
+    """Whether Triton can load ``float8_e4m3fn`` on this CUDA device (compute capability 8.9 and up)."""
+    return torch.cuda.get_device_capability(device_index) >= (8, 9)
+
+
 def fused_moe_cuda(layer, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-    """``FusedMoE`` on CUDA: same contract as ``FusedMoE.forward_native``; reads ``layer.w13_weight`` and
-    ``layer.w2_weight``. A layout the kernel does not take is made contiguous first (never the reference, whose
-    per-expert count would synchronize with the host inside a CUDA graph)."""
+    """``FusedMoE`` on CUDA: same contract as ``FusedMoE.forward_native``; reads ``layer.w13_weight``,
+    ``layer.w2_weight`` and, for FP8 experts, ``layer.w13_weight_scale`` and ``layer.w2_weight_scale`` (the W8A16
+    kernels). A layout the kernel does not take is made contiguous first (never the reference, whose per-expert
+    count would synchronize with the host inside a CUDA graph); experts in another float dtype than x, and FP8
+    experts on a GPU older than compute capability 8.9, take the reference path."""
     w13, w2 = layer.w13_weight, layer.w2_weight
-    if x.dtype != w13.dtype:
+    s13, s2 = layer.w13_weight_scale, layer.w2_weight_scale
+    takes = loads_fp8(x.device.index or 0) if s13 is not None else x.dtype == w13.dtype
+    if not takes:
         return layer.forward_native(x, topk_weights, topk_ids)
-    if check_fused_moe(x, w13, w2) is not None:
+    if check_fused_moe(x, w13, w2, s13, s2) is not None:
         x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
-    return fused_moe(x, w13, w2, topk_weights, topk_ids)
+        s13, s2 = (None, None) if s13 is None else (s13.contiguous(), s2.contiguous())
+    return fused_moe(x, w13, w2, topk_weights, topk_ids, w13_scale=s13, w2_scale=s2)

@@ -31,6 +31,11 @@ the shared expert's partial and all-reduces once per layer.
 
 Each rank reads only its part of a checkpoint tensor (``shard_intermediate`` narrows a lazy ``CheckpointTensor``;
 another rank's expert is not read at all).
+
+Quantization (``--quantization fp8``): a ``MoEMethod`` (``linear_method``) turns the loaded weights into FP8 with
+one fp32 scale per expert and output channel, ``w13_weight_scale`` [E_local, 2 * I_local] (sliced with w13's rows
+under TP) and ``w2_weight_scale`` [E_local, H] (down's output channels are not split under TP, so every rank holds
+the whole row's scale); the products dequantize each expert's weights as they use them.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from brigade.model_executor.layers.custom_op import CustomOp
+from brigade.model_executor.layers.linear_method import MoEMethod
 from brigade.model_executor.weight_utils import materialize, narrow_weight, set_weight_attrs
 
 GATE, UP, DOWN = "w1", "w3", "w2"
@@ -55,9 +61,12 @@ class FusedMoE(CustomOp):
     // ep_size``, experts ``[expert_start, expert_start + E_local)`` whole (``I_local = intermediate_size``).
     With one rank both are the whole layer.
 
+    With a ``quant_method`` (``MoEMethod``), after loading: both weights ``float8_e4m3fn``, ``w13_weight_scale``
+    [E_local, 2 * I_local] and ``w2_weight_scale`` [E_local, H] fp32; without one both scales are None.
+
     A kernel registered for ``"fused_moe"`` is called ``impl(layer, x, topk_weights, topk_ids)`` with
-    ``forward_native``'s contract (ids local, in ``[0, E_local)``) and reads ``layer.w13_weight`` and
-    ``layer.w2_weight``.
+    ``forward_native``'s contract (ids local, in ``[0, E_local)``) and reads ``layer.w13_weight``,
+    ``layer.w2_weight`` and their scales (None, or the FP8 layout above).
 
     Raises:
         ValueError: ``tp_size`` does not divide ``intermediate_size`` or ``ep_size`` does not divide
@@ -67,7 +76,8 @@ class FusedMoE(CustomOp):
     op_name = "fused_moe"
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
-                 dtype: torch.dtype, tp_rank: int = 0, tp_size: int = 1, ep_rank: int = 0, ep_size: int = 1):
+                 dtype: torch.dtype, tp_rank: int = 0, tp_size: int = 1, ep_rank: int = 0, ep_size: int = 1,
+                 quant_method: MoEMethod | None = None):
         super().__init__()
         if intermediate_size % tp_size:
             raise ValueError(f"the experts' intermediate size {intermediate_size} does not divide over {tp_size} "
@@ -92,6 +102,10 @@ class FusedMoE(CustomOp):
                                            "shard_ids": tuple((e, p) for e in experts for p in (GATE, UP))})
         set_weight_attrs(self.w2_weight, {"weight_loader": self.weight_loader,
                                           "shard_ids": tuple((e, DOWN) for e in experts)})
+        self.w13_weight_scale: torch.Tensor | None = None  # set by a quant_method after loading
+        self.w2_weight_scale: torch.Tensor | None = None
+        if quant_method is not None:  # the loader calls its process_weights_after_loading
+            self.quant_method = quant_method
         if tp_size > 1 or ep_size > 1:  # the whole layer's shapes, for dummy weights drawn layout-independently
             set_weight_attrs(self.w13_weight, {"full_shape": (num_experts, 2 * intermediate_size, hidden_size)})
             set_weight_attrs(self.w2_weight, {"full_shape": (num_experts, hidden_size, intermediate_size)})
@@ -174,22 +188,37 @@ class FusedMoE(CustomOp):
 
     def forward_native(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """Args: x [T, hidden] in the model dtype; topk_weights [T, top_k] float32; topk_ids [T, top_k] int, local
-        expert ids. Returns [T, hidden] in x's dtype (``fused_moe_reference``)."""
-        return fused_moe_reference(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        expert ids. Returns [T, hidden] in x's dtype (``fused_moe_reference``, dequantizing FP8 experts one at a
+        time)."""
+        return fused_moe_reference(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
+                                   w13_scale=self.w13_weight_scale, w2_scale=self.w2_weight_scale)
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_local_experts}/{self.num_experts}, top_k={self.top_k}, hidden={self.hidden_size}, "
-                f"intermediate={self.intermediate_size_per_partition}, impl={self.impl_name}")
+                f"intermediate={self.intermediate_size_per_partition}, weights={self.w13_weight.dtype}, "
+                f"impl={self.impl_name}")
+
+
+def expert_weight(w: torch.Tensor, scale: torch.Tensor | None, expert: int, dtype: torch.dtype) -> torch.Tensor:
+    """Expert ``expert``'s [N, K] weight in ``dtype``: ``w[expert]`` itself, or with a per-channel ``scale``
+    ([E, N] fp32) the FP8 codes times their scale, computed in fp32 and rounded once to ``dtype``."""
+    if scale is None:
+        return w[expert]
+    return (w[expert].float() * scale[expert].float()[:, None]).to(dtype)
 
 
 def fused_moe_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                        topk_ids: torch.Tensor) -> torch.Tensor:
+                        topk_ids: torch.Tensor, *, w13_scale: torch.Tensor | None = None,
+                        w2_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The mixture of experts in plain PyTorch: for each expert in turn, the tokens routed to it, their SwiGLU
     product and its router weight, added into an fp32 sum (transformers' ``MixtralExperts.forward`` order).
 
     Args:
         x: [T, H] hidden states in the model dtype.
-        w13: [E, 2I, H] gate rows then up rows of each expert. w2: [E, H, I].
+        w13: [E, 2I, H] gate rows then up rows of each expert. w2: [E, H, I]. In x's dtype, or
+            ``float8_e4m3fn`` with ``w13_scale`` [E, 2I] and ``w2_scale`` [E, H] fp32 (one per expert and output
+            channel): each expert's weights are then dequantized when its tokens are computed (``expert_weight``),
+            so the result is the unquantized path's on the dequantized weights, holding one expert's at a time.
         topk_weights: [T, k] float32. topk_ids: [T, k] int32 or int64, each in [0, E).
 
     Returns:
@@ -212,9 +241,10 @@ def fused_moe_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
             continue
         assignments = order[start:start + count]
         start += count
-        gate_up = F.linear(x[assignments // top_k], w13[expert])  # [n, 2I]
+        gate_up = F.linear(x[assignments // top_k], expert_weight(w13, w13_scale, expert, x.dtype))  # [n, 2I]
         act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        per_assignment[assignments] = F.linear(act, w2[expert]).float() * flat_weights[assignments, None]
+        down = F.linear(act, expert_weight(w2, w2_scale, expert, x.dtype))
+        per_assignment[assignments] = down.float() * flat_weights[assignments, None]
     # Add each token's experts in increasing expert id, the order transformers adds them in.
     by_expert = per_assignment.view(num_tokens, top_k, -1)[
         torch.arange(num_tokens, device=x.device)[:, None], topk_ids.argsort(dim=1)]  # [T, k, H]

@@ -184,6 +184,20 @@ class UnquantizedLinearMethod(LinearMethod):
         return True
 
 
+class MoEMethod(ABC):
+    """How a ``FusedMoE`` layer's stacked expert weights are stored (vLLM's ``FusedMoEMethodBase``, reduced to the
+    load step). The layer creates ``w13_weight`` [E, 2I, H] and ``w2_weight`` [E, H, I] in the model dtype and
+    the ordinary expert loaders fill them; ``process_weights_after_loading`` may then replace them with FP8
+    (``float8_e4m3fn``) tensors of the same shapes and set ``w13_weight_scale`` [E, 2I] and ``w2_weight_scale``
+    [E, H] (fp32, one per expert and output channel), so that ``w.float() * scale[..., None]`` is the weight the
+    product uses. That is the one quantized layout the fused MoE paths read (``fused_moe.fused_moe_reference``,
+    the platforms' ``"fused_moe"`` kernels): activations stay in the model dtype (W8A16)."""
+
+    @abstractmethod
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Turn the loaded model-dtype expert weights into the method's format; called once after loading."""
+
+
 class QuantizationConfig(ABC):
     """A quantization method's settings for one model; plugins subclass it and register the class."""
 
@@ -230,6 +244,13 @@ class QuantizationConfig(ABC):
         ``...mlp.gate_up_proj``); the model class's ``packed_modules_mapping`` lists the HF
         projections each one holds. Returns None to leave that layer unquantized.
         """
+
+
+    def get_moe_method(self, prefix: str) -> MoEMethod | None:
+        """The method for the routed experts named ``prefix`` (``model.layers.0.mlp.experts``), or None when this
+        quantization has none: the model then refuses to start, in one line (``SparseMoeBlock``), rather than
+        leave most of its weights unquantized. The default has none."""
+        return None
 
 
 def get_linear_method(quant_config: QuantizationConfig | None, prefix: str) -> LinearMethod:

@@ -37,12 +37,17 @@ class SparseMoeBlock(nn.Module):
 
     Submodules carry the checkpoint's names: ``gate`` (the router, [E, H], never quantized, whole on every rank),
     ``experts`` (``FusedMoE``), and, with a shared expert, ``shared_expert`` (a ``LlamaMLP``, column/row-sharded
-    like a dense MLP under TP) and ``shared_expert_gate`` ([1, H], whole on every rank).
+    like a dense MLP under TP) and ``shared_expert_gate`` ([1, H], whole on every rank, never quantized).
+    Under a quantization config the experts take its ``get_moe_method`` and the shared expert its linear method,
+    like any dense MLP.
 
     Under ``-tp N`` the experts are sliced on their intermediate dimension, or, with ``--enable-expert-parallel``,
     spread whole over the expert-parallel group (``FusedMoE``). Either way every rank computes a partial sum of
     the block's output for all tokens (the shared expert's partial scaled by the replicated sigmoid gate, which
     distributes over the sum), and one all-reduce per layer adds them.
+
+    Raises:
+        ConfigError: a quantization config with no method for the experts (``get_moe_method`` returns None).
     """
 
     def __init__(self, *, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int,
@@ -52,14 +57,23 @@ class SparseMoeBlock(nn.Module):
         self.top_k = top_k
         self.renormalize = renormalize
         self.gate = Linear(hidden_size, num_experts, dtype=dtype, quant_method=UnquantizedLinearMethod())
+        moe_method = None
+        if quant_config is not None:
+            moe_method = quant_config.get_moe_method(f"{prefix}.experts")
+            if moe_method is None:
+                raise ConfigError(f"quantization {quant_config.name} has no method for mixture-of-experts layers "
+                                  f"({prefix}.experts would stay in the model dtype); serve this model without "
+                                  "--quantization, or with --quantization fp8")
         if expert_parallel:
             self.group = get_ep_group()
             self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, dtype=dtype,
-                                    ep_rank=self.group.rank_in_group, ep_size=self.group.world_size)
+                                    ep_rank=self.group.rank_in_group, ep_size=self.group.world_size,
+                                    quant_method=moe_method)
         else:
             self.group = get_tp_group()
             self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, dtype=dtype,
-                                    tp_rank=self.group.rank_in_group, tp_size=self.group.world_size)
+                                    tp_rank=self.group.rank_in_group, tp_size=self.group.world_size,
+                                    quant_method=moe_method)
         self.shared_expert = self.shared_expert_gate = None
         if shared_intermediate_size:
             self.shared_expert = LlamaMLP(hidden_size, shared_intermediate_size, bias=False, dtype=dtype,
@@ -138,7 +152,7 @@ class MoEForCausalLM(LlamaForCausalLM):
     supports_tensor_parallel: ClassVar[bool] = True
     supports_expert_parallel: ClassVar[bool] = True
     supports_pipeline_parallel: ClassVar[bool] = False
-    # Quantization configs see the merged names (check_moe_config refuses quantized MoE models for now).
+    # Quantization configs see the merged names (online FP8 quantizes the experts; quantized checkpoints are refused).
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         **LlamaForCausalLM.packed_modules_mapping,
         "experts.w13_weight": ["gate_proj", "up_proj"],
@@ -171,8 +185,10 @@ class MoEForCausalLM(LlamaForCausalLM):
         """Refuse, in one line, an MoE config Brigade cannot run as its checkpoint means (``BrigadeConfig``
         ``config``): another router or scoring function, an activation other than SiLU, ``top_k`` outside
         ``[1, num_experts]``, experts that do not divide over the expert-parallel group (``-tp`` with
-        ``--enable-expert-parallel``), an expert width ``-tp`` does not divide (without it), LoRA, quantization
-        (``--quantization`` or a quantized checkpoint: the routed experts have no quantized path yet).
+        ``--enable-expert-parallel``), an expert width ``-tp`` does not divide (without it), LoRA, a quantized
+        checkpoint (``quantization_config`` in config.json: serialized FP8, GPTQ, AWQ experts are not loaded;
+        online ``--quantization fp8`` on an unquantized checkpoint is supported, and a method with no expert
+        layout is refused when the model is built, ``SparseMoeBlock``).
 
         Raises:
             ConfigError: naming the unsupported setting and what Brigade runs.
@@ -215,10 +231,10 @@ def check_moe_config(hf_config: Any, config: Any) -> None:
         raise ConfigError(f"{arch}: LoRA on mixture-of-experts models is not supported yet; serve it without "
                           "--enable-lora")
     checkpoint_quant = getattr(hf_config, "quantization_config", None)
-    method = config.model_config.quantization or (checkpoint_quant.get("quant_method")
-                                                  if isinstance(checkpoint_quant, dict) else None)
-    if method is not None:
-        # Refused rather than half done: the routed experts (most of the weights) would stay unquantized.
-        raise ConfigError(f"{arch}: quantization ({method}) of mixture-of-experts models is not supported yet: "
-                          "the routed experts would stay in the model dtype; serve an unquantized checkpoint "
-                          "without --quantization")
+    if checkpoint_quant:
+        method = checkpoint_quant.get("quant_method") if isinstance(checkpoint_quant, dict) else \
+            getattr(checkpoint_quant, "quant_method", None)
+        # Their expert tensors (codes and scales per expert) have no loader yet.
+        raise ConfigError(f"{arch}: quantized mixture-of-experts checkpoints ({method}) are not supported yet; "
+                          "serve the unquantized checkpoint, with --quantization fp8 to quantize its experts "
+                          "and linear layers at load")
