@@ -21,9 +21,9 @@ EXIT_WITHIN_S = 3.0  # the watch polls every 0.2 s and allows 0.5 s of clean-up;
 
 
 def _spawned_children(pid: int) -> list[psutil.Process]:
-    """The multiprocessing ``spawn`` children of ``pid`` (not the resource tracker)."""
+    """The multiprocessing children of ``pid``, spawned or forked (not multiprocessing's resource tracker)."""
     return [c for c in psutil.Process(pid).children()
-            if any("spawn_main" in part for part in c.cmdline())]
+            if not any("resource_tracker" in part for part in c.cmdline())]
 
 
 def _wait_gone(proc: psutil.Process, what: str) -> float:

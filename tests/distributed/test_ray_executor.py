@@ -100,10 +100,17 @@ def _left_under(ray_tmpdir: str) -> list[int]:
     return left
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:100].decode(errors="replace")
+    except OSError:
+        return "?"
+
+
 def _assert_all_gone(ray_tmpdir: str, timeout_s: float = 15.0) -> None:
     deadline = time.monotonic() + timeout_s
     while left := _left_under(ray_tmpdir):
-        assert time.monotonic() < deadline, f"processes left: {left}"
+        assert time.monotonic() < deadline, f"processes left: {[(p, _cmdline(p)) for p in left]}"
         time.sleep(0.2)
 
 

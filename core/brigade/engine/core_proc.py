@@ -35,12 +35,30 @@ def _exit_on_signal(signum, frame) -> None:
     raise SystemExit(0)
 
 
-def run_engine_core(config: BrigadeConfig, input_address: str, output_address: str, ready_pipe) -> None:
-    """Entry point of the EngineCore process (started with the spawn method).
+def _reset_after_fork() -> None:
+    """In a forked engine: the default SIGINT handler (not the front end's asyncio runner's), no signal wake-up fd
+    shared with the front end's event loop, no logging handlers of the front end, and the torch thread count its
+    placement set in ``OMP_NUM_THREADS`` (torch read the variable in the front end, before the fork)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.set_wakeup_fd(-1)
+    logging.getLogger().handlers.clear()
+    threads = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if threads.isdigit() and int(threads) > 0:
+        import torch
 
+        torch.set_num_threads(int(threads))
+
+
+def run_engine_core(config: BrigadeConfig, input_address: str, output_address: str, ready_pipe,
+                    forked: bool = False) -> None:
+    """Entry point of the EngineCore process (started by spawn, or by fork on platforms that say so).
+
+    A forked engine first undoes what it inherited from the front end's process (``_reset_after_fork``).
     ``config.parallel_config.data_parallel_rank`` is this engine's index among the data-parallel engines (set by
     the front end); it stamps every message it sends and its log lines ("[engine 1]") when there are several.
     """
+    if forked:
+        _reset_after_fork()
     parallel = config.parallel_config
     engine_index = parallel.data_parallel_rank or 0
     name = "engine" if parallel.data_parallel_size == 1 else f"engine {engine_index}"

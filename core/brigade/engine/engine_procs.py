@@ -1,6 +1,7 @@
 """EngineProcs: the EngineCore processes behind one front end, one per data-parallel engine.
 
-Each is started with the spawn method, in its placement's environment (``placement.py``: its own devices, or its
+Each is started with its platform's ``engine_start_method`` (spawn; fork on the CPU, whose child then starts
+with the front end's imports; spawn whenever the engine runs Ray), in its placement's environment (``placement.py``: its own devices, or its
 share of the CPU threads), with its own copy of the config naming its ``data_parallel_rank``; each watches its
 parent and exits when the front end dies (``parent_watch.py``). The front end binds the sockets; this only starts,
 waits for, watches and stops the processes.
@@ -61,16 +62,23 @@ class EngineProcs:
 
     def _start(self, config: BrigadeConfig, placements: list, input_addresses: list[str],
                output_address: str) -> list:
-        """Spawn one process per placement, each with its own config copy; returns their ready pipes."""
-        mp = multiprocessing.get_context("spawn")
+        """Start one process per placement, each with its own config copy; returns their ready pipes."""
+        from brigade.plugins import current_platform
+
+        method = current_platform().engine_start_method
+        if config.parallel_config.distributed_executor_backend == "ray":
+            # The engine starts its local Ray cluster itself; from a forked engine, Ray's dashboard and runtime-env
+            # agents outlived the cluster's shutdown (tests/distributed/test_ray_executor.py, on a busy machine).
+            method = "spawn"
+        mp = multiprocessing.get_context(method)
         pipes = []
         for placement, input_address in zip(placements, input_addresses):
             engine_config = dataclasses.replace(config, parallel_config=dataclasses.replace(
                 config.parallel_config, data_parallel_rank=placement.index))
             parent_conn, child_conn = mp.Pipe(duplex=False)
             proc = mp.Process(target=run_engine_core, name=f"BrigadeEngineCore-{placement.index}", daemon=True,
-                              args=(engine_config, input_address, output_address, child_conn))
-            with engine_environment(placement.env):  # the child inherits it at spawn, before torch starts
+                              args=(engine_config, input_address, output_address, child_conn, method == "fork"))
+            with engine_environment(placement.env):  # the child inherits it (a forked one applies it: core_proc)
                 proc.start()
             child_conn.close()
             self.procs.append(proc)

@@ -23,6 +23,7 @@ class CpuPlatform(Platform):
     dist_backend: ClassVar[str] = "gloo"
     default_attention_backend: ClassVar[str] = "cpu"
     default_dtype: ClassVar[torch.dtype] = torch.float32
+    engine_start_method: ClassVar[str] = "fork"  # no device runtime to protect: reuse the front end's imports
 
     @classmethod
     def check_and_update_config(cls, config: BrigadeConfig) -> None:

@@ -21,10 +21,10 @@ MODEL = "smollm2"
 
 
 def engine_core_pid(server_pid: int) -> int:
-    """The spawned EngineCore child (the other child is multiprocessing's resource tracker)."""
+    """The EngineCore child, spawned or forked (another child may be multiprocessing's resource tracker)."""
     children = " ".join(Path(f"/proc/{server_pid}/task/{t}/children").read_text()
                         for t in os.listdir(f"/proc/{server_pid}/task")).split()
-    cores = [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    cores = [int(c) for c in children if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()]
     assert len(cores) == 1, children
     return cores[0]
 

@@ -1,8 +1,9 @@
-"""POST /pooling (the example IO-processor plugin, pip-installed) behaves as the completion routes do on a real
-``brigade serve``: a bad ``params`` value is a 400 in OpenAI's shape, ``--api-key`` guards the route, a client that
-drops a many-text request leaves nothing running and every KV block free, and SIGTERM cuts a request still running
-at ``--shutdown-timeout`` with a 503, without a traceback. One server for the module; the SIGTERM test stops it,
-so it comes last."""
+"""POST /pooling (the example IO-processor plugin, pip-installed) on a real ``brigade serve``: it returns the
+plugin's response built from real greedy outputs of SmolLM2, and behaves as the completion routes do: a bad
+``params`` value is a 400 in OpenAI's shape, ``--api-key`` guards the route, a client that drops a many-text
+request leaves nothing running and every KV block free, and SIGTERM cuts a request still running at
+``--shutdown-timeout`` with a 503, without a traceback. One server for the module; the SIGTERM test stops it, so it
+comes last."""
 
 from __future__ import annotations
 
@@ -43,6 +44,21 @@ def gauges(server: RemoteServer) -> dict[str, float]:
     names = ("brigade:num_requests_running", "brigade:num_requests_waiting", "brigade:kv_cache_usage_perc")
     lines = httpx.get(server.url("/metrics"), timeout=30).text.splitlines()
     return {line.split("{")[0]: float(line.split()[-1]) for line in lines if line.startswith(names)}
+
+
+def test_pooling_route_runs_the_selected_io_processor(server):
+    body = {"data": {"texts": ["The capital of France is", "Water boils at"]},
+            "params": {"max_tokens": 8, "temperature": 0.0}}
+    response = pooling(server, body)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert [item["input"] for item in result["data"]] == body["data"]["texts"]
+    first = result["data"][0]
+    assert first["completion"].startswith(" Paris."), first
+    assert first["sentences"][0] == "Paris."
+    assert first["num_completion_tokens"] == 8 and first["finish_reason"] == "length"
+    bad = pooling(server, {"data": {"text": ""}}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "data"
 
 
 def test_a_bad_params_value_is_a_400_naming_it(server):
