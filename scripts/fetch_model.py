@@ -128,9 +128,10 @@ def convert(gguf_path: Path, out_dir: Path) -> None:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
+    _parse_gguf_once()
     major = int(transformers.__version__.split(".")[0])
     dtype_kw = "dtype" if major >= 5 else "torch_dtype"
-    log(f"dequantizing GGUF with transformers {transformers.__version__} (about a minute)")
+    log(f"dequantizing GGUF with transformers {transformers.__version__} (about 15 s)")
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf_path.parent), gguf_file=gguf_path.name,
         quantization_config=GgufConfig(dequantize=True), **{dtype_kw: torch.bfloat16},
@@ -152,6 +153,35 @@ def convert(gguf_path: Path, out_dir: Path) -> None:
     out_dir.chmod(0o755)
     for path in out_dir.iterdir():
         path.chmod(0o644)
+
+
+def _parse_gguf_once() -> None:
+    """Make transformers read the GGUF's metadata once, not three times.
+
+    The config, the tokenizer and the model each parse the whole file's fields (``load_gguf_checkpoint``, about
+    6 s each here: tens of thousands of vocabulary strings read through numpy memmaps), and the weight-name map
+    is rebuilt once per module (``gguf.get_tensor_name_map``, 397 times). Both give the same answer every time,
+    so the metadata-only reads and the name map are cached; the converted files are the same, in half the time.
+    """
+    import copy
+    import functools
+
+    import gguf
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map)
+    load = gguf_utils.load_gguf_checkpoint
+    metadata: dict[str, dict] = {}
+
+    def load_once(gguf_checkpoint_path, return_tensors=False, **kwargs):
+        if return_tensors:  # the model's own read, with the weights
+            return load(gguf_checkpoint_path, return_tensors=True, **kwargs)
+        key = str(gguf_checkpoint_path)
+        if key not in metadata:
+            metadata[key] = load(gguf_checkpoint_path, return_tensors=False, **kwargs)
+        return copy.deepcopy(metadata[key])
+
+    gguf_utils.load_gguf_checkpoint = load_once
 
 
 def _update_json(path: Path, update) -> None:
