@@ -50,7 +50,7 @@ def test_throughput_with_both_hf_peers_over_interleaved_repeats(smollm2_path, tm
     rounds with their medians, and the repetition-penalty fraction."""
     out = tmp_path / "throughput.json"
     proc = run_bench("throughput", str(smollm2_path), "--dtype", "float32", "--kv-cache-memory", "0.25",
-                     "--max-model-len", "2048", "--num-prompts", "4", "--input-len", "16", "--output-len", "8",
+                     "--max-model-len", "2048", "--num-prompts", "4", "--input-len", "8", "--output-len", "4",
                      "--hf-peer", "both", "--hf-batch-size", "3", "--repeats", "3",
                      "--repetition-penalty-fraction", "0.25", "--output-json", str(out))
     assert "output tok/s ratio" in proc.stdout and "median of 3 interleaved rounds" in proc.stdout
@@ -58,21 +58,21 @@ def test_throughput_with_both_hf_peers_over_interleaved_repeats(smollm2_path, tm
     results = record["results"]
     names = ("brigade", "hf_generate", "hf_generate_batch")
     for name in names:
-        check_throughput(results[name], 4, 32)
+        check_throughput(results[name], 4, 16)
         assert len(results[name]["rounds"]) == 3
         for values in results[name]["rounds"]:
-            check_throughput(values, 4, 32)
+            check_throughput(values, 4, 16)
         speeds = sorted(v["output_tokens_per_s"] for v in results[name]["rounds"])
         assert results[name]["output_tokens_per_s"] == speeds[1]  # the median round
     assert results["hf_generate"]["batch_size"] == 3
-    # 2 static batches (3 + 1 prompts) of 8 tokens each
-    assert results["hf_generate"]["num_generated_tokens"] == 32
+    # 2 static batches (3 + 1 prompts) of 4 tokens each
+    assert results["hf_generate"]["num_generated_tokens"] == 16
     for peer in ("hf_generate", "hf_generate_batch"):  # the median of the per-round ratios
         per_round = sorted(b["output_tokens_per_s"] / h["output_tokens_per_s"]
                            for b, h in zip(results["brigade"]["rounds"], results[peer]["rounds"]))
         assert record["ratios"][f"brigade/{peer}/output_tokens_per_s"] == pytest.approx(per_round[1])
     bench = record["config"]["benchmark"]
-    assert (bench["num_prompt_tokens"], bench["num_output_tokens"], bench["sampling"]["ignore_eos"]) == (64, 32, True)
+    assert (bench["num_prompt_tokens"], bench["num_output_tokens"], bench["sampling"]["ignore_eos"]) == (32, 16, True)
     assert record["config"]["engine"]["model_config"]["dtype"] == "float32"
     assert bench["repeats"] == 3
     # one of the four requests sampled with the default penalty, and still gave exactly its tokens
