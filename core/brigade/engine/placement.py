@@ -6,7 +6,8 @@ pp)`` of those the front end sees, through the platform's device control variabl
 set in the environment the spawned process inherits, so the engine and its workers never see another engine's
 devices and their local ranks count from 0. On the host (a platform without devices) every engine runs on the
 CPU, each with an equal share of the cores as its torch thread count (``OMP_NUM_THREADS``, unless the operator
-set it), so N engines do not oversubscribe the cores.
+set it; a forked engine applies it with ``torch.set_num_threads``, as torch read the variable before the fork), so
+N engines do not oversubscribe the cores.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def _host_placements(dp: int, environ: Mapping[str, str]) -> list[EnginePlacemen
 
 @contextlib.contextmanager
 def engine_environment(env: Mapping[str, str]) -> Iterator[None]:
-    """Set ``env`` in this process's environment for the duration (a spawned child inherits it), then restore
+    """Set ``env`` in this process's environment for the duration (a spawned or forked child inherits it), then restore
     every variable as it was. Used around ``Process.start()`` only, while the front end starts its engines."""
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
