@@ -138,7 +138,9 @@ def test_kv_scales_from_the_checkpoint_reach_every_layer(tiny_llama_dir, tmp_pat
     scales = {"model.layers.0.self_attn.k_scale": amax[0][0] / 448,
               "model.layers.0.self_attn.v_scale": amax[0][1] / 448,
               "model.layers.1.self_attn.k_proj.output_scale": amax[1][0] / 448,
-              "model.layers.1.self_attn.v_proj.output_scale": amax[1][1] / 448}
+              "model.layers.1.self_attn.v_proj.output_scale": amax[1][1] / 448,
+              # FP8-attention checkpoints also carry these: checked, then unused (queries stay in the model dtype)
+              "model.layers.0.self_attn.q_scale": 0.02, "model.layers.1.self_attn.prob_scale": 1 / 448}
     path = _with_scales(tiny_llama_dir, tmp_path / "scaled", scales)
     with caplog.at_level(logging.INFO, logger="brigade"):
         fp8 = LLM(str(path), kv_cache_dtype="fp8", **kwargs)
@@ -148,6 +150,7 @@ def test_kv_scales_from_the_checkpoint_reach_every_layer(tiny_llama_dir, tmp_pat
     want = [(float(torch.tensor(k / 448)), float(torch.tensor(v / 448))) for k, v in amax]  # fp32 in the file
     assert held == want
     assert any("k_scale/v_scale of 2 of 2 layers from the checkpoint" in r.getMessage() for r in caplog.records)
+    assert any("2 q_scale/prob_scale tensor(s) are not used" in r.getMessage() for r in caplog.records)
     _greedy(fp8, inputs, 1)
     layer0 = runner.kv_caches[0]
     for i, scale in enumerate(want[0]):  # the same block ids were handed out in the same order

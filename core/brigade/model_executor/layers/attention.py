@@ -37,6 +37,7 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.backend = backend_cls(num_heads, head_size, num_kv_heads, scale)
         self.kv_scales_loaded = False  # whether a k or v scale came from the checkpoint (``kv_scales``)
+        self.unused_scales = 0  # q_scale / prob_scale tensors of the checkpoint, checked and not used
 
     def set_kv_scale(self, which: str, value: float) -> None:
         """Set the fp8 KV cache's ``which`` ("k" or "v") scale of this layer: a positive finite float, fixed
