@@ -45,7 +45,8 @@ def engine(smollm2_path, loop):
     loop.run_until_complete(stop())
 
 
-def params(kind: RequestOutputKind = RequestOutputKind.DELTA, n: int = 1, max_tokens: int = MAX_TOKENS) -> SamplingParams:
+def params(kind: RequestOutputKind = RequestOutputKind.DELTA, n: int = 1,
+           max_tokens: int = MAX_TOKENS) -> SamplingParams:
     return SamplingParams(n=n, temperature=0.0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind)
 
 

@@ -114,18 +114,19 @@ class Fp8Config(QuantizationConfig):
         ignored = qc.get("ignored_layers") or qc.get("modules_to_not_convert") or ()
         return cls(scheme, ignored)
 
+    def _ignores(self, name: str) -> bool:
+        """Whether ``name`` is, or ends with, an entry of ``ignored_layers``."""
+        return any(name == ig or name.endswith("." + ig) for ig in self.ignored_layers)
+
     def get_linear_method(self, prefix: str) -> LinearMethod | None:
         """``Fp8LinearMethod`` for every linear layer except those matching ``ignored_layers``."""
-        def matches(name: str) -> bool:
-            return any(name == ig or name.endswith("." + ig) for ig in self.ignored_layers)
-
-        if is_ignored(prefix, matches, "FP8 checkpoint"):
+        if is_ignored(prefix, self._ignores, "FP8 checkpoint"):
             return None
         return Fp8LinearMethod(self.scheme, prefix)
 
     def get_moe_method(self, prefix: str) -> MoEMethod | None:
         """``Fp8MoEMethod`` for online FP8; None for a serialized checkpoint (its experts' FP8 tensors have no
         loader: the MoE models refuse quantized checkpoints first) and for experts in ``ignored_layers``."""
-        if self.scheme.serialized or any(prefix == ig or prefix.endswith("." + ig) for ig in self.ignored_layers):
+        if self.scheme.serialized or self._ignores(prefix):
             return None
         return Fp8MoEMethod()

@@ -136,7 +136,7 @@ class ReferenceAttentionBackend(AttentionBackend):
     def _read(self, keys: torch.Tensor, values: torch.Tensor, dtype: torch.dtype
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Gathered cache rows as ``dtype``: dequantized with this layer's scales from a float8 cache."""
-        if keys.dtype == values.dtype and is_fp8_kv(keys):
+        if is_fp8_kv(keys):
             return dequantize_kv(keys, self.k_scale, dtype), dequantize_kv(values, self.v_scale, dtype)
         return keys.to(dtype), values.to(dtype)
 

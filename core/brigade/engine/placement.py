@@ -105,8 +105,8 @@ def _host_placements(dp: int, environ: Mapping[str, str]) -> list[EnginePlacemen
 
 @contextlib.contextmanager
 def engine_environment(env: Mapping[str, str]) -> Iterator[None]:
-    """Set ``env`` in this process's environment for the duration (a spawned or forked child inherits it), then restore
-    every variable as it was. Used around ``Process.start()`` only, while the front end starts its engines."""
+    """Set ``env`` in this process's environment for the duration (a spawned or forked child inherits it), then
+    restore every variable as it was. Used around ``Process.start()`` only, while the front end starts its engines."""
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     try:

@@ -5,8 +5,8 @@ answers on its own connection (a pipe under mp, a ZMQ socket under ray): every c
 driver rank answers (the others reply only when the step failed on them). Under tensor or pipeline parallelism it
 first joins the ``torch.distributed`` world (``init_parallel_state``, at the executor's rendezvous store: on
 loopback under mp, on the EngineCore node's address under ray), so the model's layers find their groups as they
-are built; on SHUTDOWN it tears the groups down (device groups before CPU groups, then the world). ``run_worker`` is the body both executors
-run: ``worker_main`` in an mp process, ``RayWorker.run`` in a Ray actor.
+are built; on SHUTDOWN it tears the groups down (device groups before CPU groups, then the world).
+``run_worker`` is the body both executors run: ``worker_main`` in an mp process, ``RayWorker.run`` in a Ray actor.
 """
 
 from __future__ import annotations

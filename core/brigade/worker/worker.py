@@ -79,7 +79,7 @@ class Worker:
         than the model dtype (and bfloat16) in the same memory."""
         spec = self.model_runner.kv_cache
         name = str(spec.storage_dtype).removeprefix("torch.")
-        if spec.cache_dtype is None or spec.cache_dtype == spec.dtype:
+        if spec.cache_dtype is None:
             logger.info("KV cache dtype %s: %d bytes per block", name, per_block)
             return
         model = str(spec.dtype).removeprefix("torch.")

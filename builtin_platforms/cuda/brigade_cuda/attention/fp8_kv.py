@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from brigade.attention.fp8_kv import FP8_E4M3_MAX, FP8_KV_DTYPE, inverse_scale
+from brigade.attention.fp8_kv import FP8_E4M3_MAX, inverse_scale, is_fp8_kv
 
 FP8_MAX = tl.constexpr(FP8_E4M3_MAX)
 
@@ -31,7 +31,7 @@ def kernel_scales(kv_cache: torch.Tensor, k_scale: float, v_scale: float
                   ) -> tuple[bool, float, float | None, float | None, float | None]:
     """What a kernel launch takes for this cache: ``(KV_FP8, k_scale folded into the softmax scale, v_scale,
     1 / k_scale, 1 / v_scale)``; for a cache in the model dtype ``(False, 1.0, None, None, None)``."""
-    if kv_cache.dtype != FP8_KV_DTYPE:
+    if not is_fp8_kv(kv_cache):
         return False, 1.0, None, None, None
     return True, k_scale, v_scale, inverse_scale(k_scale), inverse_scale(v_scale)
 
