@@ -104,38 +104,22 @@ def test_fp8_cache_rotary_paths(mix, paged_batch_factory, rel_err, cuda_ops_regi
 def tiny_llama_fp8(tmp_path_factory):
     """The tiny random Llama of the engine GPU tests with per-layer k/v scales in its checkpoint, and transformers'
     greedy tokens (CPU, fp32) with its cache round-tripped through e4m3 at those scales."""
-    from safetensors.torch import load_file, save_file
+    from fp8_kv_reference import transformers_fp8_greedy, with_scales
     from tiny_llama import tiny_llama_config
-    from transformers import AutoModelForCausalLM, DynamicCache, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
     config = tiny_llama_config()
-    path = tmp_path_factory.mktemp("tiny-llama-fp8-kv")
-    LlamaForCausalLM(config).save_pretrained(path)
+    base = tmp_path_factory.mktemp("tiny-llama-fp8-kv")
+    LlamaForCausalLM(config).save_pretrained(base / "plain")
     scales = [(0.01 * (i + 1), 0.005 * (i + 1)) for i in range(config.num_hidden_layers)]
-    tensors = load_file(path / "model.safetensors")
-    for i, (k, v) in enumerate(scales):
-        tensors[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor(k)
-        tensors[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor(v)
-    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    path = with_scales(base / "plain", base / "scaled",
+                       {f"model.layers.{i}.self_attn.{which}_scale": value
+                        for i, pair in enumerate(scales) for which, value in zip("kv", pair)})
     held = [(float(torch.tensor(k)), float(torch.tensor(v))) for k, v in scales]  # as fp32 in the file
-
-    class Fp8RoundTripCache(DynamicCache):
-        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-            k_scale, v_scale = held[layer_idx]
-            return super().update(round_trip_kv(key_states, k_scale), round_trip_kv(value_states, v_scale),
-                                  layer_idx, *args, **kwargs)
-
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (3, 40, 129, 250)]
-    expected = []
-    with torch.inference_mode():
-        for p in prompts:
-            ids = torch.tensor([p])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24,
-                                 do_sample=False, pad_token_id=0, cache=Fp8RoundTripCache(config=model.config))
-            expected.append(out[0, len(p):].tolist())
+    expected = [tokens for tokens, _ in transformers_fp8_greedy(path, prompts, held, 24)]
     return str(path), prompts, expected, held
 
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 
 import pytest
 import torch
 
 from brigade import LLM, SamplingParams
 from brigade.attention.fp8_kv import quantize_kv
+from fp8_kv_reference import transformers_fp8_greedy, with_scales
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,",
            "1, 2, 3, 4,"]
@@ -80,46 +80,6 @@ def tiny_llama_dir(tmp_path_factory):
     return path
 
 
-def _with_scales(src, dst, scales: dict[str, float]):
-    """A copy of the checkpoint at ``src`` with one-element float32 tensors ``scales`` (name -> value) added."""
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(src, dst)
-    file = dst / "model.safetensors"
-    tensors = load_file(file)
-    tensors.update({name: torch.tensor(value, dtype=torch.float32) for name, value in scales.items()})
-    save_file(tensors, file, metadata={"format": "pt"})
-    return dst
-
-
-def _transformers_fp8_greedy(path, prompts: list[list[int]], scales: list[tuple[float, float]],
-                             max_tokens: int) -> list[tuple[list[int], list[float]]]:
-    """transformers' greedy tokens and logprobs on the checkpoint at ``path`` in fp32, its KV cache storing each
-    layer's new K/V as Brigade's fp8 cache returns them (``round_trip_kv`` with that layer's (k, v) scales)."""
-    from transformers import AutoModelForCausalLM, DynamicCache
-
-    from brigade.attention.fp8_kv import round_trip_kv
-
-    class Fp8RoundTripCache(DynamicCache):
-        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-            k_scale, v_scale = scales[layer_idx]
-            return super().update(round_trip_kv(key_states, k_scale), round_trip_kv(value_states, v_scale),
-                                  layer_idx, *args, **kwargs)
-
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    results = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                                 min_new_tokens=max_tokens, do_sample=False, pad_token_id=0, output_scores=True,
-                                 return_dict_in_generate=True, cache=Fp8RoundTripCache(config=model.config))
-            tokens = out.sequences[0, len(prompt):].tolist()
-            logprobs = [float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(out.scores, tokens)]
-            results.append((tokens, logprobs))
-    return results
-
-
 def test_kv_scales_from_the_checkpoint_reach_every_layer(tiny_llama_dir, tmp_path, caplog):
     """Per-layer scales sized as llm-compressor sizes them (amax / 448, the amax read from the fp32 cache after the
     same prompts), layer 0 named ``self_attn.k_scale``/``v_scale``, layer 1 ``self_attn.k_proj.output_scale`` /
@@ -141,7 +101,7 @@ def test_kv_scales_from_the_checkpoint_reach_every_layer(tiny_llama_dir, tmp_pat
               "model.layers.1.self_attn.v_proj.output_scale": amax[1][1] / 448,
               # FP8-attention checkpoints also carry these: checked, then unused (queries stay in the model dtype)
               "model.layers.0.self_attn.q_scale": 0.02, "model.layers.1.self_attn.prob_scale": 1 / 448}
-    path = _with_scales(tiny_llama_dir, tmp_path / "scaled", scales)
+    path = with_scales(tiny_llama_dir, tmp_path / "scaled", scales)
     with caplog.at_level(logging.INFO, logger="brigade"):
         fp8 = LLM(str(path), kv_cache_dtype="fp8", **kwargs)
     runner = fp8.engine.core.executor.worker.model_runner
@@ -156,7 +116,7 @@ def test_kv_scales_from_the_checkpoint_reach_every_layer(tiny_llama_dir, tmp_pat
     for i, scale in enumerate(want[0]):  # the same block ids were handed out in the same order
         assert torch.equal(layer0[i].view(torch.uint8), quantize_kv(caches[0][i], scale).view(torch.uint8))
     got = _greedy(fp8, inputs, 16)
-    expected = _transformers_fp8_greedy(path, prompts, want, 16)
+    expected = transformers_fp8_greedy(path, prompts, want, 16)
     assert [tokens for tokens, _ in got] == [tokens for tokens, _ in expected]
     worst = max(abs(a - b) for (_, la), (_, lb) in zip(got, expected) for a, b in zip(la, lb))
     assert worst < 1e-3, worst
@@ -166,7 +126,7 @@ def test_kv_scales_from_the_checkpoint_reach_every_layer(tiny_llama_dir, tmp_pat
 
 @pytest.mark.parametrize("value", [math.nan, 0.0, -0.5])
 def test_a_bad_kv_scale_is_one_line_at_load(tiny_llama_dir, tmp_path, value):
-    path = _with_scales(tiny_llama_dir, tmp_path / "bad", {"model.layers.1.self_attn.v_scale": value})
+    path = with_scales(tiny_llama_dir, tmp_path / "bad", {"model.layers.1.self_attn.v_scale": value})
     with pytest.raises(ValueError) as info:
         LLM(str(path), kv_cache_dtype="fp8", skip_tokenizer_init=True, max_model_len=64, num_gpu_blocks_override=8)
     message = str(info.value)
