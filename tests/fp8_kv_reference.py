@@ -4,6 +4,7 @@ storing each layer's new K/V as Brigade's fp8 cache returns them (``round_trip_k
 
 from __future__ import annotations
 
+import inspect
 import shutil
 from pathlib import Path
 
@@ -37,13 +38,17 @@ def transformers_fp8_greedy(path, prompts: list[list[int]], scales: list[tuple[f
                                   layer_idx, *args, **kwargs)
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    # transformers 5.24 names generate's cache argument `cache`; earlier 5.x (the GPU image's 5.17) `past_key_values`.
+    parameters = inspect.signature(model.prepare_inputs_for_generation).parameters
+    cache_argument = "cache" if "cache" in parameters else "past_key_values"
     results = []
     with torch.inference_mode():
         for prompt in prompts:
             ids = torch.tensor([prompt])
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
                                  min_new_tokens=max_tokens, do_sample=False, pad_token_id=0, output_scores=True,
-                                 return_dict_in_generate=True, cache=Fp8RoundTripCache(config=model.config))
+                                 return_dict_in_generate=True,
+                                 **{cache_argument: Fp8RoundTripCache(config=model.config)})
             tokens = out.sequences[0, len(prompt):].tolist()
             logprobs = [float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(out.scores, tokens)]
             results.append((tokens, logprobs))
