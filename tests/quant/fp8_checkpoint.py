@@ -4,7 +4,9 @@
   ``apply_quantization_config`` puts the scheme's scale parameters on every targeted ``Linear``, the scales are
   computed with the library's ``calculate_qparams`` from the weights' (and, for static schemes, a calibration
   pass's input) min/max, and ``ModelCompressor`` compresses the weights to float8 and writes ``config.json``'s
-  ``quantization_config``). llm-compressor itself is not installed here: it pins transformers<=5.17.
+  ``quantization_config``), for the tests that run where llm-compressor is not installed (the GPU image).
+* ``llm_compressor_checkpoint``: the same formats written by llm-compressor itself (the test extra
+  ``llmcompressor``), the tool users make them with.
 * ``fp8_checkpoint``: ``quant_method: "fp8"`` checkpoints (per-tensor ``weight_scale`` with optional static
   ``input_scale``, or 128x128 blocks with ``weight_scale_inv``), written by hand: that format has no writer library.
   ``reference_dir`` alongside holds the same weights dequantized to fp32 for transformers.
@@ -89,6 +91,23 @@ def compressed_tensors_checkpoint(model, out_dir: Path, preset: str, calibration
     compressor.compress_model(model)
     model.save_pretrained(out_dir)
     compressor.update_config(str(out_dir))
+    return out_dir
+
+
+def llm_compressor_checkpoint(model, out_dir: Path, scheme: str, calibration: list[list[int]]) -> Path:
+    """Quantize ``model`` (a transformers model, changed in place) with llm-compressor's ``oneshot`` and a
+    ``QuantizationModifier`` of ``scheme`` (``FP8``, ``FP8_DYNAMIC`` or ``FP8_BLOCK``, every ``Linear`` but
+    ``lm_head``), calibrating static activation scales on ``calibration`` (token-id lists), and save it compressed
+    to ``out_dir``: the recipe docs/quantization.md gives users."""
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    data = Dataset.from_dict({"input_ids": calibration, "attention_mask": [[1] * len(ids) for ids in calibration]})
+    oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"]),
+            dataset=data, num_calibration_samples=len(calibration),
+            max_seq_length=max(len(ids) for ids in calibration))
+    model.save_pretrained(out_dir, save_compressed=True)
     return out_dir
 
 

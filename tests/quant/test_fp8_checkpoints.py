@@ -1,10 +1,9 @@
 """Serialized FP8 checkpoints chosen from config.json without a flag, on the CPU, against transformers.
 
-A small random-weight Llama (hidden 256, heads of 64) is written as each FP8 format users publish: compressed-tensors
-``FP8`` (static per-tensor), ``FP8_DYNAMIC`` (per-channel weights, per-token activations) and ``FP8_BLOCK`` (128x128
-weight blocks), written with the compressed-tensors library's own compressor (``fp8_checkpoint``); and
-``quant_method: "fp8"`` per-tensor (static ``input_scale``) and block (``weight_scale_inv``) checkpoints, written by
-hand. Brigade's log-probabilities of each token of one fixed text (prompt logprobs, fp32) must stay within the FP8
+SmolLM2-135M-Instruct is written by llm-compressor as each compressed-tensors FP8 scheme users publish: ``FP8``
+(static per-tensor), ``FP8_DYNAMIC`` (per-channel weights, per-token activations) and ``FP8_BLOCK`` (128x128 weight
+blocks); a small random-weight Llama (hidden 256, heads of 64) as ``quant_method: "fp8"`` per-tensor (static
+``input_scale``) and block (``weight_scale_inv``) checkpoints, written by hand (``fp8_checkpoint``). Brigade's log-probabilities of each token of one fixed text (prompt logprobs, fp32) must stay within the FP8
 tolerance stated per case of transformers' on the same checkpoint (transformers runs compressed-tensors checkpoints
 itself, quantizing activations as the scheme says; for ``quant_method: "fp8"``, which transformers runs only on
 GPUs, the reference is the dequantized fp32 weights, so the tolerance also covers Brigade's activation rounding),
@@ -17,7 +16,7 @@ import json
 
 import pytest
 import torch
-from fp8_checkpoint import compressed_tensors_checkpoint, fp8_checkpoint, tiny_llama
+from fp8_checkpoint import compressed_tensors_checkpoint, fp8_checkpoint, llm_compressor_checkpoint, tiny_llama
 from safetensors.torch import load_file, save_file
 
 from brigade import LLM, SamplingParams
@@ -43,32 +42,37 @@ def fp8_activation_hooks(model, input_scales: dict[str, torch.Tensor] | None, gr
             module.register_forward_pre_hook(lambda mod, args, s=scale: (_fake_quant(args[0], s),))
         else:
             def hook(mod, args):
-                x = args[0].unflatten(-1, (-1, group))
-                return (_fake_quant(x, x.abs().amax(-1, keepdim=True) / 448.0).flatten(-2),)
+                k = args[0].shape[-1]  # the last group of a row may be short (SmolLM2's 576 columns, groups of 128)
+                x = torch.nn.functional.pad(args[0], (0, -k % group)).unflatten(-1, (-1, group))
+                return (_fake_quant(x, x.abs().amax(-1, keepdim=True) / 448.0).flatten(-2)[..., :k],)
             module.register_forward_pre_hook(hook)
+            scheme = getattr(module, "quantization_scheme", None)
+            if scheme is not None:  # compressed-tensors' own activation quantization is replaced by the hook
+                scheme.input_activations = None
 
 
-def hf_logprobs(path, activations=None) -> torch.Tensor:
-    """transformers' log-probability of each token of TEXT after the first, fp32 on the CPU: [63]; ``activations``
-    (the arguments of ``fp8_activation_hooks``) adds the FP8 activation rounding to a dequantized checkpoint."""
+def hf_logprobs(path, activations=None, text: list[int] = TEXT) -> torch.Tensor:
+    """transformers' log-probability of each token of ``text`` after the first, fp32 on the CPU: [len - 1];
+    ``activations`` (the arguments of ``fp8_activation_hooks``) adds the FP8 activation rounding to a dequantized
+    checkpoint."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     if activations is not None:
         fp8_activation_hooks(model, *activations)
     with torch.inference_mode():
-        logits = model(torch.tensor([TEXT])).logits[0].float()
-    return torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(TEXT[1:])[:, None])[:, 0]
+        logits = model(torch.tensor([text])).logits[0].float()
+    return torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(text[1:])[:, None])[:, 0]
 
 
-def brigade_logprobs(path) -> tuple[torch.Tensor, torch.nn.Module]:
-    """Brigade's prompt logprobs of TEXT (fp32, CPU, the checkpoint's method chosen from its config.json) and the
-    loaded model."""
+def brigade_logprobs(path, text: list[int] = TEXT) -> tuple[torch.Tensor, torch.nn.Module]:
+    """Brigade's prompt logprobs of ``text`` (fp32, CPU, the checkpoint's method chosen from its config.json) and
+    the loaded model."""
     llm = LLM(str(path), dtype="float32", skip_tokenizer_init=True, max_model_len=256, kv_cache_memory_gib=0.05)
-    out = llm.generate([TEXT], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    out = llm.generate([text], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
     rows = out.prompt_logprobs[1:]
     model = llm.engine.core.executor.worker.model_runner.model
-    return torch.tensor([row[t].logprob for row, t in zip(rows, TEXT[1:])]), model
+    return torch.tensor([row[t].logprob for row, t in zip(rows, text[1:])]), model
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +82,9 @@ def unquantized(tmp_path_factory):
     return hf_logprobs(path)
 
 
-def _check(path, reference: torch.Tensor, unquantized: torch.Tensor, tol: float) -> torch.nn.Module:
-    got, model = brigade_logprobs(path)
+def _check(path, reference: torch.Tensor, unquantized: torch.Tensor, tol: float,
+           text: list[int] = TEXT) -> torch.nn.Module:
+    got, model = brigade_logprobs(path, text)
     err = (got - reference).abs().max().item()
     drift = (got - unquantized).abs().max().item()
     assert err < tol, (err, drift)
@@ -87,23 +92,60 @@ def _check(path, reference: torch.Tensor, unquantized: torch.Tensor, tol: float)
     qkv = model.model.layers[0].self_attn.qkv_proj
     assert isinstance(qkv.quant_method, Fp8LinearMethod)
     assert qkv.weight.dtype == torch.float8_e4m3fn
-    block = qkv.quant_method.scheme.block
-    assert qkv.weight_scale.shape == ((qkv.output_size,) if block is None else (qkv.output_size // block[0], 2))
-    assert model.lm_head.weight.dtype == torch.float32
+    assert model.lm_head.weight.dtype == torch.float32 or model.lm_head.weight is model.model.embed_tokens.weight
     return model
 
 
-# Tolerance in nats on the largest of 63 logprobs: 0.08. Each layer's output equals transformers' to fp32 rounding,
-# but an activation that lands on the other side of an FP8 rounding boundary moves by a whole e4m3 step (6%), so
-# the logprobs differ by up to 0.03 (FP8, FP8_DYNAMIC; FP8_BLOCK 0.0); quantization itself moves them by 0.25-0.3.
-@pytest.mark.parametrize("preset,tol", [("FP8", 0.08), ("FP8_DYNAMIC", 0.08), ("FP8_BLOCK", 0.08)])
-def test_compressed_tensors_checkpoint_tracks_transformers(preset, tol, tmp_path, unquantized):
-    path = compressed_tensors_checkpoint(tiny_llama(), tmp_path / preset, preset, CALIBRATION)
+SMOLLM2_TEXT = ("The library opens at nine in the morning. Students come in with their laptops and look for a quiet "
+                "table near the windows, where the light is good and nobody talks. By noon every seat is taken.")
+SMOLLM2_CALIBRATION = ["Write a short poem about the moon.", "What is the capital of France? Paris is the capital.",
+                       "def add(a, b):\n    return a + b"]
+
+
+@pytest.fixture(scope="module")
+def smollm2_texts(smollm2_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    return tokenizer(SMOLLM2_TEXT)["input_ids"], [tokenizer(t)["input_ids"] for t in SMOLLM2_CALIBRATION]
+
+
+@pytest.fixture(scope="module")
+def smollm2_fp32(smollm2_path, smollm2_texts):
+    return hf_logprobs(smollm2_path, text=smollm2_texts[0])
+
+
+# SmolLM2-135M-Instruct written by llm-compressor in each scheme (fp32 weights in, FP8 checkpoint out), served by
+# Brigade and by transformers (which runs compressed-tensors checkpoints on the CPU by decompressing them and
+# quantizing the activations as the scheme says). Each FP8 layer of Brigade equals transformers' on the same input
+# to fp32 rounding (2e-6 of 9-43 measured), but with activations rounded to e4m3 at every layer a 30-layer model
+# is chaotic: an input perturbed by 1e-7 (relative) moves transformers' own logprobs of the text by 0.13 nats on
+# average and 0.43 at most (SmolLM2 in fp32 without FP8: 0.0). So the tolerance is that sensitivity: mean
+# |difference| under 0.2 and largest under 0.8 nats (measured 0.11 and 0.34 for FP8_DYNAMIC, 0.15 and 0.46 for
+# FP8), and well closer to the checkpoint than to the unquantized model (quantization moves them by 0.21-0.29 on
+# average).
+@pytest.mark.parametrize("scheme", ["FP8", "FP8_DYNAMIC", "FP8_BLOCK"])
+def test_llm_compressor_checkpoint_of_smollm2_tracks_transformers(scheme, tmp_path, smollm2_path, smollm2_texts,
+                                                                  smollm2_fp32):
+    from transformers import AutoModelForCausalLM
+
+    text, calibration = smollm2_texts
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32)
+    path = llm_compressor_checkpoint(model, tmp_path / scheme, scheme, calibration)
     config = json.loads((path / "config.json").read_text())["quantization_config"]
     assert config["quant_method"] == "compressed-tensors" and config["format"] == "float-quantized"
-    model = _check(path, hf_logprobs(path), unquantized, tol)
+    # compressed-tensors cannot quantize 1x128 activation groups of a 576-column input (it needs whole groups), so
+    # for FP8_BLOCK transformers runs the library's decompressed weights with the groups quantized by a hook.
+    reference = hf_logprobs(path, (None, 128) if scheme == "FP8_BLOCK" else None, text)
+    got, model = brigade_logprobs(path, text)
+    err, drift = (got - reference).abs(), (got - smollm2_fp32).abs()
+    assert err.mean() < 0.2 and err.max() < 0.8, (err.mean(), err.max())
+    assert err.mean() < 0.75 * drift.mean(), (err.mean(), drift.mean())  # it runs the quantized model
     qkv = model.model.layers[0].self_attn.qkv_proj
-    assert (qkv.input_scale is not None) == (preset == "FP8")
+    assert isinstance(qkv.quant_method, Fp8LinearMethod) and qkv.weight.dtype == torch.float8_e4m3fn
+    assert (qkv.input_scale is not None) == (scheme == "FP8")
+    # SmolLM2's q/k/v (576, 192, 192 rows) end inside 128-row blocks: one scale row per output row.
+    assert qkv.weight_scale.shape == {"FP8": (960,), "FP8_DYNAMIC": (960,), "FP8_BLOCK": (960, 5)}[scheme]
 
 
 @pytest.mark.parametrize("block,static", [(None, True), ((128, 128), False)], ids=["per-tensor-static", "block"])
@@ -111,7 +153,9 @@ def test_fp8_checkpoint_tracks_its_dequantized_weights(block, static, tmp_path, 
     path, ref = fp8_checkpoint(tiny_llama(), tmp_path / "fp8", tmp_path / "ref", block=block,
                                calibration=CALIBRATION if static else None)
     scales = load_file(str(path / "model.safetensors")) if static else None
-    _check(path, hf_logprobs(ref, (scales, None if static else block[1])), unquantized, 0.08)
+    model = _check(path, hf_logprobs(ref, (scales, None if static else block[1])), unquantized, 0.08)
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert qkv.weight_scale.shape == ((qkv.output_size,) if block is None else (qkv.output_size // block[0], 2))
 
 
 @pytest.fixture(scope="module")
@@ -173,17 +217,14 @@ TOKEN = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True, "st
      "compressed-tensors checkpoint: group 'group_0' with weight-only FP8 (no input_activations) is not supported"),
     (_ct({**FLOAT8, "strategy": "channel"}, {**TOKEN, "dynamic": False}),
      "compressed-tensors checkpoint: its quantization_config is invalid: 2 validation errors"),  # the library's
-    ({**_ct({**FLOAT8, "strategy": "channel"}, TOKEN), "kv_cache_scheme": {**FLOAT8, "strategy": "tensor"}},
-     "compressed-tensors checkpoint: a kv_cache_scheme (an FP8 KV cache with k_scale/v_scale tensors) is not"),
+    ({**_ct({**FLOAT8, "strategy": "channel"}, TOKEN), "kv_cache_scheme": {**FLOAT8, "type": "int"}},
+     "compressed-tensors checkpoint: a kv_cache_scheme other than static per-tensor FP8 (8-bit int tensor) is not"),
     ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]},
      "FP8 checkpoint with weight_block_size and activation_scheme 'static' is not supported"),
     ({"quant_method": "fp8", "weight_block_size": [128]},
      "FP8 checkpoint with weight_block_size [128] is not supported; expected two positive integers"),
     ({"quant_method": "fp8", "fmt": "e5m2"}, "FP8 checkpoint with fmt 'e5m2' is not supported"),
-    ({"quant_method": "fp8", "weight_block_size": [128, 128]},  # SmolLM2's q_proj has 576 rows
-     "FP8 layer model.layers.0.self_attn.qkv_proj: block-scaled shards of out_features [576, 192, 192] are not "
-     "multiples of the weight block's 128 rows"),
-], ids=["int8", "w4a16", "weight-only", "invalid-for-the-library", "kv-cache", "block-static", "bad-block", "e5m2", "block-shape"])
+], ids=["int8", "w4a16", "weight-only", "invalid-for-the-library", "kv-cache", "block-static", "bad-block", "e5m2"])
 def test_unsupported_fp8_checkpoints_are_refused_by_serves_checks(smollm2_path, tmp_path, qc, needle):
     from quant_model_utils import serve_check_refusal
 

@@ -10,8 +10,11 @@ not by hand. Brigade runs the ``float-quantized`` format with 8-bit float symmet
 * ``FP8_BLOCK``: weights per 128x128 block; the checkpoint's dynamic 1x128 activation groups run per token
   (a coarser activation scale: slightly more activation error than the checkpoint was calibrated with).
 
-Anything else (other formats or bit widths, int weights, asymmetric or dynamic weights, other strategies, weight-only
-schemes, sparsity, a ``kv_cache_scheme``) is refused at start-up in one line naming it. The
+A ``kv_cache_scheme`` of static per-tensor FP8 (llm-compressor's) means the checkpoint carries per-layer
+``k_scale`` / ``v_scale`` tensors: they are read for ``--kv-cache-dtype fp8`` (``brigade/model_executor/kv_scales.py``)
+and unused by a cache in the model dtype. Anything else (other formats or bit widths, int weights, asymmetric or
+dynamic weights, other strategies, weight-only schemes, sparsity, another ``kv_cache_scheme``) is refused at
+start-up in one line naming it. The
 ``ignore`` list (names and ``re:`` patterns, HF names) leaves layers unquantized, ``lm_head`` typically.
 """
 
@@ -33,7 +36,8 @@ def _refuse(what: str) -> ValueError:
 
 
 def _args_text(args: Any) -> str:
-    return (f"{args.num_bits}-bit {args.type} {args.strategy}{' dynamic' if args.dynamic else ''}"
+    kind, strategy = (getattr(v, "value", v) for v in (args.type, args.strategy))  # the library's str enums
+    return (f"{args.num_bits}-bit {kind} {strategy}{' dynamic' if args.dynamic else ''}"
             f"{'' if args.symmetric else ' asymmetric'}")
 
 
@@ -100,8 +104,9 @@ class CompressedTensorsFp8Config(QuantizationConfig):
                              f"{' '.join(str(e).split())[:300]}") from e
         if qc.get("sparsity_config"):
             raise _refuse("a sparsity_config (sparse compression)")
-        if ct.kv_cache_scheme is not None:
-            raise _refuse("a kv_cache_scheme (an FP8 KV cache with k_scale/v_scale tensors)")
+        kv = ct.kv_cache_scheme
+        if kv is not None and (kv.type != "float" or kv.num_bits != 8 or kv.strategy != "tensor" or kv.dynamic):
+            raise _refuse(f"a kv_cache_scheme other than static per-tensor FP8 ({_args_text(kv)})")
         groups = []
         for group, scheme in (ct.config_groups or {}).items():
             fmt = getattr(scheme, "format", None) or ct.format

@@ -71,10 +71,32 @@ def _param(data: torch.Tensor, attrs: dict) -> nn.Parameter:
     return p
 
 
+def _ragged(output_sizes: list[int], bn: int) -> bool:
+    """Whether a merged layer has a projection whose rows end inside a ``bn``-row weight block."""
+    return len(output_sizes) > 1 and any(size % bn for size in output_sizes)
+
+
+def _block_scale_rows(scale: torch.Tensor, output_sizes: list[int], bn: int) -> torch.Tensor:
+    """A merged layer's block scales as the product reads them. ``scale`` holds each shard's
+    ``ceil(rows / bn)`` scale rows one after another ([sum, ceil(K / bk)] fp32). When every shard is whole blocks
+    this is the [ceil(N / bn), ceil(K / bk)] grid of the merged weight, returned as is. Otherwise (a projection
+    ending inside a block: SmolLM2's 576-row q and 192-row k, v under 128-row blocks) each shard's rows are
+    expanded to one scale row per output row: [N, ceil(K / bk)], read with blocks of (1, bk)."""
+    if not _ragged(output_sizes, bn):
+        return scale
+    parts, start = [], 0
+    for size in output_sizes:
+        rows = -(-size // bn)
+        parts.append(scale[start:start + rows].repeat_interleave(bn, dim=0)[:size])
+        start += rows
+    return torch.cat(parts)
+
+
 class Fp8LinearMethod(LinearMethod):
     """After ``process_weights_after_loading``: ``weight`` [N, K] ``float8_e4m3fn``, ``weight_scale`` [N] fp32 (so
     ``weight.float() * weight_scale[:, None]`` approximates the checkpoint's merged weight; for a block-scaled
-    scheme [ceil(N / bn), ceil(K / bk)], one scale per block), and ``input_scale``
+    scheme [ceil(N / bn), ceil(K / bk)], one scale per block, or [N, ceil(K / bk)] when a merged projection ends
+    inside a block), and ``input_scale``
     (a 1-element fp32 static activation scale) or None (per-token dynamic activations)."""
 
     def __init__(self, scheme: Fp8Scheme = ONLINE, prefix: str = ""):
@@ -89,8 +111,7 @@ class Fp8LinearMethod(LinearMethod):
         """Register the checkpoint-format parameters (see the module docstring).
 
         Raises:
-            ValueError: a block-scaled merged layer whose shards are not whole blocks of rows (the shard's scale
-                rows could not be placed).
+            ValueError: a block-scaled layer whose tensor-parallel slices cut a weight block.
         """
         s, n, shards = self.scheme, sum(output_sizes), len(output_sizes)
         dims = {"output_dim": 0, "input_dim": 1}
@@ -106,7 +127,7 @@ class Fp8LinearMethod(LinearMethod):
         else:
             bn, bk = s.block
             self._check_blocks(layer, input_size, output_sizes)
-            rows, cols = -(-n // bn), -(-input_size // bk)
+            rows, cols = sum(-(-size // bn) for size in output_sizes), -(-input_size // bk)
             scale = _param(torch.empty(rows, cols, dtype=torch.float32),
                            {"output_dim": 0, "pack_factor": bn, "input_dim": 1})
         layer.register_parameter(s.scale_name, scale)
@@ -123,10 +144,9 @@ class Fp8LinearMethod(LinearMethod):
         tp = getattr(layer, "tp_size", 1)
         _, full = input_split(layer, input_size)
         column_split = tp > 1 and full == input_size
-        if (len(output_sizes) > 1 or column_split) and any(size % bn for size in output_sizes):
-            where = f" (this rank's slices under -tp {tp})" if column_split else ""
-            raise ValueError(f"FP8 layer {self.prefix}: block-scaled shards of out_features {output_sizes}{where} "
-                             f"are not multiples of the weight block's {bn} rows")
+        if column_split and any(size % bn for size in output_sizes):
+            raise ValueError(f"FP8 layer {self.prefix}: block-scaled shards of out_features {output_sizes} (this "
+                             f"rank's slices under -tp {tp}) are not multiples of the weight block's {bn} rows")
         if full != input_size and input_size % bk:
             raise ValueError(f"FP8 layer {self.prefix}: -tp {full // input_size} splits its {full} input columns "
                              f"into {input_size} per rank, which the weight block's {bk} columns do not divide; "
@@ -160,8 +180,8 @@ class Fp8LinearMethod(LinearMethod):
                 qweight, scale = weight, raw.float().repeat_interleave(sizes)
             elif s.weight_strategy == "channel":
                 qweight, scale = weight, raw.float().reshape(-1)
-            else:  # kept as the checkpoint has it: [rows, cols] block scales
-                qweight, scale = weight, raw.float()
+            else:  # block scales: as the checkpoint has them, or one row per output row for ragged shards
+                qweight, scale = weight, _block_scale_rows(raw.float(), layer.output_sizes, s.block[0])
             delattr(layer, s.scale_name)
         layer.weight = nn.Parameter(qweight, requires_grad=False)
         layer.register_parameter("weight_scale", nn.Parameter(scale.contiguous(), requires_grad=False))
@@ -171,7 +191,8 @@ class Fp8LinearMethod(LinearMethod):
         from brigade_fp8.gemm import cuda_fp8_supported, fp8_block_gemm, fp8_gemm_for
 
         if s.weight_strategy == "block":
-            block = s.block
+            per_row = scale.shape[0] == qweight.shape[0] and _ragged(layer.output_sizes, s.block[0])
+            block = (1, s.block[1]) if per_row else s.block
             self.gemm = lambda x, w, ws, _, bias: fp8_block_gemm(x, w, ws, block, bias)
             return
         device = qweight.device

@@ -223,8 +223,10 @@ class MergedColumnLinear(LinearBase):
             default_weight_loader(param.data[index], loaded_weight)
             return
         pack_factor = getattr(param, "pack_factor", 1)
-        offset = sum(self.output_sizes[:index]) // pack_factor
-        size = self.output_sizes[index] // pack_factor
+        # Each shard holds ceil(rows / pack_factor) stored rows: whole packs for packed weights; for block scales a
+        # projection whose rows end inside a block keeps that partial block's own scale row.
+        offset = sum(-(-size // pack_factor) for size in self.output_sizes[:index])
+        size = -(-self.output_sizes[index] // pack_factor)
         target = param.data.narrow(output_dim, offset, size)
         if self.tp_size > 1:  # this rank's slice of the whole projection, read alone
             loaded_weight = narrow_weight(loaded_weight, output_dim, self.shard_rank(index) * size, size)
