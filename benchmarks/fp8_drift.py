@@ -1,4 +1,4 @@
-"""How far online FP8 (brigade-fp8, W8A8 e4m3) moves SmolLM2-135M-Instruct from bf16, on the CPU.
+"""How far online FP8 (brigade-fp8, W8A8 e4m3), or an FP8 checkpoint, moves SmolLM2-135M-Instruct from bf16, on the CPU.
 
 For each of a fixed set of chat prompts: the greedy answer in bf16 and with ``--quantization fp8`` (how many are
 identical, and where the first differing token sits), and the logprob drift: the bf16 answer scored token by token
@@ -8,7 +8,9 @@ figures for fp32 against bf16 give the yardstick: how far bf16's own rounding mo
 The CPU runs FP8 emulated in fp32 (activations quantized per token exactly as on the GPU, products of the
 dequantized codes), so these are the scheme's own errors, without the GPU GEMM's bf16 output rounding.
 
-Usage: ``python benchmarks/fp8_drift.py [--model DIR] [--max-tokens 48] [--json OUT.json]``.
+Usage: ``python benchmarks/fp8_drift.py [--model DIR] [--checkpoint FP8_DIR] [--max-tokens 48] [--json OUT.json]``.
+``--checkpoint`` measures that FP8 checkpoint of the model (for example llm-compressor's ``FP8_DYNAMIC``, its scheme
+read from its config.json) instead of online FP8.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(default_model_dir()))
+    parser.add_argument("--checkpoint", help="an FP8 checkpoint of --model to measure instead of online FP8")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
@@ -76,7 +79,8 @@ def main() -> None:
     bf16, bf16_answers = _run(args.model, None, prompt_ids, args.max_tokens)
     bf16_scores = _scores(bf16, prompt_ids, bf16_answers)
     del bf16
-    fp8, fp8_answers = _run(args.model, "fp8", prompt_ids, args.max_tokens)
+    fp8, fp8_answers = (_run(args.checkpoint, None, prompt_ids, args.max_tokens) if args.checkpoint
+                        else _run(args.model, "fp8", prompt_ids, args.max_tokens))
     fp8_scores = _scores(fp8, prompt_ids, bf16_answers)  # the bf16 answer, scored by the FP8 model
     del fp8
 
@@ -94,6 +98,7 @@ def main() -> None:
 
     record = {
         "model": os.path.basename(os.path.normpath(args.model)), "prompts": len(PROMPTS),
+        "fp8": os.path.basename(os.path.normpath(args.checkpoint)) if args.checkpoint else "online --quantization fp8",
         "max_tokens": args.max_tokens,
         "mean_token_logprob_bf16": sum(map(sum, bf16_scores)) / sum(map(len, bf16_scores)),
         "fp8_vs_bf16": compare(fp8_answers, fp8_scores), "fp32_vs_bf16": compare(fp32_answers, fp32_scores),
