@@ -8,6 +8,16 @@
 #   peers           bench 4: HF `generate` and `generate_batch` on 64 x (1024 in, 128 out), same prompts
 #   peers-sharegpt  bench 4: the same peers on bench 3's first 64 ShareGPT-like prompts
 #   serve           bench 5: `brigade bench serve` against `brigade serve --skip-tokenizer-init` at 16, 4, inf req/s
+# FP8 (brigade-fp8, online --quantization fp8 on the same shape; docs/quantization.md "GPU figures"):
+#   fp8-latency     FP8 bench 1: batch 1, 128 in / 256 out
+#   fp8-throughput  FP8 bench 2: 1000 x (1024 in, 128 out)
+#   fp8-sharegpt    FP8 bench 3: bench 3's prompts with FP8 weights and --kv-cache-dtype fp8
+#   fp8-batch64     FP8 bench 4: batch 64, 128 in / 256 out, and the same in bf16 beside it
+# Mixture of experts (benchmarks/configs/mixtral-8x7b and qwen3-30b-a3b, dummy bf16 weights; docs/moe.md):
+#   moe-latency     MoE benches 1 and 2: batch 1, 128 in / 256 out, Mixtral-8x7B and Qwen3-30B-A3B
+#   moe-throughput  MoE bench 3: Mixtral-8x7B, 1000 x (1024 in, 128 out)
+#   moe-sharegpt    MoE bench 4: Qwen3-30B-A3B, bench 3's prompts
+#   moe-kernel      MoE bench 5: the fused MoE kernel against the reference path and a dense loop (bench_fused_moe.py)
 # Every result goes into one folder per run, then benchmarks/suite_summary.py writes summary.json and summary.md
 # there and prints the table. Run from the repository root of a GPU machine set up as benchmarks/gpu_setup.sh says.
 set -uo pipefail
@@ -15,11 +25,14 @@ set -uo pipefail
 usage() {
   cat <<'EOF'
 Usage: benchmarks/run_gpu_suite.sh [options]
-  --part 1|2|all     part 1: limits latency throughput sharegpt peers (~7 min on an H200);
-                     part 2: peers-sharegpt serve (~7 min); all: both (~14 min, over one 10-minute device
-                     call: run the two parts as two calls). Default: all.
+  --part 1|2|3|4|all  part 1: limits latency throughput sharegpt sharegpt-penalty peers (~7 min on an H200);
+                     part 2: peers-sharegpt serve (~7 min); part 3: limits and the FP8 benches (~5 min);
+                     part 4: limits and the MoE benches (~7 min); all: every part (~26 min, over one 10-minute
+                     device call: run the parts as separate calls). Default: all.
   --bench LIST       run only these, comma-separated: limits latency throughput sharegpt sharegpt-penalty peers
-                     peers-sharegpt serve, or their numbers 0 1 2 3 3p 4 4s 5 (overrides --part)
+                     peers-sharegpt serve fp8-latency fp8-throughput fp8-sharegpt fp8-batch64 moe-latency
+                     moe-throughput moe-sharegpt moe-kernel, or their numbers 0 1 2 3 3p 4 4s 5 f1 f2 f3 f4
+                     m1 (and m2: both latencies) m3 m4 m5 (overrides --part)
   --quick            fewer prompts and iterations everywhere: a smoke test of the whole suite (~8 min)
   --run-name NAME    the result folder's name (default: the UTC start time, e.g. 2026-12-01T1405Z); give part 2
                      part 1's name to fill the same folder
@@ -53,12 +66,16 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-ALL="limits latency throughput sharegpt sharegpt-penalty peers peers-sharegpt serve"
+FP8_BENCHES="fp8-latency fp8-throughput fp8-sharegpt fp8-batch64"
+MOE_BENCHES="moe-latency moe-throughput moe-sharegpt moe-kernel"
+ALL="limits latency throughput sharegpt sharegpt-penalty peers peers-sharegpt serve $FP8_BENCHES $MOE_BENCHES"
 case $part in
   1) selected="limits latency throughput sharegpt sharegpt-penalty peers" ;;
   2) selected="peers-sharegpt serve" ;;
+  3) selected="limits $FP8_BENCHES" ;;
+  4) selected="limits $MOE_BENCHES" ;;
   all) selected=$ALL ;;
-  *) echo "--part must be 1, 2 or all" >&2; exit 2 ;;
+  *) echo "--part must be 1, 2, 3, 4 or all" >&2; exit 2 ;;
 esac
 if [ -n "$benches" ]; then
   selected="" part=custom
@@ -67,17 +84,21 @@ if [ -n "$benches" ]; then
       0) b=limits ;; 1) b=latency ;; 2) b=throughput ;; 3) b=sharegpt ;; 3p) b=sharegpt-penalty ;; 4) b=peers ;;
       4s) b=peers-sharegpt ;;
       5) b=serve ;;
+      f1) b=fp8-latency ;; f2) b=fp8-throughput ;; f3) b=fp8-sharegpt ;; f4) b=fp8-batch64 ;;
+      m1|m2) b=moe-latency ;; m3) b=moe-throughput ;; m4) b=moe-sharegpt ;; m5) b=moe-kernel ;;
     esac
     case " $ALL " in *" $b "*) ;; *) echo "unknown benchmark: $b" >&2; exit 2 ;; esac
     wanted="${wanted:-} $b"
   done
   for b in $ALL; do case " $wanted " in *" $b "*) selected="$selected $b" ;; esac; done   # in the suite's order
 fi
-tag=$([ "$part" = 1 ] || [ "$part" = 2 ] && echo "part$part" || echo "$part")   # part1, part2, all or custom
+tag=$(case $part in 1|2|3|4) echo "part$part" ;; *) echo "$part" ;; esac)   # part1 ... part4, all or custom
 
 cd "$(dirname "$0")/.." || exit 1
 if [ "$setup" = 1 ]; then
-  GPU_SETUP_DRY_RUN=$dry source benchmarks/gpu_setup.sh || { echo "set-up failed" >&2; exit 1; }
+  # brigade-fp8 for the FP8 benches (the bf16 ones never load it: no --quantization)
+  GPU_SETUP_EXTRA="${GPU_SETUP_EXTRA:-} builtin_quant/fp8" GPU_SETUP_DRY_RUN=$dry source benchmarks/gpu_setup.sh \
+    || { echo "set-up failed" >&2; exit 1; }
 else
   M=benchmarks/configs/llama-3.1-8b C="--load-format dummy --dtype bfloat16 --skip-tokenizer-init"
   export PYTHONUNBUFFERED=1 BRIGADE_LOGGING_LEVEL=${BRIGADE_LOGGING_LEVEL:-WARNING}
@@ -92,10 +113,11 @@ echo "results:    $out_dir"
 
 # Sizes: full, or --quick.
 if [ "$quick" = 1 ]; then
-  LAT_ITERS=2 N2=100 N3=100 N4=4 SERVE="16:100 4:20 inf:100"
+  LAT_ITERS=2 N2=100 N3=100 N4=4 SERVE="16:100 4:20 inf:100" MOE_TOKENS=1,64
 else
-  LAT_ITERS=5 N2=1000 N3=1000 N4=64 SERVE=${SERVE_RATES:-"16:500 4:100 inf:500"}
+  LAT_ITERS=5 N2=1000 N3=1000 N4=64 SERVE=${SERVE_RATES:-"16:500 4:100 inf:500"} MOE_TOKENS=1,8,64,512,4096
 fi
+MIXTRAL=benchmarks/configs/mixtral-8x7b QWEN3_MOE=benchmarks/configs/qwen3-30b-a3b
 PORT=${PORT:-8000}
 steps_file="$out_dir/steps_$tag.tsv"   # one file per part, so that two parts merge into one folder
 [ "$dry" = 1 ] || : > "$steps_file"
@@ -154,6 +176,60 @@ bench_peers_sharegpt() {
   step peers-sharegpt 360 brigade bench throughput $M $C --max-model-len 4096 --dataset sharegpt-like \
     --num-prompts $N4 --max-num-seqs 512 --max-num-batched-tokens 16384 --hf-peer both --hf-batch-size $N4 \
     --output-json "$out_dir/peers_sharegpt.json"
+}
+
+bench_fp8_latency() {
+  step fp8-latency 180 brigade bench latency $M $C --quantization fp8 --max-model-len 2048 --max-num-seqs 1 \
+    --batch-size 1 --input-len 128 --output-len 256 --num-iters-warmup 1 --num-iters $LAT_ITERS \
+    --output-json "$out_dir/fp8_latency.json"
+}
+
+bench_fp8_throughput() {
+  step fp8-throughput 180 brigade bench throughput $M $C --quantization fp8 --max-model-len 2048 \
+    --num-prompts $N2 --input-len 1024 --output-len 128 --max-num-seqs 512 --max-num-batched-tokens 16384 \
+    --output-json "$out_dir/fp8_throughput_1024_128.json"
+}
+
+bench_fp8_sharegpt() {
+  step fp8-sharegpt 150 brigade bench throughput $M $C --quantization fp8 --kv-cache-dtype fp8 \
+    --max-model-len 4096 --dataset sharegpt-like --num-prompts $N3 --max-num-seqs 512 \
+    --max-num-batched-tokens 16384 --output-json "$out_dir/fp8_throughput_sharegpt.json"
+}
+
+bench_fp8_batch64() {
+  local quant name
+  for quant in "" fp8; do
+    name=${quant:+fp8-}batch64
+    step "$name" 150 brigade bench latency $M $C ${quant:+--quantization $quant} --max-model-len 2048 \
+      --max-num-seqs 64 --batch-size 64 --input-len 128 --output-len 256 --num-iters-warmup 1 --num-iters 3 \
+      --output-json "$out_dir/${quant:+fp8_}latency_b64.json"
+  done
+}
+
+bench_moe_latency() {
+  local model
+  for model in $MIXTRAL $QWEN3_MOE; do
+    step "moe-latency-${model##*/}" 180 brigade bench latency $model $C --max-model-len 2048 --max-num-seqs 1 \
+      --batch-size 1 --input-len 128 --output-len 256 --num-iters-warmup 1 --num-iters 3 \
+      --output-json "$out_dir/moe_latency_${model##*/}.json"
+  done
+}
+
+bench_moe_throughput() {
+  step moe-throughput 240 brigade bench throughput $MIXTRAL $C --max-model-len 2048 --num-prompts $N2 \
+    --input-len 1024 --output-len 128 --max-num-seqs 512 --max-num-batched-tokens 16384 \
+    --output-json "$out_dir/moe_throughput_1024_128.json"
+}
+
+bench_moe_sharegpt() {
+  step moe-sharegpt 150 brigade bench throughput $QWEN3_MOE $C --max-model-len 4096 --dataset sharegpt-like \
+    --num-prompts $N3 --max-num-seqs 512 --max-num-batched-tokens 16384 \
+    --output-json "$out_dir/moe_throughput_sharegpt.json"
+}
+
+bench_moe_kernel() {
+  step moe-kernel 240 env PYTHONPATH="benchmarks/kernels${PYTHONPATH:+:$PYTHONPATH}" \
+    python3 benchmarks/kernels/bench_fused_moe.py --tokens $MOE_TOKENS --json "$out_dir/fused_moe.json"
 }
 
 healthy() {

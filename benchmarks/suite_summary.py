@@ -13,7 +13,15 @@ Reads the JSON records the suite writes (any subset of them; missing ones are sk
 ``peers_1024_128``         bench 4, ``--hf-peer both`` on 64 x (1024 in, 128 out)
 ``peers_sharegpt``         bench 4, ``--hf-peer both`` on bench 3's first 64 prompts
 ``serve_rate_R``           bench 5, ``brigade bench serve`` at R requests/s (``serve.log``: the server's log)
+``fp8_*``                  FP8 benches 1-4 (``--quantization fp8``): ``fp8_latency``, ``fp8_throughput_1024_128``,
+                           ``fp8_throughput_sharegpt`` (and ``--kv-cache-dtype fp8``), ``fp8_latency_b64`` with
+                           ``latency_b64`` (bf16) beside it
+``moe_*``, ``fused_moe``   MoE benches 1-5: ``moe_latency_<model>``, ``moe_throughput_1024_128`` (Mixtral),
+                           ``moe_throughput_sharegpt`` (Qwen3-30B-A3B), ``fused_moe`` (``bench_fused_moe.py``)
 =========================  ======================================================================
+
+The FP8 and MoE bounds come from the model's ``config.json`` (``model_shapes.py``: the parameters one token reads,
+projections at one byte under FP8) and the copy bandwidth and matmul peak in ``limits.json``.
 
 and writes ``summary.json`` (a list of rows: ``bench``, ``name``, ``figure``, ``unit``, ``bound``, ``ratio``,
 ``peer``, ``target``, ``met``, ``source``) and ``summary.md`` (the same as a markdown table) into the folder,
@@ -33,6 +41,11 @@ import math
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # model_shapes beside this file
+from model_shapes import kv_bytes_per_token, load_config, token_params  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
 # Targets of the headline suite: (kind, value). "max_ratio": figure / bound at most; "min_ratio": the ratio
 # (figure over the better peer) at least; "min": figure at least; "max": figure at most.
 TARGETS = {
@@ -42,6 +55,15 @@ TARGETS = {
     "bench4": ("min_ratio", 20.0),
     "bench5_16": ("max", 12.0),
     "bench3p": ("min_ratio_of_bench3", 0.95),
+    "fp8_1": ("max_ratio", 1.15),
+    "fp8_1_bf16": ("max_ratio_of", 0.6, "bench 1 (bf16)"),
+    "fp8_2": ("min_ratio_of", 1.6, "bench 2 (bf16)"),
+    "fp8_3": ("min_ratio_of", 1.3, "bench 3 (bf16)"),
+    "fp8_4": ("max_ratio", 1.3),
+    "moe_1": ("max_ratio", 1.25),
+    "moe_2": ("max_ratio", 1.4),
+    "moe_3": ("min_ratio_of", 0.5, "the compute bound"),
+    "moe_5": ("min_ratio_of", 1.0, "the faster of the reference and the dense loop, at every size"),
 }
 
 
@@ -69,8 +91,14 @@ def _row(bench: str, name: str, figure: float | None, unit: str, source: str, *,
     met = None
     target_text = ""
     if target is not None and figure is not None:
-        kind, value = target
-        if kind == "max_ratio":
+        kind, value, *what = target
+        if kind == "min_ratio_of":
+            met = ratio is not None and ratio >= value
+            target_text = f">= {value:g}x {what[0]}"
+        elif kind == "max_ratio_of":
+            met = ratio is not None and ratio <= value
+            target_text = f"<= {value:g}x {what[0]}"
+        elif kind == "max_ratio":
             met = ratio is not None and ratio <= value
             target_text = f"<= {value:g}x bound"
         elif kind == "min_ratio":
@@ -188,9 +216,96 @@ def serve_rows(folder: Path) -> list[dict]:
     return rows
 
 
+def _config_of(record: dict) -> dict | None:
+    """The ``config.json`` of the model a record ran (one of ``benchmarks/configs``, by the folder's name)."""
+    model = record.get("config", {}).get("engine", {}).get("model_config", {}).get("model")
+    path = CONFIGS / Path(str(model)).name
+    return load_config(path) if model and (path / "config.json").exists() else None
+
+
+def _tpot(record: dict | None) -> float | None:
+    return None if record is None else _brigade(record).get("tpot_ms", {}).get("median")
+
+
+def fp8_rows(folder: Path, limits: dict) -> list[dict]:
+    """FP8 benches 1-4 (docs/quantization.md): bounds at one byte per projection weight, bf16 figures beside."""
+    rows, bandwidth = [], (limits.get("copy_bandwidth_GBps") or 0) * 1e9
+    bf16_tpot, fp8 = _tpot(_load(folder, "latency")), _load(folder, "fp8_latency")
+    config = _config_of(fp8) if fp8 else None
+    tpot = _tpot(fp8)
+    if tpot and config:
+        bound = token_params(config).weight_bytes(1.0) / bandwidth * 1e3 if bandwidth else None
+        peer = f"bf16 bench 1: {bf16_tpot:.2f} ms" if bf16_tpot else ""
+        rows.append(_row("fp8_1", "FP8 latency, batch 1, 128 in / 256 out: TPOT median", tpot, "ms",
+                         "fp8_latency.json", bound=bound, ratio=tpot / bound if bound else None, peer=peer,
+                         higher_is_better=False))
+        if bf16_tpot:
+            rows.append(_row("fp8_1_bf16", "FP8 latency against bf16: TPOT", tpot, "ms", "fp8_latency.json",
+                             ratio=tpot / bf16_tpot, peer=peer, higher_is_better=False))
+    for bench, stem, plain_stem, key, unit in (
+            ("fp8_2", "fp8_throughput_1024_128", "throughput_1024_128", "total_tokens_per_s", "tok/s"),
+            ("fp8_3", "fp8_throughput_sharegpt", "throughput_sharegpt", "requests_per_s", "req/s")):
+        record, plain = _load(folder, stem), _load(folder, plain_stem)
+        if record is None:
+            continue
+        got, base = _brigade(record).get(key), _brigade(plain).get(key) if plain else None
+        what = "1000 x (1024 in, 128 out): total tok/s" if bench == "fp8_2" else \
+            "ShareGPT-like prompts, fp8 KV cache: req/s"
+        rows.append(_row(bench, f"FP8 throughput, {what}", got, unit, f"{stem}.json",
+                         ratio=got / base if got and base else None,
+                         peer=f"bf16 in the same run: {base:,.{0 if unit == 'tok/s' else 1}f} {unit}" if base else ""))
+    record, plain = _load(folder, "fp8_latency_b64"), _load(folder, "latency_b64")
+    tpot, config = _tpot(record), _config_of(record) if record else None
+    if tpot and config:
+        bench = record["config"]["benchmark"]
+        batch, context = bench.get("batch_size", 64), bench.get("input_len", 128) + bench.get("output_len", 256) / 2
+        read = token_params(config).weight_bytes(1.0) + batch * context * kv_bytes_per_token(config)
+        bound = read / bandwidth * 1e3 if bandwidth else None
+        rows.append(_row("fp8_4", f"FP8 latency, batch {batch}: TPOT median", tpot, "ms", "fp8_latency_b64.json",
+                         bound=bound, ratio=tpot / bound if bound else None, higher_is_better=False,
+                         peer=f"bf16 batch {batch}: {_tpot(plain):.2f} ms" if _tpot(plain) else ""))
+    return rows
+
+
+def moe_rows(folder: Path, limits: dict) -> list[dict]:
+    """MoE benches 1-5 (docs/moe.md): bounds on the active parameters (attention, router, top-k experts, LM head)."""
+    rows, bandwidth = [], (limits.get("copy_bandwidth_GBps") or 0) * 1e9
+    for bench, model in (("moe_1", "mixtral-8x7b"), ("moe_2", "qwen3-30b-a3b")):
+        record = _load(folder, f"moe_latency_{model}")
+        tpot, config = _tpot(record), _config_of(record) if record else None
+        if tpot and config:
+            bound = token_params(config).weight_bytes() / bandwidth * 1e3 if bandwidth else None
+            rows.append(_row(bench, f"MoE latency, {model}, batch 1: TPOT median", tpot, "ms",
+                             f"moe_latency_{model}.json", bound=bound, ratio=tpot / bound if bound else None,
+                             higher_is_better=False))
+    record = _load(folder, "moe_throughput_1024_128")
+    config = _config_of(record) if record else None
+    if record and config:
+        total, peak = _brigade(record).get("total_tokens_per_s"), limits.get("matmul_tflops")
+        bound = peak * 1e12 / (2 * token_params(config).total) if peak else None
+        rows.append(_row("moe_3", "MoE throughput, mixtral-8x7b, 1000 x (1024 in, 128 out): total tok/s", total,
+                         "tok/s", "moe_throughput_1024_128.json", bound=bound,
+                         ratio=total / bound if total and bound else None))
+    record, dense = _load(folder, "moe_throughput_sharegpt"), _load(folder, "throughput_sharegpt")
+    if record:
+        got, base = _brigade(record).get("requests_per_s"), _brigade(dense).get("requests_per_s") if dense else None
+        rows.append(_row("moe_4", "MoE throughput, qwen3-30b-a3b, ShareGPT-like prompts: req/s", got, "req/s",
+                         "moe_throughput_sharegpt.json",
+                         peer=f"dense 8B bench 3 in the same run: {base:.1f} req/s" if base else ""))
+    kernel = _load(folder, "fused_moe")
+    if kernel and kernel.get("rows"):
+        worst = min(kernel["rows"], key=lambda r: min(r["speedup_vs_reference"], r["speedup_vs_dense_loop"]))
+        ratio = min(worst["speedup_vs_reference"], worst["speedup_vs_dense_loop"])
+        rows.append(_row("moe_5", "fused MoE kernel: speed-up over the faster alternative, worst size", ratio, "x",
+                         "fused_moe.json", ratio=ratio,
+                         peer=f"worst at {worst['shape']}, {worst['tokens']} tokens"))
+    return rows
+
+
 def summarize(folder: Path) -> list[dict]:
     rows, limits = limits_rows(folder)
-    return rows + latency_row(folder, limits) + throughput_rows(folder, limits) + peer_rows(folder) + serve_rows(folder)
+    return (rows + latency_row(folder, limits) + throughput_rows(folder, limits) + peer_rows(folder)
+            + serve_rows(folder) + fp8_rows(folder, limits) + moe_rows(folder, limits))
 
 
 def _fmt(value: float | None, unit: str = "") -> str:

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "benchmarks" / "run_gpu_suite.sh"
 RESULTS = ROOT / "benchmarks" / "results" / "h200" / "2026-12-01T1615Z"  # benches 0-4 of one call
+FP8_MOE_RESULTS = RESULTS.with_name("2026-12-01T2330Z")  # the headline suite with FP8 and MoE benches 1-4
 SERVE_RESULTS = RESULTS.with_name("2026-12-01T1625Z")  # bench 5 of the next
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -53,7 +54,7 @@ def test_part_2_runs_the_sharegpt_peers_and_serving_and_quick_cuts_prompts():
     assert "brigade bench latency" not in out
 
 
-@pytest.mark.parametrize("args", [["--bench", "7"], ["--part", "3"], ["--no-such-flag"]])
+@pytest.mark.parametrize("args", [["--bench", "7"], ["--part", "5"], ["--no-such-flag"]])
 def test_bad_arguments_are_refused(args):
     assert _dry_run(*args).returncode == 2
 
@@ -81,3 +82,44 @@ def test_summary_against_a_baseline_counts_a_faster_tpot_as_better(tmp_path):
     summary.add_baseline(rows, summary.summarize(RESULTS))
     assert rows[0]["change_pct"] == pytest.approx(10.0)
     assert "+10.0%" in summary.markdown(rows)
+
+
+def test_parts_3_and_4_run_the_fp8_and_moe_benches():
+    out = _dry_run("--part", "3", "--run-name", "check").stdout
+    assert "device_limits.py" in out and out.count("--quantization fp8") == 4 and "--kv-cache-dtype fp8" in out
+    assert "--batch-size 64" in out and "/check/latency_b64.json" in out and "/check/fp8_latency_b64.json" in out
+    out = _dry_run("--part", "4").stdout
+    assert "benchmarks/configs/mixtral-8x7b" in out and "benchmarks/configs/qwen3-30b-a3b" in out
+    assert "bench_fused_moe.py --tokens 1,8,64,512,4096" in out and "--quantization" not in out
+    assert _dry_run("--bench", "f1,m5").stdout.count("+ [") == 2
+
+
+def test_model_shapes_count_the_parameters_one_token_reads():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from model_shapes import kv_bytes_per_token, load_config, token_params
+
+    configs = ROOT / "benchmarks" / "configs"
+    dense = token_params(load_config(configs / "llama-3.1-8b"))
+    # device_limits.py on the meta-device model: 15,009,857,536 bytes (these plus norms and one embedding row)
+    assert dense.weight_bytes() == 15_009_316_864 and dense.router == 0
+    assert dense.weight_bytes(1.0) == pytest.approx(8.03e9, rel=1e-3)
+    mixtral = token_params(load_config(configs / "mixtral-8x7b"))  # 2 of 8 experts
+    assert mixtral.total == pytest.approx(12.75e9, rel=1e-3) and mixtral.router == 32 * 4096 * 8
+    qwen3 = token_params(load_config(configs / "qwen3-30b-a3b"))  # 8 of 128 experts of 768
+    assert qwen3.total == pytest.approx(3.04e9, rel=1e-3)
+    assert kv_bytes_per_token(load_config(configs / "llama-3.1-8b")) == 32 * 2 * 8 * 128 * 2
+
+
+def test_summary_of_the_fp8_and_moe_benches():
+    rows = {row["bench"]: row for row in _summary_module().summarize(FP8_MOE_RESULTS)}
+    assert rows["fp8_1"]["figure"] == pytest.approx(2.56, abs=0.01)
+    assert rows["fp8_1"]["bound"] == pytest.approx(1.97, abs=0.01) and rows["fp8_1"]["met"] is False
+    assert rows["fp8_1_bf16"]["ratio"] == pytest.approx(0.649, abs=1e-3)
+    assert rows["fp8_2"]["ratio"] == pytest.approx(1.400, abs=1e-3)
+    assert rows["fp8_4"]["bound"] == pytest.approx(2.50, abs=0.01)
+    assert rows["moe_1"]["ratio"] == pytest.approx(1.227, abs=1e-3) and rows["moe_1"]["met"] is True
+    assert rows["moe_2"]["ratio"] == pytest.approx(2.841, abs=1e-3) and rows["moe_2"]["met"] is False
+    assert rows["moe_3"]["ratio"] == pytest.approx(0.439, abs=1e-3)
+    assert "65.6 req/s" in rows["moe_4"]["peer"]
