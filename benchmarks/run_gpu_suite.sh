@@ -52,7 +52,7 @@ EOF
 part=all benches="" quick=0 run_name="" out_dir="" baseline="" label="" setup=1 dry=0
 while [ $# -gt 0 ]; do
   case $1 in
-    --part) part=${2:?--part needs 1, 2 or all}; shift 2 ;;
+    --part) part=${2:?--part needs 1, 2, 3, 4 or all}; shift 2 ;;
     --bench) benches=${2:?--bench needs a list}; shift 2 ;;
     --quick) quick=1; shift ;;
     --run-name) run_name=${2:?}; shift 2 ;;

@@ -50,8 +50,9 @@ class CacheConfig:
             raise ConfigError("--kv-cache-dtype fp8_e5m2 is not supported: the fp8 KV cache is e4m3 with per-layer "
                               "scales; use --kv-cache-dtype fp8 (or fp8_e4m3), or auto")
         if self.cache_dtype not in ("auto", "bfloat16", "float16", "float32", *FP8_CACHE_DTYPES):
-            raise ConfigError(f"--kv-cache-dtype {self.cache_dtype!r} is not known; use auto (the model dtype), its "
-                              "name (bfloat16, float16, float32), or fp8 (alias fp8_e4m3)")
+            raise ConfigError(f"--kv-cache-dtype {self.cache_dtype!r} is not known; use auto (the model dtype), the "
+                              "model dtype's own name (whichever of bfloat16, float16, float32 it runs in), or fp8 "
+                              "(alias fp8_e4m3)")
 
     @property
     def fp8_kv_cache(self) -> bool:

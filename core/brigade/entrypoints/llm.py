@@ -102,9 +102,23 @@ class LLM:
 
     @classmethod
     def from_config(cls, config: BrigadeConfig) -> LLM:
-        """Build from a complete BrigadeConfig (the CLI's path)."""
+        """Build from a complete BrigadeConfig (the CLI's path).
+
+        Raises:
+            EngineStartupError: the engine could not start on this config and model (a backend the platform
+                cannot run, a damaged checkpoint, ...): the ``ValueError`` that stopped it, as one message, which
+                the CLI prints as one line, as ``brigade serve`` does for its engine process.
+        """
+        from brigade.config import ConfigError
+        from brigade.engine.engine_procs import EngineStartupError
+
         llm = cls.__new__(cls)
-        llm._start(config)
+        try:
+            llm._start(config)
+        except ConfigError:
+            raise  # already one line for the CLI (exit 2)
+        except ValueError as exc:
+            raise EngineStartupError(" ".join(str(exc).split())) from exc
         return llm
 
     def _start(self, config: BrigadeConfig) -> None:

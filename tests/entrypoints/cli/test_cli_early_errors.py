@@ -243,3 +243,16 @@ def test_brigade_without_a_command_prints_the_help_and_succeeds():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("usage: brigade") and "serve" in proc.stdout and "bench" in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", [["generate", "Hi", "--model", "{model}"],
+                                     ["bench", "latency", "{model}", "--input-len", "8", "--output-len", "2"]])
+def test_an_in_process_engine_that_cannot_start_is_one_line(smollm2_path, command):
+    """generate and bench run their engine in this process: an engine that cannot start on this platform (the
+    Triton backend on the CPU) is one line and exit 1, as serve gives for its engine process, not a traceback."""
+    argv = [arg.replace("{model}", str(smollm2_path)) for arg in command] + ["--attention-backend", "triton"]
+    proc = run_main(*argv)
+    # generate's INFO start-up lines (the platform it fell back to) may come first; the error is the one other line
+    proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("INFO ")) + "\n"
+    assert_one_line(proc, "brigade " + command[0], "attention backend 'triton' cannot run this model: triton runs on "
+                    "cuda, not cpu", status=1)

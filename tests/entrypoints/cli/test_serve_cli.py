@@ -81,8 +81,9 @@ def test_defaults_and_model_flag(smollm2_path):
     (["--long-prefill-token-threshold", "-1"], "--long-prefill-token-threshold must be 0 (off) or more, got -1"),
     # fp8 (e4m3) KV caches are stored; vLLM's e5m2 one is not: refused, not ignored.
     (["--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype fp8_e5m2 is not supported: the fp8 KV cache is e4m3"),
-    (["--kv-cache-dtype", "int4"], "--kv-cache-dtype 'int4' is not known; use auto (the model dtype), its name "
-                                   "(bfloat16, float16, float32), or fp8 (alias fp8_e4m3)"),
+    (["--kv-cache-dtype", "int4"], "--kv-cache-dtype 'int4' is not known; use auto (the model dtype), the model "
+                                   "dtype's own name (whichever of bfloat16, float16, float32 it runs in), or fp8 "
+                                   "(alias fp8_e4m3)"),
 ])
 def test_bad_values_name_the_flag(smollm2_path, flags, expected):
     with pytest.raises(ConfigError) as info:

@@ -157,6 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:  # as ``vllm`` with no command: the help, and success
         parser.print_help()
         return 0
+    return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command; its known failures are one stderr line and an exit status: a config error 2, a
+    plugin that failed once the command ran or an in-process engine (generate, bench) that could not start 1."""
+    from brigade.config import ConfigError
+    from brigade.plugins import PluginLoadError
+
     try:
         return int(args.run(args) or 0)
     except ConfigError as exc:
@@ -167,6 +176,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        # As serve gives for its engine process. The class is looked up only now: importing the engine costs
+        # torch's import at every command.
+        procs = sys.modules.get("brigade.engine.engine_procs")
+        if procs is None or not isinstance(exc, procs.EngineStartupError):
+            raise
+        print(f"brigade {args.command}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
