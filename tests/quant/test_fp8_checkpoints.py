@@ -3,11 +3,13 @@
 SmolLM2-135M-Instruct is written by llm-compressor as each compressed-tensors FP8 scheme users publish: ``FP8``
 (static per-tensor), ``FP8_DYNAMIC`` (per-channel weights, per-token activations) and ``FP8_BLOCK`` (128x128 weight
 blocks); a small random-weight Llama (hidden 256, heads of 64) as ``quant_method: "fp8"`` per-tensor (static
-``input_scale``) and block (``weight_scale_inv``) checkpoints, written by hand (``fp8_checkpoint``). Brigade's log-probabilities of each token of one fixed text (prompt logprobs, fp32) must stay within the FP8
-tolerance stated per case of transformers' on the same checkpoint (transformers runs compressed-tensors checkpoints
-itself, quantizing activations as the scheme says; for ``quant_method: "fp8"``, which transformers runs only on
-GPUs, the reference is the dequantized fp32 weights, so the tolerance also covers Brigade's activation rounding),
-and closer to it than to the unquantized model. Bad scales and unsupported schemes are one line.
+``input_scale``) and block (``weight_scale_inv``) checkpoints, written by hand (``fp8_checkpoint``). Brigade's
+log-probabilities of each token of one fixed text (prompt logprobs, fp32) must stay within the FP8 tolerance stated
+per case of transformers' on the same checkpoint (transformers runs compressed-tensors checkpoints itself,
+quantizing activations as the scheme says, except FP8_BLOCK's groups on SmolLM2, quantized by a hook; for
+``quant_method: "fp8"``, which transformers runs only on GPUs, the reference is the dequantized fp32 weights, so the
+tolerance also covers Brigade's activation rounding), and closer to it than to the unquantized model. Bad scales and
+unsupported schemes are one line.
 """
 
 from __future__ import annotations

@@ -191,8 +191,8 @@ class Fp8LinearMethod(LinearMethod):
         from brigade_fp8.gemm import cuda_fp8_supported, fp8_block_gemm, fp8_gemm_for
 
         if s.weight_strategy == "block":
-            per_row = scale.shape[0] == qweight.shape[0] and _ragged(layer.output_sizes, s.block[0])
-            block = (1, s.block[1]) if per_row else s.block
+            # ragged merged shards: _block_scale_rows gave one scale row per output row
+            block = (1, s.block[1]) if _ragged(layer.output_sizes, s.block[0]) else s.block
             self.gemm = lambda x, w, ws, _, bias: fp8_block_gemm(x, w, ws, block, bias)
             return
         device = qweight.device

@@ -2,9 +2,9 @@
 
 Each is started with its platform's ``engine_start_method`` (spawn; fork on the CPU, whose child then starts
 with the front end's imports; spawn whenever the engine runs Ray), in its placement's environment
-(``placement.py``: its own devices, or its share of the CPU threads), with its own copy of the config naming its ``data_parallel_rank``; each watches its
-parent and exits when the front end dies (``parent_watch.py``). The front end binds the sockets; this only starts,
-waits for, watches and stops the processes.
+(``placement.py``: its own devices, or its share of the CPU threads), with its own copy of the config naming its
+``data_parallel_rank``; each watches its parent and exits when the front end dies (``parent_watch.py``). The front
+end binds the sockets; this only starts, waits for, watches and stops the processes.
 """
 
 from __future__ import annotations

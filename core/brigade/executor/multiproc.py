@@ -4,9 +4,10 @@ Workers start with ``fork`` or ``spawn`` (``BRIGADE_WORKER_MULTIPROC_METHOD``, d
 loads the general and platform plugins itself, so plugin code works in both (it must be re-entrant). With several
 ranks (``-tp`` above 1) the workers join a ``torch.distributed`` world at a rendezvous store this executor hosts
 on loopback (``distributed/rendezvous.py``, ``worker_proc``). Commands are a fixed enum, never method names,
-published once on a ``BroadcastChannel``; each worker answers on its own pipe, and a step's output comes from the driver rank alone. A step's result is read back
-lazily, so the EngineCore can overlap the next step's scheduling with this one. A worker answers its commands in
-order, so before any other command the answers of the steps still unread are read and kept for their ``get()``.
+published once on a ``BroadcastChannel``; each worker answers on its own pipe, and a step's output comes from the
+driver rank alone. A step's result is read back lazily, so the EngineCore can overlap the next step's scheduling
+with this one. A worker answers its commands in order, so before any other command the answers of the steps still
+unread are read and kept for their ``get()``.
 
 A worker that dies (killed, out of memory) or fails is noticed while the executor waits for any answer (its
 process sentinel is watched with the pipes): ``WorkerDiedError`` names the rank and the cause, the EngineCore
