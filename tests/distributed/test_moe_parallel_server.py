@@ -83,7 +83,12 @@ def test_metrics_count_the_tokens_routed_to_each_expert(qwen2_moe):
      "Qwen2Moe: 6 experts do not divide over the expert-parallel group of 4 ranks (-tp 4 with "
      "--enable-expert-parallel)"),
     (["--enable-lora"], "Qwen2Moe: LoRA on mixture-of-experts models is not supported"),
-    (["--enable-expert-parallel", "-dp", "2"], "--enable-expert-parallel with -dp 2 is not supported"),
+    # Experts spread over the DP x TP ranks: 6 experts over -dp 4 do not divide (-dp 2 is served).
+    (["--enable-expert-parallel", "-dp", "4"],
+     "Qwen2Moe: 6 experts do not divide over the expert-parallel group of 4 ranks (-dp 4 x -tp 1 with "
+     "--enable-expert-parallel)"),
+    (["--enable-expert-parallel", "-dp", "2", "--distributed-executor-backend", "ray"],
+     "--enable-expert-parallel with -dp 2 runs on the uni or mp executor"),
 ])
 def test_unsupported_moe_settings_are_refused_by_serves_checks(qwen2_moe, argv, needle):
     """``brigade serve``'s checks, in-process (the next test runs the command itself)."""

@@ -89,6 +89,22 @@ class GroupCoordinator:
         dist.all_gather(parts, tensor.contiguous(), group=self.device_group)
         return torch.cat(parts, dim=dim)
 
+    def reduce_scatter(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over the group and keep this rank's slice of dim 0 (the inverse of ``all_gather`` on dim
+        0): rank ``i`` gets rows ``[i * n, (i + 1) * n)`` of the sum, ``n = tensor.shape[0] // world_size``.
+
+        Args:
+            tensor: [world_size * n, ...], the same shape on every rank.
+        Returns:
+            [n, ...] in ``tensor``'s dtype.
+        """
+        if self.world_size == 1:
+            return tensor
+        out = torch.empty((tensor.shape[0] // self.world_size, *tensor.shape[1:]), dtype=tensor.dtype,
+                          device=tensor.device)
+        dist.reduce_scatter(out, list(tensor.contiguous().chunk(self.world_size)), group=self.device_group)
+        return out
+
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Overwrite ``tensor`` on every member with the group's ``src`` member's, in place; returns it. The
         receivers allocate it with the sender's shape and dtype."""

@@ -64,7 +64,8 @@ def get_parallel_state() -> ParallelState | None:
     return _STATE
 
 
-_SINGLE = {name: GroupCoordinator(name, [0], 0, 0, torch.device("cpu"), None, None) for name in ("tp", "pp", "ep")}
+_SINGLE = {name: GroupCoordinator(name, [0], 0, 0, torch.device("cpu"), None, None)
+           for name in ("tp", "pp", "dp", "ep")}
 
 
 def get_tp_group() -> GroupCoordinator:
@@ -96,9 +97,34 @@ def get_pp_group() -> GroupCoordinator:
     return _SINGLE["pp"] if _STATE is None else _STATE.pp
 
 
+def get_dp_group() -> GroupCoordinator:
+    """The data-parallel group of this process: the same shard of the same stage in every engine of a world
+    that spans engines (expert parallelism across DP); a one-rank group without a world, or inside one
+    engine's own world (its grid has one replica)."""
+    return _SINGLE["dp"] if _STATE is None else _STATE.dp
+
+
+def engine_world(parallel, engine_rank: int) -> tuple[RankGrid, int]:
+    """The grid a worker of one engine joins and its global rank in it.
+
+    Inside one engine (``data_parallel_lockstep`` off) the grid is that engine's ``1 x pp x tp`` and the global
+    rank is ``engine_rank``; when the engines step in lockstep it is the ``dp x pp x tp`` grid of every engine,
+    and engine ``d``'s rank ``r`` is global rank ``d * pp * tp + r`` (TP fastest, vLLM's layout).
+
+    Args:
+        parallel: the engine's ``ParallelConfig`` (its ``data_parallel_rank`` set by the front end).
+        engine_rank: the worker's rank among its engine's ``tp * pp`` workers.
+    """
+    pp, tp = parallel.pipeline_parallel_size, parallel.tensor_parallel_size
+    if not parallel.data_parallel_lockstep:
+        return RankGrid(dp=1, pp=pp, tp=tp), engine_rank
+    dp_rank = parallel.data_parallel_rank or 0
+    return RankGrid(dp=parallel.data_parallel_size, pp=pp, tp=tp), dp_rank * pp * tp + engine_rank
+
+
 def get_ep_group() -> GroupCoordinator:
-    """The expert-parallel group of this process (the DP x TP ranks of its stage; inside one engine, whose grid
-    has one replica, its TP ranks); a one-rank group without a world."""
+    """The expert-parallel group of this process (the DP x TP ranks of its stage: inside one engine, whose grid
+    has one replica, its TP ranks; across lockstep engines, every engine's); a one-rank group without a world."""
     return _SINGLE["ep"] if _STATE is None else _STATE.ep
 
 

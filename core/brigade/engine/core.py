@@ -141,6 +141,10 @@ class EngineCore:
             # they are known (vLLM v1 also ran speculation without async scheduling at first).
             logger.info("speculative decoding: overlapped (async) scheduling is off; steps run one at a time")
             self.overlap = False
+        if self.overlap and config.parallel_config.data_parallel_lockstep:
+            # Each loop turn of a lockstep engine is exactly one forward pass, agreed with the other engines.
+            logger.info("expert parallelism across -dp engines: overlapped (async) scheduling is off")
+            self.overlap = False
         # The step launched last, when overlapping: its plan and the handle of its output still on the device.
         self._in_flight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
         # Under pipeline parallelism, up to one step per stage in flight, oldest first (vLLM v1's batch queue).
@@ -238,6 +242,11 @@ class EngineCore:
         runner_output = self.executor.execute_model(scheduler_output)
         self._maybe_wait_for_grammars(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def execute_dummy_batch(self) -> None:
+        """Run one forward pass of a dummy token on the workers, nothing scheduled: a lockstep data-parallel
+        engine with no request runs it while another engine steps (``engine/dp_lockstep.py``)."""
+        self.executor.execute_dummy_batch()
 
     def _step_with_batch_queue(self) -> EngineCoreOutputs:
         """Pipeline parallelism: launch a new batch while fewer than ``pp`` are in flight, else finish the oldest

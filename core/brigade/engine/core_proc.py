@@ -22,6 +22,7 @@ import zmq
 from brigade import envs
 from brigade.config import BrigadeConfig
 from brigade.engine.core import EngineCore
+from brigade.engine.dp_lockstep import DPLockstep
 from brigade.interfaces import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, EngineCoreUtility
 from brigade.lora.adapter import LoRAError
 from brigade.parent_watch import watch_parent
@@ -86,6 +87,9 @@ class EngineCoreProc:
 
     def __init__(self, core: EngineCore, input_address: str, output_address: str, engine_index: int = 0):
         self.core = core
+        parallel = core.config.parallel_config
+        # Experts spread over every engine: each loop turn is agreed with the others (dp_lockstep.py).
+        self.lockstep = DPLockstep(parallel) if parallel.data_parallel_lockstep else None
         self.engine_index = engine_index
         self.num_requests_received = 0
         self.parent_pid = os.getppid()
@@ -159,14 +163,48 @@ class EngineCoreProc:
             except queue.Empty:
                 return
 
+    def _take_inputs(self, wait_s: float) -> None:
+        """Handle what the input queue holds, waiting up to ``wait_s`` for a first message (0: not at all)."""
+        if wait_s > 0:
+            try:
+                self._handle(*self.inputs.get(timeout=wait_s))
+            except queue.Empty:
+                if os.getppid() != self.parent_pid:
+                    raise SystemExit("the front-end process is gone") from None
+        while True:
+            try:
+                self._handle(*self.inputs.get_nowait())
+            except queue.Empty:
+                return
+
+    def _step_and_publish(self) -> None:
+        outputs = self.core.step()
+        if outputs.outputs or outputs.scheduler_stats is not None:
+            self._publish(outputs)
+
+    def _run_lockstep(self) -> None:
+        """The loop of a lockstep engine: each turn, agree with the other engines whether any has work; if so
+        step (or, with nothing of its own, run a dummy batch), else wait briefly for a request."""
+        lockstep = self.lockstep
+        while True:
+            self._take_inputs(lockstep.input_wait_s(self.core.has_unfinished_requests()))
+            busy = self.core.has_unfinished_requests()
+            if not lockstep.any_busy(busy):
+                continue
+            if busy:
+                self._step_and_publish()
+            else:
+                self.core.execute_dummy_batch()
+                lockstep.num_dummy_batches += 1
+
     def run(self) -> None:
         """The busy loop: take inputs, step, publish outputs, until the parent goes away."""
         try:
+            if self.lockstep is not None:
+                self._run_lockstep()
             while True:
                 self._drain_inputs()
-                outputs = self.core.step()
-                if outputs.outputs or outputs.scheduler_stats is not None:
-                    self._publish(outputs)
+                self._step_and_publish()
         except SystemExit:
             raise
         except BaseException as exc:

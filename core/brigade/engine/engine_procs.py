@@ -4,7 +4,9 @@ Each is started with its platform's ``engine_start_method`` (spawn; fork on the 
 with the front end's imports; spawn whenever the engine runs Ray), in its placement's environment
 (``placement.py``: its own devices, or its share of the CPU threads), with its own copy of the config naming its
 ``data_parallel_rank``; each watches its parent and exits when the front end dies (``parent_watch.py``). The front
-end binds the sockets; this only starts, waits for, watches and stops the processes.
+end binds the sockets; this only starts, waits for, watches and stops the processes, and, when the engines step in
+lockstep (experts across -dp: ``dp_lockstep.py``), hosts the rendezvous store where every engine's workers join
+one DP x PP x TP world (``ParallelConfig.data_parallel_store``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from multiprocessing.connection import wait
 
 from brigade import envs
 from brigade.config import BrigadeConfig
+from brigade.distributed import RendezvousStore
 from brigade.engine.core_proc import run_engine_core
 from brigade.engine.placement import engine_environment, plan_placements
 
@@ -49,6 +52,9 @@ class EngineProcs:
         self.num_engines = parallel.data_parallel_size
         placements = plan_placements(config, current_platform())
         self.procs: list[multiprocessing.process.BaseProcess] = []
+        # Lockstep engines (experts across -dp): their workers join one world, and the engines one group, at a
+        # store this front end hosts for as long as they run.
+        self.store = RendezvousStore("127.0.0.1") if parallel.data_parallel_lockstep else None
         try:
             pipes = self._start(config, placements, input_addresses, output_address)
             logger.info("dp=%d tp=%d pp=%d: %s", self.num_engines, parallel.tensor_parallel_size,
@@ -74,7 +80,8 @@ class EngineProcs:
         pipes = []
         for placement, input_address in zip(placements, input_addresses):
             engine_config = dataclasses.replace(config, parallel_config=dataclasses.replace(
-                config.parallel_config, data_parallel_rank=placement.index))
+                config.parallel_config, data_parallel_rank=placement.index,
+                data_parallel_store=self.store.address if self.store is not None else None))
             parent_conn, child_conn = mp.Pipe(duplex=False)
             proc = mp.Process(target=run_engine_core, name=f"BrigadeEngineCore-{placement.index}", daemon=True,
                               args=(engine_config, input_address, output_address, child_conn, method == "fork"))
@@ -136,3 +143,5 @@ class EngineProcs:
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout)
+        if self.store is not None:
+            self.store.close()

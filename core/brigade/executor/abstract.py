@@ -68,6 +68,12 @@ class Executor(ABC):
         once the device is done (the call itself returns as soon as the work is queued).
         """
 
+    def execute_dummy_batch(self) -> None:
+        """Run one forward pass of a dummy token on every worker, with no KV write that matters and no output:
+        what a data-parallel engine with nothing scheduled runs while the others step, so that their MoE layers'
+        collectives over every engine do not wait for it (vLLM's ``execute_dummy_batch``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run dummy batches")
+
     def kv_cache_layout(self):
         """The workers' ``brigade.kv_transfer.KVCacheLayout`` (the driver's), for the scheduler-role KV connector."""
         raise NotImplementedError(f"{type(self).__name__} cannot describe its KV cache layout")

@@ -110,7 +110,9 @@ class MultiprocExecutor(Executor):
         self.world_size = parallel.world_size
         self.driver_rank = self.world_size - parallel.tensor_parallel_size  # the last stage's first TP rank
         self.channel = BroadcastChannel()
-        self.store = RendezvousStore("127.0.0.1") if self.world_size > 1 else None
+        # Lockstep data-parallel engines' workers meet at the front end's store (ParallelConfig.data_parallel_store).
+        self.store = RendezvousStore("127.0.0.1") if self.world_size > 1 and not parallel.data_parallel_lockstep \
+            else None
         self.conns, self.procs = [], []
         self._outstanding: collections.deque[PendingReplies] = collections.deque()  # steps not read yet, in order
         # The server's EngineCore is itself a daemonic process, and multiprocessing refuses children to those (so
@@ -223,9 +225,10 @@ class MultiprocExecutor(Executor):
         self._call(WorkerCommand.INITIALIZE_KV_CACHE, num_blocks)
         if self.world_size > 1:
             parallel = self.config.parallel_config
-            logger.info("grid dp 1 x pp %d x tp %d, %d ranks, driver rank %d; each rank's KV cache holds %d blocks "
-                        "of its own KV heads", parallel.pipeline_parallel_size, parallel.tensor_parallel_size,
-                        self.world_size, self.driver_rank, num_blocks)
+            dp = parallel.data_parallel_size if parallel.data_parallel_lockstep else 1
+            logger.info("grid dp %d x pp %d x tp %d, %d ranks in this engine, driver rank %d; each rank's KV cache "
+                        "holds %d blocks of its own KV heads", dp, parallel.pipeline_parallel_size,
+                        parallel.tensor_parallel_size, self.world_size, self.driver_rank, num_blocks)
             for info in self.worker_info:
                 experts = f" ({info.expert_param_bytes / 2**20:.1f} MiB of experts)" if info.expert_param_bytes else ""
                 logger.info("  %s, pid %d, %.1f MiB of parameters%s", info.place, info.pid, info.param_bytes / 2**20,
@@ -250,6 +253,9 @@ class MultiprocExecutor(Executor):
         pending = PendingReplies(self)
         self._outstanding.append(pending)
         return pending if overlap else pending.get()
+
+    def execute_dummy_batch(self) -> None:
+        self._call(WorkerCommand.EXECUTE_DUMMY_BATCH)
 
     def shutdown(self) -> None:
         """Ask every worker to stop, wait for them (10 s), kill those left; idempotent."""

@@ -1,9 +1,11 @@
-"""UniProcExecutor: one worker inside the EngineCore process."""
+"""UniProcExecutor: one worker inside the EngineCore process (one rank of the world of every engine's workers when
+data-parallel engines step in lockstep: ``worker_proc.join_world``)."""
 
 from __future__ import annotations
 
 from brigade.config import BrigadeConfig
 from brigade.executor.abstract import Executor
+from brigade.executor.worker_proc import join_world, make_device_communicators
 from brigade.interfaces import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
 from brigade.utils import resolve_obj_by_qualname
 
@@ -15,8 +17,15 @@ class UniProcExecutor(Executor):
         super().__init__(config, hf_config)
         worker_cls = resolve_obj_by_qualname(config.parallel_config.worker_cls)
         self.worker = worker_cls(config, local_rank=0, rank=0)
-        self.worker.init_device(hf_config)
-        self.worker.load_model()
+        # Alone in its engine, but with lockstep data-parallel engines one rank of their world (engine_world).
+        self.state = join_world(config, self.worker, 0, "")
+        try:
+            self.worker.init_device(hf_config)
+            make_device_communicators(self.state, self.worker.device)
+            self.worker.load_model()
+        except BaseException:
+            self._leave_world()
+            raise
 
     def determine_num_kv_blocks(self) -> int:
         return self.worker.determine_num_kv_blocks()
@@ -37,5 +46,16 @@ class UniProcExecutor(Executor):
                       overlap: bool = False) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         return self.worker.execute_model(scheduler_output, overlap=overlap)
 
+    def execute_dummy_batch(self) -> None:
+        self.worker.execute_dummy_batch()
+
     def shutdown(self) -> None:
-        self.worker.shutdown()
+        try:
+            self.worker.shutdown()
+        finally:
+            self._leave_world()
+
+    def _leave_world(self) -> None:
+        if self.state is not None:
+            self.state.destroy()
+            self.state = None

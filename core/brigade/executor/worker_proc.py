@@ -35,6 +35,7 @@ class WorkerCommand(enum.IntEnum):
     ADD_LORA = 5  # (LoRARequest) -> bool, or the LoRAError it raised
     REMOVE_LORA = 6  # (lora_int_id) -> bool
     KV_CACHE_LAYOUT = 7  # -> KVCacheLayout
+    EXECUTE_DUMMY_BATCH = 8  # -> None: a forward pass of one dummy token (lockstep data-parallel engines)
 
 
 @dataclass(slots=True)
@@ -107,7 +108,6 @@ def run_worker(config: BrigadeConfig, hf_config, spec: WorkerSpec, conn) -> None
 
 def _start_worker(config: BrigadeConfig, hf_config, spec: WorkerSpec):
     """Bind the device, join the world (several workers), load the model; returns (worker, state, info)."""
-    from brigade.distributed import RankGrid, init_parallel_state
     from brigade.plugins import current_platform, plugin_records
     from brigade.utils import resolve_obj_by_qualname
 
@@ -115,23 +115,9 @@ def _start_worker(config: BrigadeConfig, hf_config, spec: WorkerSpec):
     local_rank = spec.rank if spec.local_rank is None else spec.local_rank
     worker = resolve_obj_by_qualname(config.parallel_config.worker_cls)(config, local_rank=local_rank,
                                                                         rank=spec.rank)
-    state = None
-    if spec.world_size > 1:
-        parallel = config.parallel_config
-        if worker.device.type == "cpu":  # ranks share the cores: without this each spawns a thread per core
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
-        if parallel.pipeline_parallel_size > 1:  # a stage's step waits on its neighbours: no graphs around it
-            config.model_config.enforce_eager = True
-        grid = RankGrid(dp=1, pp=parallel.pipeline_parallel_size, tp=parallel.tensor_parallel_size)
-        # Device communicators are made lazily, at the first collective, on the device bound by init_device.
-        state = init_parallel_state(grid, spec.rank, local_rank=local_rank, device=worker.device,
-                                    backend=platform.dist_backend, store_address=spec.store,
-                                    timeout_s=envs.BRIGADE_DISTRIBUTED_TIMEOUT)
+    state = join_world(config, worker, spec.rank, spec.store)
     worker.init_device(hf_config)  # the runner sizes its KV cache for its stage and heads
-    if state is not None:
-        # Make every device communicator now: CUDA graphs capture the collectives of a communicator that exists.
-        for group in (state.world, state.tp, state.pp, state.ep):
-            group.all_reduce(torch.zeros(1, device=worker.device))
+    make_device_communicators(state, worker.device)
     worker.load_model()
     model = worker.model_runner.model
     info = WorkerInfo(pid=os.getpid(), rank=spec.rank, start_method=spec.start_method, platform=platform.name,
@@ -144,6 +130,46 @@ def _start_worker(config: BrigadeConfig, hf_config, spec: WorkerSpec):
     return worker, state, info
 
 
+def join_world(config: BrigadeConfig, worker, engine_rank: int, store: str):
+    """Join the ``torch.distributed`` world of this worker's grid (``engine_world``): one engine's ``tp x pp``
+    ranks at its executor's ``store``, or, when data-parallel engines step in lockstep, every engine's at the
+    front end's store (``ParallelConfig.data_parallel_store``). Returns the rank's ``ParallelState``, or None
+    for a world of one rank. Call it after the worker picked its device and before ``init_device``.
+
+    Raises:
+        RuntimeError: the rendezvous or a group creation failed (from ``torch.distributed``).
+    """
+    from brigade.distributed import engine_world, init_parallel_state
+    from brigade.plugins import current_platform
+
+    parallel = config.parallel_config
+    grid, rank = engine_world(parallel, engine_rank)
+    if grid.world_size == 1:
+        return None
+    if worker.device.type == "cpu" and not parallel.data_parallel_lockstep:
+        # ranks share the cores: without this each spawns a thread per core (lockstep engines' placements already
+        # set each engine's share in OMP_NUM_THREADS)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // grid.world_size))
+    elif worker.device.type == "cpu" and parallel.world_size > 1:
+        torch.set_num_threads(max(1, torch.get_num_threads() // parallel.world_size))
+    if parallel.pipeline_parallel_size > 1 or parallel.data_parallel_lockstep:
+        # A stage's step waits on its neighbours; a lockstep step's MoE padding is agreed on the host each step.
+        config.model_config.enforce_eager = True
+    # Device communicators are made lazily, at the first collective, on the device bound by init_device.
+    return init_parallel_state(grid, rank, local_rank=worker.local_rank, device=worker.device,
+                               backend=current_platform().dist_backend,
+                               store_address=parallel.data_parallel_store or store,
+                               timeout_s=envs.BRIGADE_DISTRIBUTED_TIMEOUT)
+
+
+def make_device_communicators(state, device: torch.device) -> None:
+    """Make every device communicator now (a no-op without a world): CUDA graphs capture the collectives of a
+    communicator that exists, and lockstep engines' first step does not pay for it."""
+    if state is not None:
+        for group in (state.world, state.tp, state.pp, state.dp, state.ep):
+            group.all_reduce(torch.zeros(1, device=device))
+
+
 def _serve(worker, state, info: WorkerInfo, spec: WorkerSpec, commands, conn) -> None:
     """Answer commands in order until SHUTDOWN (or the executor's pipe closes)."""
     handlers = {
@@ -154,6 +180,7 @@ def _serve(worker, state, info: WorkerInfo, spec: WorkerSpec, commands, conn) ->
         WorkerCommand.ADD_LORA: lambda request: _add_lora(worker, request),
         WorkerCommand.REMOVE_LORA: worker.remove_lora,
         WorkerCommand.KV_CACHE_LAYOUT: lambda _: worker.kv_cache_layout(),
+        WorkerCommand.EXECUTE_DUMMY_BATCH: lambda _: worker.execute_dummy_batch(),
     }
     is_driver = spec.rank == spec.driver_rank
     while True:

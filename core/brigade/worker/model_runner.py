@@ -147,6 +147,21 @@ class ModelRunner:
     def _dummy_steps(self) -> DummySteps:
         return DummySteps(self.model, self.kv_cache, self.hf_config.vocab_size, self.device, self.lora_manager)
 
+    @torch.inference_mode()
+    def execute_dummy_batch(self) -> None:
+        """One forward pass of a single random token on a throwaway one-block KV cache (``DummySteps.run``): no
+        KV write that matters, no sample, no expert count. A lockstep data-parallel engine with nothing to
+        compute runs it so that the other engines' MoE collectives find this rank (vLLM's ``_dummy_run``)."""
+        if self.expert_counts is not None:
+            self.expert_counts.load.begin_step(0)
+        self._dummy_steps().run([(1, 0)], [1], torch.Generator().manual_seed(0))
+
+    def _maybe_dummy_forward(self) -> None:
+        """A step with nothing to compute still runs a forward pass when data-parallel engines step in lockstep:
+        the engine loop sent it because another engine computes (``execute_dummy_batch``)."""
+        if self.config.parallel_config.data_parallel_lockstep:
+            self.execute_dummy_batch()
+
     def shutdown(self) -> None:
         """Shut the worker-role KV connector down (its threads, sockets, registered memory); idempotent."""
         if self.kv_connector is not None:
@@ -169,12 +184,14 @@ class ModelRunner:
         self.in_flight.apply_resolved(self.requests)
         self.requests.update(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
+            self._maybe_dummy_forward()
             return ModelRunnerOutput.make_empty()
         connector_meta = scheduler_output.kv_connector_metadata if self.kv_connector is not None else None
         num_scheduled, failed = self._runnable_tokens(scheduler_output, connector_meta)
         output = ModelRunnerOutput(req_ids=[], sampled_token_ids=[],
                                    failures={rid: RequestFailure(why, ran=False) for rid, why in failed.items()})
         if not num_scheduled:
+            self._maybe_dummy_forward()
             return self._finish(ReadyOutput(output), overlap)
         batch = self.requests.batch(num_scheduled, scheduler_output.scheduled_spec_decode_tokens)
         plan = self.graphs.plan(batch, lora=self.lora_manager is not None)

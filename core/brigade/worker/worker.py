@@ -130,6 +130,10 @@ class Worker:
                       overlap: bool = False) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output, overlap=overlap)
 
+    def execute_dummy_batch(self) -> None:
+        """One forward pass of a dummy token (``ModelRunner.execute_dummy_batch``)."""
+        self.model_runner.execute_dummy_batch()
+
     def shutdown(self) -> None:
         """Release what the runner holds outside its tensors (the worker-role KV connector's threads and sockets)."""
         self.model_runner.shutdown()

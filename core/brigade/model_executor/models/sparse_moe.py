@@ -18,12 +18,13 @@ import torch
 from torch import nn
 
 from brigade.config import ConfigError
-from brigade.distributed import get_ep_group, get_tp_group
+from brigade.distributed import get_dp_group, get_ep_group, get_tp_group
 from brigade.model_executor.layers.expert_load import ExpertLoad
 from brigade.model_executor.layers.fused_moe import DOWN, GATE, UP, FusedMoE
 from brigade.model_executor.layers.layernorm import RMSNorm
 from brigade.model_executor.layers.linear import Linear
 from brigade.model_executor.layers.linear_method import QuantizationConfig, UnquantizedLinearMethod
+from brigade.model_executor.layers.moe_dispatch import ExpertDispatch, agree_num_tokens, dp_step
 from brigade.model_executor.layers.moe_router import select_experts
 from brigade.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 
@@ -44,7 +45,9 @@ class SparseMoeBlock(nn.Module):
     Under ``-tp N`` the experts are sliced on their intermediate dimension, or, with ``--enable-expert-parallel``,
     spread whole over the expert-parallel group (``FusedMoE``). Either way every rank computes a partial sum of
     the block's output for all tokens (the shared expert's partial scaled by the replicated sigmoid gate, which
-    distributes over the sum), and one all-reduce per layer adds them.
+    distributes over the sum), and one all-reduce per layer over the TP group adds them. When the EP group spans
+    data-parallel engines (``-dp`` above 1), the experts' partial first goes through ``ExpertDispatch``: every
+    DP rank's tokens are gathered, run through this rank's experts, and summed back over the DP ranks.
 
     Raises:
         ConfigError: a quantization config with no method for the experts (``get_moe_method`` returns None).
@@ -64,13 +67,15 @@ class SparseMoeBlock(nn.Module):
                 raise ConfigError(f"quantization {quant_config.name} has no method for mixture-of-experts layers "
                                   f"({prefix}.experts would stay in the model dtype); serve this model without "
                                   "--quantization, or with --quantization fp8")
+        self.group = get_tp_group()  # the final all-reduce: the TP ranks of this DP rank
+        self.dispatch: ExpertDispatch | None = None  # experts spread over DP engines: their tokens come and go
         if expert_parallel:
-            self.group = get_ep_group()
+            ep = get_ep_group()
             self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, dtype=dtype,
-                                    ep_rank=self.group.rank_in_group, ep_size=self.group.world_size,
-                                    quant_method=moe_method)
+                                    ep_rank=ep.rank_in_group, ep_size=ep.world_size, quant_method=moe_method)
+            if get_dp_group().world_size > 1:
+                self.dispatch = ExpertDispatch(get_dp_group())
         else:
-            self.group = get_tp_group()
             self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, dtype=dtype,
                                     tp_rank=self.group.rank_in_group, tp_size=self.group.world_size,
                                     quant_method=moe_method)
@@ -87,7 +92,10 @@ class SparseMoeBlock(nn.Module):
         if self.expert_load is not None:
             load, row = self.expert_load
             load.record(row, topk_ids)
-        out = self.experts(x, topk_weights, topk_ids)  # this rank's experts' share
+        if self.dispatch is None:
+            out = self.experts(x, topk_weights, topk_ids)  # this rank's experts' share
+        else:  # every DP rank's tokens through this rank's experts, and this DP rank's rows back, summed
+            out = self.dispatch(self.experts, x, topk_weights, topk_ids)
         if self.shared_expert is not None:
             shared = self.shared_expert
             shared_out = shared.down_proj.forward_partial(shared.act_fn(shared.gate_up_proj(x)))
@@ -166,11 +174,21 @@ class MoEForCausalLM(LlamaForCausalLM):
         layer_cls = type(self).decoder_layer_cls
         object.__setattr__(self, "decoder_layer_cls", partial(layer_cls, expert_parallel=expert_parallel))
         super().__init__(hf_config, **kwargs)
+        self.expert_parallel = expert_parallel
         blocks = [(i, layer.mlp) for i, layer in enumerate(self.model.layers)
                   if isinstance(getattr(layer, "mlp", None), SparseMoeBlock)]
         self.expert_load = ExpertLoad([i for i, _ in blocks], moe_spec(hf_config)["num_experts"])
         for row, (_, block) in enumerate(blocks):
             block.expert_load = (self.expert_load, row)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Any, intermediate: Any = None) -> Any:
+        """``LlamaForCausalLM.forward``; when experts spread over data-parallel engines, inside ``dp_step`` with the
+        step's size agreed over the DP ranks (every rank's forward pass, real or dummy, calls it together)."""
+        dp = get_dp_group()
+        if dp.world_size == 1 or not self.expert_parallel:
+            return super().forward(input_ids, positions, ctx, intermediate)
+        with dp_step(agree_num_tokens(dp, input_ids.shape[0])):
+            return super().forward(input_ids, positions, ctx, intermediate)
 
     def checkpoint_name(self, hf_name: str) -> tuple[str, Any]:
         match = _EXPERT.search(hf_name)
@@ -217,11 +235,13 @@ def check_moe_config(hf_config: Any, config: Any) -> None:
         raise ConfigError(f"{arch}: num_experts_per_tok {top_k} must be between 1 and the number of experts "
                           f"({num_experts})")
     parallel = config.parallel_config
-    ep_size = parallel.tensor_parallel_size  # the EP group: one engine's TP ranks (ParallelConfig refuses -dp)
+    tp, dp = parallel.tensor_parallel_size, parallel.data_parallel_size
+    ep_size = tp * dp  # the EP group: the DP x TP ranks of a stage
     if parallel.enable_expert_parallel and num_experts % ep_size:
+        sizes = f"-tp {tp}" if dp == 1 else f"-dp {dp} x -tp {tp}"
         raise ConfigError(f"{arch}: {num_experts} experts do not divide over the expert-parallel group of "
-                          f"{ep_size} ranks (-tp {ep_size} with --enable-expert-parallel); choose a -tp that divides "
-                          f"{num_experts}, or drop --enable-expert-parallel to slice every expert instead")
+                          f"{ep_size} ranks ({sizes} with --enable-expert-parallel); choose sizes whose product "
+                          f"divides {num_experts}, or drop --enable-expert-parallel to slice every expert instead")
     inter = spec["intermediate_size"]
     if not parallel.enable_expert_parallel and inter % parallel.tensor_parallel_size:
         raise ConfigError(f"{arch}: the experts' intermediate size {inter} does not divide over -tp "

@@ -1,0 +1,63 @@
+"""Experts spread over data-parallel engines: ``LLM(..., data_parallel_size=2, enable_expert_parallel=True)`` on a
+tiny random-weight Qwen3-MoE (8 experts, top-3). Two EngineCore processes, each one rank of one gloo world, hold 4
+experts each; every MoE layer gathers both engines' tokens and scatters the sums back. Greedy tokens equal
+transformers' (fp32) with both engines busy (unequal batches, so the dispatch pads), and with one engine idle while
+the other runs (the idle one must run dummy forward passes, or the busy one's collectives would stall until the
+distributed timeout); every KV block is back in both pools; a killed engine fails ``generate`` instead of hanging."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from moe_checkpoints import greedy_reference, moe_config, save_moe_checkpoint
+from parallel_check import MAX_TOKENS, PROMPTS
+
+from brigade import LLM, SamplingParams
+from brigade.engine.core_client import EngineDeadError
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_two_engines_share_the_experts_and_match_transformers(tmp_path, monkeypatch):
+    # A collective that stalls (an engine that skipped its dummy step) fails the test in 60 s, not 600.
+    monkeypatch.setenv("BRIGADE_DISTRIBUTED_TIMEOUT", "60")
+    model = save_moe_checkpoint(moe_config("qwen3-moe", vocab_size=256, max_position_embeddings=128), tmp_path)
+    refs = greedy_reference(model, PROMPTS, MAX_TOKENS)
+    llm = LLM(str(tmp_path), data_parallel_size=2, enable_expert_parallel=True, dtype="float32", max_model_len=32,
+              skip_tokenizer_init=True, block_size=8, num_gpu_blocks_override=12, max_num_batched_tokens=8)
+    client = llm.engine.core
+    pids = [proc.pid for proc in client.engines.procs]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+    def generate(prompts):
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    try:
+        assert generate(PROMPTS) == refs  # both engines busy, with unequal batches (chunked prefill: 8 tokens)
+        assert sorted(client.balancer.num_received) == [1, 2]
+        assert generate(PROMPTS[2:]) == refs[2:]  # one engine computes, the other runs dummy batches
+        assert generate(PROMPTS[:1]) == refs[:1]  # again, after both went idle together
+        assert sorted(client.balancer.num_received) == [2, 3]
+        assert llm.get_kv_cache_stats() == {"num_free_blocks": 22, "num_total_blocks": 22}  # two pools of 11
+        # Engine 1 killed mid-generation: generate fails (engine 0 sees its peer gone), nothing hangs.
+        killer = threading.Timer(1.0, os.kill, (pids[1], signal.SIGKILL))
+        killer.start()
+        longer = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+        started = time.monotonic()
+        with pytest.raises(EngineDeadError, match=r"DP engine \d"):
+            while time.monotonic() - started < 30:  # generate until the kill lands
+                llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:2] * 2], longer, use_tqdm=False)
+        killer.join()
+        assert time.monotonic() - started < 30
+    finally:
+        llm.shutdown()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in pids):
+        assert time.monotonic() < deadline, "an engine process outlived shutdown()"
+        time.sleep(0.1)
