@@ -3,7 +3,8 @@ tiny random-weight Qwen3-MoE (8 experts, top-3). Two EngineCore processes, each 
 experts each; every MoE layer gathers both engines' tokens and scatters the sums back. Greedy tokens equal
 transformers' (fp32) with both engines busy (unequal batches, so the dispatch pads), and with one engine idle while
 the other runs (the idle one must run dummy forward passes, or the busy one's collectives would stall until the
-distributed timeout); every KV block is back in both pools; a killed engine fails ``generate`` instead of hanging."""
+distributed timeout); every KV block is back in both pools; a killed engine fails ``generate`` instead of hanging.
+With ``-tp 2`` as well (four mp workers in one world, Mixtral's 4 experts one per rank), the same tokens."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from brigade.engine.core_client import EngineDeadError
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def test_two_engines_share_the_experts_and_match_transformers(tmp_path, monkeypatch):
+def test_two_engines_share_the_experts_and_match_transformers(tmp_path, monkeypatch, capfd):
     # A collective that stalls (an engine that skipped its dummy step) fails the test in 60 s, not 600.
     monkeypatch.setenv("BRIGADE_DISTRIBUTED_TIMEOUT", "60")
     model = save_moe_checkpoint(moe_config("qwen3-moe", vocab_size=256, max_position_embeddings=128), tmp_path)
@@ -32,6 +33,10 @@ def test_two_engines_share_the_experts_and_match_transformers(tmp_path, monkeypa
               skip_tokenizer_init=True, block_size=8, num_gpu_blocks_override=12, max_num_batched_tokens=8)
     client = llm.engine.core
     pids = [proc.pid for proc in client.engines.procs]
+    log = capfd.readouterr().err
+    for rank in (0, 1):  # one world of both engines; each holds half of the 288 KiB of experts
+        assert f"rank {rank}/2 (local rank 0, device cpu): dp {rank}/2, pp 0/1, tp 0/1, ep {rank}/2, 144.0 KiB of " \
+               "experts" in log, log
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
     def generate(prompts):
@@ -61,3 +66,25 @@ def test_two_engines_share_the_experts_and_match_transformers(tmp_path, monkeypa
     while any(Path(f"/proc/{pid}").exists() for pid in pids):
         assert time.monotonic() < deadline, "an engine process outlived shutdown()"
         time.sleep(0.1)
+
+
+def test_two_engines_of_two_tensor_parallel_ranks_each_hold_one_expert_per_rank(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("BRIGADE_DISTRIBUTED_TIMEOUT", "60")
+    monkeypatch.setenv("BRIGADE_WORKER_MULTIPROC_METHOD", "fork")  # the engines are fresh processes, not pytest
+    model = save_moe_checkpoint(moe_config("mixtral", vocab_size=256, max_position_embeddings=128), tmp_path)
+    refs = greedy_reference(model, PROMPTS, MAX_TOKENS)
+    llm = LLM(str(tmp_path), data_parallel_size=2, tensor_parallel_size=2, enable_expert_parallel=True,
+              dtype="float32", max_model_len=32, skip_tokenizer_init=True, block_size=8, num_gpu_blocks_override=12,
+              max_num_batched_tokens=8)
+    log = capfd.readouterr().err
+    for rank in range(4):  # the EP group is all four ranks: dp-major, tp fastest
+        assert f"rank {rank}/4 (local rank {rank % 2}, device cpu): dp {rank // 2}/2, pp 0/1, tp {rank % 2}/2, " \
+               f"ep {rank}/4, pid" in log, log
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    try:
+        for prompts, expected in ((PROMPTS, refs), (PROMPTS[1:2], refs[1:2])):  # both engines busy; one idle
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+            assert [list(o.outputs[0].token_ids) for o in outs] == expected
+        assert llm.get_kv_cache_stats() == {"num_free_blocks": 22, "num_total_blocks": 22}
+    finally:
+        llm.shutdown()

@@ -44,9 +44,11 @@ class ParallelState:
     def describe(self) -> str:
         """One log line: the rank, its device and its place in each dimension."""
         w = self.world
+        # The EP group is the TP group inside one engine; across engines (lockstep DP) it is named too.
+        ep = f", ep {self.ep.rank_in_group}/{self.ep.world_size}" if self.grid.dp > 1 else ""
         return (f"rank {w.rank}/{w.world_size} (local rank {w.local_rank}, device {w.device}): "
                 f"dp {self.dp.rank_in_group}/{self.grid.dp}, pp {self.pp.rank_in_group}/{self.grid.pp}, "
-                f"tp {self.tp.rank_in_group}/{self.grid.tp}")
+                f"tp {self.tp.rank_in_group}/{self.grid.tp}{ep}")
 
     def destroy(self) -> None:
         """Destroy every group (device groups before CPU groups), then the world's process group."""

@@ -3,11 +3,15 @@ data-parallel engines step in lockstep: ``worker_proc.join_world``)."""
 
 from __future__ import annotations
 
+import logging
+
 from brigade.config import BrigadeConfig
 from brigade.executor.abstract import Executor
 from brigade.executor.worker_proc import join_world, make_device_communicators
 from brigade.interfaces import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
 from brigade.utils import resolve_obj_by_qualname
+
+logger = logging.getLogger(__name__)
 
 
 class UniProcExecutor(Executor):
@@ -23,6 +27,10 @@ class UniProcExecutor(Executor):
             self.worker.init_device(hf_config)
             make_device_communicators(self.state, self.worker.device)
             self.worker.load_model()
+            if self.state is not None:
+                logger.info("%s, %.1f KiB of experts", self.state.describe(), sum(
+                    p.numel() * p.element_size() for name, p in self.worker.model_runner.model.named_parameters()
+                    if ".experts." in name) / 1024)
         except BaseException:
             self._leave_world()
             raise
