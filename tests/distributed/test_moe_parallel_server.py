@@ -1,7 +1,7 @@
 """Expert load in /metrics, and the start-up refusals of MoE settings Brigade cannot run.
 
-A real ``brigade serve -tp 2 --enable-expert-parallel`` (mp executor, gloo) on a tiny random-weight Qwen2-MoE
-answers one greedy request of the ``openai`` client with transformers' tokens; ``brigade:moe_expert_tokens_total``
+A real ``brigade serve -tp 2 --enable-expert-parallel`` (mp executor, gloo), and ``-dp 2 --enable-expert-parallel``
+(two lockstep engines sharing the experts), on a tiny random-weight Qwen2-MoE each answer one greedy request of the ``openai`` client with transformers' tokens; ``brigade:moe_expert_tokens_total``
 then holds, per layer and expert, exactly the assignments transformers' own routers make on the tokens that went
 through the model (the prompt and every output token but the last), which sum to tokens x top_k per layer. Bad
 settings are one line on stderr and exit status 2."""
@@ -56,9 +56,12 @@ def _expert_series(metrics: str) -> dict[int, dict[int, float]]:
     return series
 
 
-def test_metrics_count_the_tokens_routed_to_each_expert(qwen2_moe):
+@pytest.mark.parametrize("layout", [["-tp", "2"], ["-dp", "2"]], ids=["tp2", "dp2"])
+def test_metrics_count_the_tokens_routed_to_each_expert(qwen2_moe, layout):
+    """Under ``-dp 2`` the request runs on one engine while the other runs dummy batches, whose tokens count
+    nowhere; each engine counts its own tokens before the dispatch, so the sum is transformers' routing too."""
     path, config, tokens, counts = qwen2_moe
-    srv = RemoteServer(path, ["--dtype", "float32", "-tp", "2", "--enable-expert-parallel", "--max-model-len", "32",
+    srv = RemoteServer(path, ["--dtype", "float32", *layout, "--enable-expert-parallel", "--max-model-len", "32",
                               "--block-size", "8", "--num-gpu-blocks-override", "9", "--served-model-name", "tiny-moe",
                               "--disable-log-requests"],
                        env={"BRIGADE_WORKER_MULTIPROC_METHOD": "fork"})  # forked from the engine: no re-import
