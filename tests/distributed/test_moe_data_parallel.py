@@ -4,7 +4,8 @@ experts each; every MoE layer gathers both engines' tokens and scatters the sums
 transformers' (fp32) with both engines busy (unequal batches, so the dispatch pads), and with one engine idle while
 the other runs (the idle one must run dummy forward passes, or the busy one's collectives would stall until the
 distributed timeout); every KV block is back in both pools; a killed engine fails ``generate`` instead of hanging.
-With ``-tp 2`` as well (four mp workers in one world, Mixtral's 4 experts one per rank), the same tokens."""
+With ``-tp 2`` as well (four mp workers in one world, Mixtral's 4 experts one per rank), the same tokens. On two
+GPUs (NCCL device groups, brigade-cuda's fused MoE kernel, eager), the same checks where CUDA shows two devices."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from moe_checkpoints import greedy_reference, moe_config, save_moe_checkpoint
 from parallel_check import MAX_TOKENS, PROMPTS
 
@@ -22,6 +24,7 @@ from brigade import LLM, SamplingParams
 from brigade.engine.core_client import EngineDeadError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def test_two_engines_share_the_experts_and_match_transformers(tmp_path, monkeypatch, capfd):
@@ -86,5 +89,22 @@ def test_two_engines_of_two_tensor_parallel_ranks_each_hold_one_expert_per_rank(
             outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
             assert [list(o.outputs[0].token_ids) for o in outs] == expected
         assert llm.get_kv_cache_stats() == {"num_free_blocks": 22, "num_total_blocks": 22}
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs two CUDA devices")
+def test_two_engines_on_two_gpus_share_the_experts_and_match_transformers(tmp_path):
+    """Mixtral with 8 experts, 4 per GPU: the dispatch's all-gather and reduce-scatter run on NCCL."""
+    config = moe_config("mixtral", vocab_size=300, hidden_size=256, intermediate_size=128, num_local_experts=8)
+    refs = greedy_reference(save_moe_checkpoint(config, tmp_path), PROMPTS, MAX_TOKENS)
+    llm = LLM(str(tmp_path), data_parallel_size=2, enable_expert_parallel=True, dtype="float32", max_model_len=64,
+              skip_tokenizer_init=True, block_size=16, num_gpu_blocks_override=32, max_num_batched_tokens=64)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    try:
+        for prompts, expected in ((PROMPTS, refs), (PROMPTS[1:2], refs[1:2])):  # both engines busy; one idle
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+            assert [list(o.outputs[0].token_ids) for o in outs] == expected
+        assert llm.get_kv_cache_stats() == {"num_free_blocks": 62, "num_total_blocks": 62}
     finally:
         llm.shutdown()
