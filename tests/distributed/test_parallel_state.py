@@ -8,7 +8,7 @@ import traceback
 import pytest
 import torch
 
-from brigade.distributed import RankGrid, RendezvousStore, init_parallel_state
+from brigade.distributed import RankGrid, RendezvousStore, StatelessGroup, init_parallel_state
 
 
 def test_grid_matches_vllm_layout():
@@ -52,6 +52,10 @@ def _rank_main(rank: int, grid: RankGrid, store_address: str, results) -> None:
         t = torch.full((3,), float(rank + 1))
         out["tp_sum"] = state.tp.all_reduce(t).tolist()
         out["tp_gather"] = state.tp.all_gather(torch.tensor([rank]), dim=0).tolist()
+        out["tp_scatter"] = state.tp.reduce_scatter(torch.arange(4.0) + rank).tolist()  # summed, then split
+        # a group outside the world, at the same store (lockstep engines beside their workers' world)
+        out["stateless_max"] = StatelessGroup(store_address, "engines/", rank, grid.world_size,
+                                              60).all_reduce_max([rank, -rank])
         out["tp_object"] = state.tp.broadcast_object({"from": rank} if state.tp.is_first_rank else None)
         out["world_objects"] = state.world.all_gather_object(rank * 10)
         # stage to stage: the first stage sends hidden states and a residual, the last receives them
@@ -98,6 +102,9 @@ def test_gloo_groups_pp2_tp2():
         tp_sum = float(sum(r + 1 for r in out["tp"]))
         assert out["tp_sum"] == [tp_sum] * 3
         assert out["tp_gather"] == out["tp"]
+        i, whole = out["tp_rank"], (2 * torch.arange(4.0) + sum(out["tp"])).tolist()
+        assert out["tp_scatter"] == whole[2 * i:2 * i + 2]
+        assert out["stateless_max"] == [3, 0]
         assert out["tp_object"] == {"from": out["tp"][0]}
         assert out["world_objects"] == [r * 10 for r in range(4)]
         assert out["destroyed"]
@@ -152,3 +159,18 @@ def test_the_rendezvous_store_holds_its_port_from_the_start():
     client.set("rank0", "here")
     assert connect_store(store.address, timeout_s=10).get("rank0") == b"here"
     store.close()
+
+
+def test_an_engines_workers_join_their_own_world_or_with_lockstep_every_engines():
+    from brigade.config import ParallelConfig
+    from brigade.distributed import engine_world
+
+    dense = ParallelConfig(data_parallel_size=2, tensor_parallel_size=2, data_parallel_rank=1)
+    assert not dense.data_parallel_lockstep
+    assert engine_world(dense, 1) == (RankGrid(dp=1, pp=1, tp=2), 1)  # engine 1's own world of two
+    experts = ParallelConfig(data_parallel_size=2, tensor_parallel_size=2, data_parallel_rank=1,
+                             enable_expert_parallel=True)
+    assert experts.data_parallel_lockstep
+    grid, rank = engine_world(experts, 1)
+    assert (grid, rank) == (RankGrid(dp=2, pp=1, tp=2), 3)  # engine 1's TP rank 1 in the world of both
+    assert grid.ep_groups() == [[0, 1, 2, 3]]
