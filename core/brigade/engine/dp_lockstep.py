@@ -52,7 +52,7 @@ class DPLockstep:
         self.group = StatelessGroup(parallel.data_parallel_store, _GROUP_PREFIX, self.dp_rank,
                                     parallel.data_parallel_size, envs.BRIGADE_DISTRIBUTED_TIMEOUT)
         self.running = False  # whether any engine had requests at the last agreement (a wave is on)
-        self.num_dummy_batches = 0  # forward passes run for the others, with nothing of this engine's
+        self.num_dummy_batches = 0  # in the current wave: forward passes run for the others, none of its own
 
     def input_wait_s(self, busy: bool) -> float:
         """How long the loop may block on its input queue before the next agreement: not at all while this
@@ -66,7 +66,11 @@ class DPLockstep:
             RuntimeError (from gloo): another engine died or stalled past ``BRIGADE_DISTRIBUTED_TIMEOUT``.
         """
         (flag,) = self.group.all_reduce_max([int(busy)])
-        if bool(flag) != self.running:
-            logger.debug("lockstep wave %s", "starts" if flag else "ends: every engine is idle")
+        if bool(flag) and not self.running:
+            self.num_dummy_batches = 0
+            logger.debug("lockstep wave starts")
+        elif self.running and not flag:
+            logger.debug("lockstep wave ends, every engine idle; this engine ran %d dummy batches in it",
+                         self.num_dummy_batches)
         self.running = bool(flag)
         return self.running
