@@ -149,6 +149,15 @@ class GroupCoordinator:
         dist.all_gather_object(out, obj, group=self.cpu_group)
         return out
 
+    def max_over_group(self, values: list[int]) -> list[int]:
+        """The elementwise maximum of every member's ``values`` (the same length on each), on the CPU group: a
+        per-step agreement on host-side sizes that must never wait on the device."""
+        if self.world_size == 1:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.cpu_group)
+        return tensor.tolist()
+
     def barrier(self) -> None:
         """Wait for every member, on the CPU group (an NCCL barrier would allocate on the current device)."""
         if self.world_size > 1:

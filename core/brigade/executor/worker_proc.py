@@ -152,8 +152,7 @@ def join_world(config: BrigadeConfig, worker, engine_rank: int, store: str):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // grid.world_size))
     elif worker.device.type == "cpu" and parallel.world_size > 1:
         torch.set_num_threads(max(1, torch.get_num_threads() // parallel.world_size))
-    if parallel.pipeline_parallel_size > 1 or parallel.data_parallel_lockstep:
-        # A stage's step waits on its neighbours; a lockstep step's MoE padding is agreed on the host each step.
+    if parallel.pipeline_parallel_size > 1:  # a stage's step waits on its neighbours: no graphs around it
         config.model_config.enforce_eager = True
     # Device communicators are made lazily, at the first collective, on the device bound by init_device.
     return init_parallel_state(grid, rank, local_rank=worker.local_rank, device=worker.device,

@@ -182,10 +182,15 @@ class DecodeGraphs:
         fits = max_query_len == 1 if self.query_len == 1 else max_query_len <= self.query_len
         return fits and num_reqs <= self.max_size and bool(self.graphs)
 
-    def transfer(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    def size_for(self, num_reqs: int) -> int:
+        """The captured batch size a step of ``num_reqs`` requests replays (the smallest that holds it)."""
+        return self.sizes[bisect.bisect_left(self.sizes, num_reqs)]
+
+    def transfer(self, arrays: dict[str, np.ndarray], min_size: int = 0) -> dict[str, torch.Tensor]:
         """A ``Transfer`` (``input_batch.build_step_inputs``) for a step that ``can_run``: the arrays go
         straight into the graphs' input buffers, padded to the graph size (slot -1, seq_len 0), in one
-        host-to-device copy; the returned tensors are views of those buffers.
+        host-to-device copy; the returned tensors are views of those buffers. ``min_size`` (a captured size):
+        pad to at least that graph (lockstep data-parallel engines replay the same size; ``run`` gets it too).
 
         Raises:
             ValueError: when the step has more requests than the largest graph or wider block tables.
@@ -196,7 +201,7 @@ class DecodeGraphs:
             raise ValueError(f"a step of {n} requests, {tokens} tokens and {width} blocks does not fit the "
                              f"CUDA graphs ({self.max_size} requests of {q} tokens, {self.block_table.shape[1]} "
                              "blocks)")
-        size = self.sizes[bisect.bisect_left(self.sizes, n)]
+        size = max(self.size_for(n), min_size)
         b = self.buffers
         h64, h32, table = b.host_views()
         h64[0, :tokens] = arrays["input_ids"]
@@ -216,10 +221,25 @@ class DecodeGraphs:
                 "query_start_loc": self.query_start_loc[:n + 1], "seq_lens": self.seq_lens[:n],
                 "block_table": self.block_table[:n, :width]}
 
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        """Replay the smallest graph that fits a step built through ``transfer``; returns the hidden states
-        [num_logits, hidden] of the rows ``inputs.logits_indices`` names, in that order (the rows to compute
-        logits for; a view of the graph's output, valid until the next replay).
+    def run_padding(self, size: int) -> None:
+        """Replay the graph of ``size`` requests (a captured size) on padding rows only: token 0 at position 0,
+        slot -1 (nothing written), ``seq_len`` 0 (``query_len`` for verification graphs), the smallest context
+        bucket; the output is not read. A lockstep data-parallel engine's dummy batch when the others replay
+        this size (``GraphDispatch.agree_across_dp``)."""
+        q = self.query_len
+        h64, h32, _ = self.buffers.host_views()
+        h64[:2, :size * q] = 0
+        h64[2, :size * q] = -1
+        h32[:size] = 0 if q == 1 else q
+        self.buffers.copy_to_device(size)
+        self.graphs[size, self.buckets[size][0]].replay()
+        self.num_replays += 1
+
+    def run(self, inputs: StepInputs, min_size: int = 0) -> torch.Tensor:
+        """Replay the smallest graph that fits a step built through ``transfer`` (at least ``min_size``, as
+        ``transfer`` padded it); returns the hidden states [num_logits, hidden] of the rows
+        ``inputs.logits_indices`` names, in that order (the rows to compute logits for; a view of the graph's
+        output, valid until the next replay).
 
         Raises:
             ValueError: when the step's inputs are not in the graph buffers (built through another transfer).
@@ -228,7 +248,7 @@ class DecodeGraphs:
             raise ValueError("DecodeGraphs.run needs a step built with transfer=DecodeGraphs.transfer")
         md = inputs.metadata
         n = md.num_reqs
-        size = self.sizes[bisect.bisect_left(self.sizes, n)]
+        size = max(self.size_for(n), min_size)
         buckets = self.buckets[size]
         bucket = buckets[bisect.bisect_left(buckets, md.max_seq_len)]
         self.graphs[size, bucket].replay()

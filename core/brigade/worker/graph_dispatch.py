@@ -7,17 +7,22 @@ Three kinds of graph (``cuda_graph``): decode graphs (one token a request), spec
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from brigade.attention.backend import AttentionBackend
 from brigade.config import BrigadeConfig
+from brigade.distributed import get_dp_group
 from brigade.plugins import current_platform
 from brigade.worker.cuda_graph import DecodeGraphs, default_capture_sizes
 from brigade.worker.input_batch import StepInputs
 from brigade.worker.mixed_graph import MixedGraphs, default_mixed_sizes
 from brigade.worker.request_states import StepBatch
+
+logger = logging.getLogger(__name__)
 
 SPEC_GRAPH_MAX_BATCH = 32  # speculative verification graphs are captured up to this many requests
 
@@ -25,10 +30,20 @@ SPEC_GRAPH_MAX_BATCH = 32  # speculative verification graphs are captured up to 
 @dataclass(slots=True)
 class StepPlan:
     """How a step runs: ``graphs`` replays it (None: eagerly); ``uniform_query_len`` pads every request to that
-    many query tokens (a verification step's layout, ``build_step_inputs(uniform_query_len=)``)."""
+    many query tokens (a verification step's layout, ``build_step_inputs(uniform_query_len=)``); ``min_size``
+    (decode graphs of lockstep data-parallel engines): the captured size every engine replays this step, 0 when
+    the step's own size is used."""
 
     graphs: DecodeGraphs | MixedGraphs | None = None
     uniform_query_len: int | None = None
+    min_size: int = 0
+
+    @property
+    def transfer(self):
+        """The ``Transfer`` that puts the step's inputs into ``graphs``' buffers (padded to ``min_size``)."""
+        if self.min_size:
+            return functools.partial(self.graphs.transfer, min_size=self.min_size)
+        return self.graphs.transfer
 
 
 class GraphDispatch:
@@ -60,6 +75,10 @@ class GraphDispatch:
                                    max_blocks_per_req=self.max_blocks_per_req, max_model_len=max_len,
                                    device=self.device, seq_len_buckets=self.attn_backend.decode_graph_seq_lens)
         self.decode.capture()
+        if self.config.parallel_config.data_parallel_lockstep:
+            logger.info("lockstep data-parallel engines: decode CUDA graphs only, each step replayed at one size by "
+                        "every engine (agree_across_dp); other steps run eagerly")
+            return
         spec = self.config.speculative_config
         if spec is not None and not lora:
             # Verification steps with a uniform 1 + k tokens a request (absent drafts padded), up to
@@ -101,6 +120,32 @@ class GraphDispatch:
             return StepPlan(mixed)
         return StepPlan()
 
+    def agree_across_dp(self, plan: StepPlan | None, num_reqs: int) -> StepPlan:
+        """Lockstep data-parallel engines: the plan every engine follows this step. A replayed graph keeps the
+        MoE dispatch size it was captured at (``moe_dispatch``), so either every engine replays a decode graph
+        of the same size, the largest any engine needs (the others pad to it; an engine with nothing to run
+        replays it on padding rows, ``DecodeGraphs.run_padding``), or, when any engine's step has no graph,
+        every engine runs eagerly (and agrees on the dispatch size in the forward pass). One all-reduce MAX on
+        the DP group's CPU group; every engine calls it once per forward pass, real or dummy, when graphs are
+        captured (all engines capture them or none: same platform and settings).
+
+        Args:
+            plan: this engine's own plan (``plan``), or None for a dummy batch (it follows any size).
+            num_reqs: the step's requests (0 for a dummy batch).
+        """
+        if self.decode is None:
+            return plan if plan is not None else StepPlan()
+        if plan is None:
+            want = 0
+        elif plan.graphs is self.decode:
+            want = self.decode.size_for(num_reqs)
+        else:
+            want = -1  # eager
+        eager, size = get_dp_group().max_over_group([int(want < 0), max(want, 0)])
+        if eager:
+            return StepPlan()
+        return StepPlan(self.decode, min_size=size)
+
     def uniform_query_len(self, batch: StepBatch, *, lora: bool) -> int | None:
         """1 + k when a step with drafts can be padded to that many tokens a request: every request is a decode
         (its query is its last token and its drafts), the padding stays inside max_model_len, no prompt
@@ -122,4 +167,6 @@ class GraphDispatch:
     def replay(self, plan: StepPlan, inputs: StepInputs) -> torch.Tensor:
         """Replay ``plan.graphs`` for a step built through its ``transfer``: the hidden states of the logits rows
         (decode and verification graphs) or of every token row (mixed-step graphs)."""
+        if plan.min_size:
+            return plan.graphs.run(inputs, min_size=plan.min_size)
         return plan.graphs.run(inputs)

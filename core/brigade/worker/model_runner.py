@@ -61,6 +61,8 @@ class ModelRunner:
         self.lora_manager = None  # brigade.lora.manager.LoRAManager with --enable-lora
         self.kv_connector: KVConnectorBase | None = None  # the worker-role KV connector (--kv-transfer-config)
         self.expert_counts: ExpertCounts | None = None  # an MoE model's routed tokens per expert, to report
+        # Experts across data-parallel engines: every forward pass meets the other engines' (dp_lockstep.py).
+        self.lockstep = config.parallel_config.data_parallel_lockstep
 
     # ---- set-up ---------------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -149,17 +151,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_dummy_batch(self) -> None:
-        """One forward pass of a single random token on a throwaway one-block KV cache (``DummySteps.run``): no
-        KV write that matters, no sample, no expert count. A lockstep data-parallel engine with nothing to
-        compute runs it so that the other engines' MoE collectives find this rank (vLLM's ``_dummy_run``)."""
+        """One forward pass of a single random token on a throwaway one-block KV cache (``DummySteps.run``), or,
+        when the other engines replay a decode CUDA graph, that graph on padding rows: no KV write that matters,
+        no sample, no expert count. A lockstep data-parallel engine with nothing to compute runs it so that the
+        other engines' MoE collectives find this rank (vLLM's ``_dummy_run``)."""
         if self.expert_counts is not None:
             self.expert_counts.load.begin_step(0)
+        plan = self.graphs.agree_across_dp(None, 0) if self.lockstep else StepPlan()
+        if plan.graphs is not None:  # the other engines replay a decode graph: the same one, on padding rows
+            plan.graphs.run_padding(plan.min_size)
+            return
         self._dummy_steps().run([(1, 0)], [1], torch.Generator().manual_seed(0))
 
     def _maybe_dummy_forward(self) -> None:
         """A step with nothing to compute still runs a forward pass when data-parallel engines step in lockstep:
         the engine loop sent it because another engine computes (``execute_dummy_batch``)."""
-        if self.config.parallel_config.data_parallel_lockstep:
+        if self.lockstep:
             self.execute_dummy_batch()
 
     def shutdown(self) -> None:
@@ -195,6 +202,8 @@ class ModelRunner:
             return self._finish(ReadyOutput(output), overlap)
         batch = self.requests.batch(num_scheduled, scheduler_output.scheduled_spec_decode_tokens)
         plan = self.graphs.plan(batch, lora=self.lora_manager is not None)
+        if self.lockstep:  # every engine replays the same graph size, or none does
+            plan = self.graphs.agree_across_dp(plan, len(batch.req_ids))
         inputs = self._build_inputs(batch, plan)
         if self.expert_counts is not None:  # rows past the step's tokens (graph padding) are not counted
             self.expert_counts.load.begin_step(batch.num_tokens)
@@ -228,7 +237,7 @@ class ModelRunner:
         if self.lora_manager is not None:  # slots and token mask for this step (persistent buffers: graph-safe)
             self.lora_manager.set_batch([s.lora_int_id for s in batch.states], batch.num_scheduled)
         inputs = build_step_inputs(batch.states, batch.num_scheduled, block_size=self.block_size, device=self.device,
-                                   transfer=self.transfer if plan.graphs is None else plan.graphs.transfer,
+                                   transfer=self.transfer if plan.graphs is None else plan.transfer,
                                    spec_token_ids=batch.drafts, uniform_query_len=plan.uniform_query_len)
         self.in_flight.fill_inputs(inputs)
         return inputs

@@ -21,7 +21,9 @@ size per step (``T_pad``), and keep every rank's shapes equal, which a captured 
 ranks with top-k near the rank count they move about as many bytes.
 
 The step's ``T_pad`` is agreed once per forward pass (``dp_step``: an all-reduce MAX of each rank's token count
-on the DP group's CPU group, vLLM's ``num_tokens_across_dp``), not once per layer.
+on the DP group's CPU group, vLLM's ``num_tokens_across_dp``), not once per layer. A replayed CUDA graph does not
+run that host-side agreement: it keeps the size it was captured at, which every engine captured at the same time,
+so the engines must replay graphs of the same size in the same step (``GraphDispatch.agree_across_dp``).
 """
 
 from __future__ import annotations
@@ -40,13 +42,7 @@ _STEP_TOKENS: contextvars.ContextVar[int | None] = contextvars.ContextVar("dp_st
 def agree_num_tokens(dp_group: GroupCoordinator, num_tokens: int) -> int:
     """The largest ``num_tokens`` of any rank of ``dp_group`` (an all-reduce MAX on its CPU group; every rank
     must call it, once per forward pass)."""
-    if dp_group.world_size == 1:
-        return num_tokens
-    import torch.distributed as dist
-
-    value = torch.tensor([num_tokens], dtype=torch.int64)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=dp_group.cpu_group)
-    return int(value.item())
+    return dp_group.max_over_group([num_tokens])[0]
 
 
 @contextlib.contextmanager
