@@ -1,9 +1,9 @@
 """The rendezvous store: the ``torch.distributed`` key-value store every rank of one engine meets at (or, when
 data-parallel engines step in lockstep, every rank of every engine, and the engines themselves).
 
-The executor (the front end, for lockstep engines) hosts it, in its own process, on a port the operating system assigns when the store starts
-listening (``TCPStore`` on port 0), and hands its ``HOST:PORT`` to each rank; the ranks connect to it as
-clients. Probing for a free port and letting rank 0 bind it later races with every other process on the host
+The executor (the front end, for lockstep engines) hosts it, in its own process, on a port the operating system
+assigns when the store starts listening (``TCPStore`` on port 0), and hands its ``HOST:PORT`` to each rank; the
+ranks connect to it as clients. Probing for a free port and letting rank 0 bind it later races with every other process on the host
 that binds a port in between (``EADDRINUSE`` at start-up, seen when several engines start at once); a store
 that is already listening cannot lose its port.
 """

@@ -226,9 +226,10 @@ class MultiprocExecutor(Executor):
         if self.world_size > 1:
             parallel = self.config.parallel_config
             dp = parallel.data_parallel_size if parallel.data_parallel_lockstep else 1
-            logger.info("grid dp %d x pp %d x tp %d, %d ranks in this engine, driver rank %d; each rank's KV cache "
-                        "holds %d blocks of its own KV heads", dp, parallel.pipeline_parallel_size,
-                        parallel.tensor_parallel_size, self.world_size, self.driver_rank, num_blocks)
+            # With lockstep engines the grid is every engine's; the driver rank is this engine's own.
+            logger.info("grid dp %d x pp %d x tp %d, %d ranks, driver rank %d; each rank's KV cache holds %d blocks "
+                        "of its own KV heads", dp, parallel.pipeline_parallel_size, parallel.tensor_parallel_size,
+                        dp * self.world_size, self.driver_rank, num_blocks)
             for info in self.worker_info:
                 experts = f" ({info.expert_param_bytes / 2**20:.1f} MiB of experts)" if info.expert_param_bytes else ""
                 logger.info("  %s, pid %d, %.1f MiB of parameters%s", info.place, info.pid, info.param_bytes / 2**20,

@@ -154,7 +154,7 @@ def _add_parallel_args(parser: argparse.ArgumentParser) -> None:
     p = parser.add_argument_group("parallelism")
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, help="devices that shard each layer")
     p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1, help="pipeline stages")
-    p.add_argument("--enable-expert-parallel", action="store_true", default=None, help="MoE: whole experts per rank")
+    p.add_argument("--enable-expert-parallel", action="store_true", default=None, help="MoE: experts per DP x TP rank")
     p.add_argument("-dp", "--data-parallel-size", type=int, default=1,
                    help="engine replicas behind this front end, each with its own scheduler, KV cache and devices")
     p.add_argument("--distributed-executor-backend", choices=("uni", "mp", "ray"), default=None,
