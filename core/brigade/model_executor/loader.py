@@ -17,7 +17,7 @@ from torch import nn
 
 from brigade.attention.backend import AttentionBackend
 from brigade.config import ConfigError, ModelConfig
-from brigade.distributed import get_tp_group
+from brigade.distributed import get_ep_group, get_tp_group
 from brigade.model_executor.layers.linear_method import fold_norms_wanted
 from brigade.model_executor.quant_summary import quantization_summary
 from brigade.model_executor.weight_utils import initialize_dummy_weights, safetensors_weights_iterator
@@ -199,9 +199,9 @@ def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype,
         initialize_dummy_weights(model, model_config.seed)
     elif fmt in ("auto", "safetensors"):
         with torch.no_grad():
-            # Under tensor parallelism the tensors stay unread until each layer's loader narrows them to the
-            # rank's slice: no rank reads the whole model.
-            lazy = get_tp_group().world_size > 1
+            # Under tensor (or expert) parallelism the tensors stay unread until each layer's loader narrows them
+            # to the rank's slice (skips another rank's experts): no rank reads the whole model.
+            lazy = get_tp_group().world_size > 1 or get_ep_group().world_size > 1
             loaded = model.load_weights(safetensors_weights_iterator(model_config.model, lazy=lazy))
         logger.info("loaded %d tensors from %s", len(loaded), model_config.model)
     else:
