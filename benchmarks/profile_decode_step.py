@@ -18,7 +18,8 @@ predecessor drains and its recorded time includes the wait, so per-kernel times 
 
 Usage (CUDA machine, Brigade and brigade-cuda installed)::
 
-    python benchmarks/profile_decode_step.py benchmarks/configs/llama-3.1-8b --json out.json [--trace t.json]
+    python benchmarks/profile_decode_step.py benchmarks/configs/llama-3.1-8b --json out.json [--trace t.json] \
+        [--batch-sizes 1,64] [--quantization fp8] [--kv-cache-dtype fp8]
 """
 
 from __future__ import annotations
@@ -128,9 +129,12 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1", help="comma list: profile a decode batch of each size "
                         "(that many requests of distinct prompts, started together), one after the other")
     parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--quantization", help="as brigade's flag, e.g. fp8 (online FP8 of the dummy weights)")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="as brigade's flag: auto or fp8")
     args = parser.parse_args()
     llm = LLM(args.model, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048,
-              max_num_seqs=max(256, *(int(b) for b in args.batch_sizes.split(","))))
+              max_num_seqs=max(256, *(int(b) for b in args.batch_sizes.split(","))),
+              quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
     results = {}
     for batch_size in (int(b) for b in args.batch_sizes.split(",")):
         results[batch_size] = profile_batch(llm, args, batch_size)
