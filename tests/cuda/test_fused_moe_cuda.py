@@ -212,3 +212,36 @@ def test_moe_engine_greedy_equals_transformers_on_gpu(name, eager, tmp_path):
     assert reported.sum(dim=1).tolist() == [forwarded * config.num_experts_per_tok] * config.num_hidden_layers
     del llm
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("num_tokens", [1, 8, 512, 4096])
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_router_kernel_matches_the_native_router_and_counts_real_rows(name, num_tokens, cuda_ops_registered):
+    """The Triton top-k router (``moe_topk_router``) against ``TopKRouter.forward_native``: the same experts, weights
+    within fp32 rounding, and the expert-load counts of the real rows only, also when replayed in a CUDA graph on new
+    logits. fp32 logits: bf16 ones tie often, and ``torch.topk`` does not promise an order among ties."""
+    from brigade.model_executor.layers.moe_router import TopKRouter
+
+    num_experts, _, _, top_k, renormalize = SHAPES[name]
+    with torch.device("cuda"):
+        router = TopKRouter(top_k, renormalize)
+    assert router.impl_name == "cuda"
+    gen = torch.Generator(device="cuda").manual_seed(num_tokens)
+    logits = torch.randn(num_tokens, num_experts, device="cuda", generator=gen)
+    real = torch.tensor(max(1, num_tokens - 3), device="cuda")
+    counts = torch.randint(0, 9, (num_experts,), device="cuda", generator=gen)
+    want_counts = counts.clone()
+    want_w, want_ids = router.forward_native(logits, want_counts, real)
+    got_w, got_ids = router(logits, counts, real)
+    assert got_ids.dtype == torch.int64 and got_w.dtype == torch.float32
+    assert torch.equal(got_ids, want_ids)
+    torch.testing.assert_close(got_w, want_w, rtol=1e-5, atol=1e-6)
+    assert torch.equal(counts, want_counts)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_w, out_ids = router(logits, counts, real)
+    logits.copy_(torch.randn(num_tokens, num_experts, device="cuda", generator=gen))
+    graph.replay()
+    want_w, want_ids = router.forward_native(logits, want_counts, real)
+    assert torch.equal(out_ids, want_ids) and torch.equal(counts, want_counts)
+    torch.testing.assert_close(out_w, want_w, rtol=1e-5, atol=1e-6)

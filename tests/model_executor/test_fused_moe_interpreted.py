@@ -4,7 +4,9 @@ assignment once, each block one expert's, padding marked) and the two grouped GE
 interpreter mode stays out of this process. Shapes cover one token, uneven K and N, and more experts than tokens;
 half types and timing run on CUDA (tests/cuda/test_fused_moe_cuda.py). The W8A16 variant (``FP8_W``: FP8 experts
 with per-channel scales, quantized here by brigade-fp8's torch code, since the interpreter's own fp32 -> e4m3 cast
-is not exact) against the reference path on the same FP8 weights, which dequantizes them."""
+is not exact) against the reference path on the same FP8 weights, which dequantizes them. The top-k router kernel
+(``brigade_cuda/ops/moe_router.py``) against ``TopKRouter.forward_native``: ids, weights, ties to the lower expert
+id, and the expert-load counts of the real rows only."""
 
 from __future__ import annotations
 
@@ -78,6 +80,34 @@ def check_fp8(num_tokens, num_experts, top_k, hidden, inter, tile, seed=1):
 check_fp8(1, 8, 2, 64, 48, MoETile(16, 32, 32, 1, 4, 1))
 check_fp8(37, 6, 3, 40, 24, MoETile(16, 16, 16, 4, 4, 1))  # K and N not multiples of the tile
 check_fp8(50, 16, 4, 32, 32, MoETile(32, 32, 16, 2, 4, 1))
+
+from brigade.model_executor.layers.moe_router import TopKRouter
+from brigade_cuda.ops.moe_router import topk_router
+
+
+def check_router(num_tokens, num_experts, top_k, renormalize, real, seed=2):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(num_tokens, num_experts, generator=gen)
+    logits[0, 1] = logits[0, 2] = logits[0].max() + 1  # a tie at the top: the lower id comes first
+    counts_want = torch.randint(0, 5, (num_experts,), generator=gen)  # running totals of earlier steps
+    counts_got, before = counts_want.clone(), counts_want.clone()
+    num = torch.tensor(real)  # rows from `real` on are CUDA-graph padding: not counted
+    want_w, want_ids = TopKRouter(top_k, renormalize).forward_native(logits, counts_want, num)
+    got_w, got_ids = topk_router(logits, top_k, renormalize, counts_got, num)
+    assert got_ids.dtype == torch.int64 and got_w.dtype == torch.float32
+    assert torch.equal(got_ids[1:], want_ids[1:]), (got_ids, want_ids)
+    assert sorted(got_ids[0].tolist()) == sorted(want_ids[0].tolist()) and got_ids[0, :2].tolist() == [1, 2][:top_k]
+    assert torch.allclose(got_w.sort(dim=1).values, want_w.sort(dim=1).values, rtol=1e-5, atol=1e-7)
+    assert torch.equal(counts_got, counts_want), (counts_got, counts_want)
+    assert int((counts_got - before).sum()) == real * top_k  # the real rows' assignments, each once
+    plain_w, plain_ids = topk_router(logits, top_k, renormalize)  # without the count
+    assert torch.equal(plain_ids, got_ids) and torch.equal(plain_w, got_w)
+
+
+check_router(5, 8, 2, True, 5)
+check_router(7, 128, 8, False, 4)
+check_router(3, 60, 4, True, 3)  # experts not a power of two
+check_router(1, 8, 1, False, 1)
 print("OK")
 """
 

@@ -31,7 +31,7 @@ _OPS = "brigade_cuda.ops.custom_ops:"
 
 @hookimpl
 def register_kernels(register) -> None:
-    """The fused Triton ops on the ``CustomOp`` seam (the fused mixture of experts among them), the skinny GEMM /
+    """The fused Triton ops on the ``CustomOp`` seam (the fused mixture of experts and its router among them), the skinny GEMM /
     one-row GEMV with the SiLU-and-mul, residual-add and RMSNorm folds on the dense-GEMM seam, and the fused
     sampler; the A/B switches of ``brigade_cuda.envs`` (read here, at start-up) leave some of them out."""
     from brigade_cuda import envs
@@ -40,6 +40,7 @@ def register_kernels(register) -> None:
     register("silu_and_mul", "cuda", _OPS + "silu_and_mul_cuda")
     register("rotary_embedding", "cuda", _OPS + "rotary_embedding_cuda")
     register("fused_moe", "cuda", "brigade_cuda.ops.fused_moe:fused_moe_cuda")
+    register("moe_topk_router", "cuda", "brigade_cuda.ops.moe_router:topk_router_cuda")
     if envs.BRIGADE_CUDA_FUSED_SAMPLER:  # off: the Sampler's tensor ops (A/B)
         register("fused_sampler", "cuda", "brigade_cuda.ops.sampling:fused_sample")
     if envs.BRIGADE_CUDA_SKINNY_GEMM:  # off: cuBLAS for every shape (A/B)

@@ -39,6 +39,8 @@ KERNEL_OPS: dict[str, str] = {
                          "or None",
     "fused_sampler": "impl(logits [B, V], temperature [B] or None, *, greedy) -> ids [B] int64 "
                      "(brigade.sample.fused)",
+    "moe_topk_router": "TopKRouter: impl(layer, router_logits [T, E], counts [E] int64 or None, num_tokens 0-d or "
+                       "None) -> (topk_weights [T, k] fp32, topk_ids [T, k] int64), the contract of its forward_native",
     "fused_moe": "FusedMoE: impl(layer, x [T, H], topk_weights [T, k] fp32, topk_ids [T, k]) -> [T, H], "
                  "the contract of FusedMoE.forward_native",
 }

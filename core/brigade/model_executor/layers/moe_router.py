@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from brigade.model_executor.layers.custom_op import CustomOp
+
 
 def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool
                    ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,3 +33,31 @@ def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool
     if renormalize:
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
     return topk_weights, topk_ids
+
+
+class TopKRouter(CustomOp):
+    """``select_experts`` as a swappable op (``"moe_topk_router"``), with a layer's expert-load count folded in.
+
+    Constants a kernel reads: ``top_k`` and ``renormalize``. ``forward(router_logits, counts=None,
+    num_tokens=None)`` returns ``select_experts``'s ``(topk_weights, topk_ids)``; with ``counts`` ([num_experts]
+    int64, a layer's row of ``ExpertLoad.counts``) it also adds every assignment of the first ``num_tokens`` rows
+    (a 0-d int64 tensor on the same device; later rows are CUDA-graph padding) to ``counts``, in place, with no
+    host sync. brigade-cuda registers one Triton kernel for all of it.
+    """
+
+    op_name = "moe_topk_router"
+
+    def __init__(self, top_k: int, renormalize: bool):
+        super().__init__()
+        self.top_k = top_k
+        self.renormalize = renormalize
+
+    def forward_native(self, router_logits: torch.Tensor, counts: torch.Tensor | None = None,
+                       num_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        if counts is not None:
+            rows, top_k = topk_ids.shape
+            real = (torch.arange(rows, device=topk_ids.device) < num_tokens).to(torch.int64)  # [T]
+            ones = real[:, None].expand(rows, top_k).reshape(-1)  # [T * k], graph-safe (no host sync)
+            counts.scatter_add_(0, topk_ids.reshape(-1), ones)
+        return topk_weights, topk_ids

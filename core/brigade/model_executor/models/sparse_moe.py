@@ -25,7 +25,7 @@ from brigade.model_executor.layers.layernorm import RMSNorm
 from brigade.model_executor.layers.linear import Linear
 from brigade.model_executor.layers.linear_method import QuantizationConfig, UnquantizedLinearMethod
 from brigade.model_executor.layers.moe_dispatch import ExpertDispatch, agree_num_tokens, dp_step
-from brigade.model_executor.layers.moe_router import select_experts
+from brigade.model_executor.layers.moe_router import TopKRouter
 from brigade.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 
 # experts.{e}.{projection}.weight -> the stacked parameter and the projection's shard id
@@ -60,6 +60,7 @@ class SparseMoeBlock(nn.Module):
         self.top_k = top_k
         self.renormalize = renormalize
         self.gate = Linear(hidden_size, num_experts, dtype=dtype, quant_method=UnquantizedLinearMethod())
+        self.router = TopKRouter(top_k, renormalize)
         moe_method = None
         if quant_config is not None:
             moe_method = quant_config.get_moe_method(f"{prefix}.experts")
@@ -88,10 +89,11 @@ class SparseMoeBlock(nn.Module):
 
     def moe(self, x: torch.Tensor) -> torch.Tensor:
         """Args: x [T, hidden], the normalized stream (whole on every rank). Returns [T, hidden] in x's dtype."""
-        topk_weights, topk_ids = select_experts(self.gate(x), self.top_k, self.renormalize)  # [T, k] each
-        if self.expert_load is not None:
+        counts = num_tokens = None
+        if self.expert_load is not None:  # the router adds this layer's routing to the expert-load counts
             load, row = self.expert_load
-            load.record(row, topk_ids)
+            counts, num_tokens = load.counts[row], load.num_tokens
+        topk_weights, topk_ids = self.router(self.gate(x), counts, num_tokens)  # [T, k] each
         if self.dispatch is None:
             out = self.experts(x, topk_weights, topk_ids)  # this rank's experts' share
         else:  # every DP rank's tokens through this rank's experts, and this DP rank's rows back, summed
