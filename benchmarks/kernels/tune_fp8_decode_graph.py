@@ -3,8 +3,7 @@
 Like ``tune_skinny_graph.py`` for the bf16 kernels: the four projections of 32 Llama-3.1-8B layers on distinct
 weights (7.0 GB of FP8, so L2 never serves them) at ``--rows`` rows are captured and replayed, and one shape's tile
 is tuned at a time with the others fixed. At one row the kernel is the GEMV (the down projection in the form the
-model runs it, SiLU-and-mul folded in: tile ``NxK/fp8_silu_mul``), at 2-64 rows the tensor-core skinny kernel
-(tiles ``NxK/fp8`` up to 16 rows, ``NxK/fp8_m32`` and ``NxK/fp8_m64`` above; bf16 runs cuBLAS there).
+model runs it, SiLU-and-mul folded in: tile ``NxK/fp8_silu_mul``), at 2-16 rows the tensor-core skinny kernel.
 It reports, per step: the FP8 weight bytes over the copy bandwidth (the bound), the same projections in bf16 on
 brigade-cuda's kernels (bf16 weights, the tuned bf16 tiles), FP8 through ``torch._scaled_mm`` (per-token
 quantization, then cuBLASLt: the path above 16 rows), the FP8 decode kernels with the bf16 tiles (what runs when
@@ -29,7 +28,7 @@ import multiprocessing
 import torch
 
 from bench_attention import copy_bandwidth, graph_time_ms
-from brigade_cuda.ops.gemm import MAX_ROWS, _gemv_tile, _tile, block_m, gemv, skinny_linear
+from brigade_cuda.ops.gemm import _gemv_tile, _tile, gemv, skinny_linear
 from brigade_fp8.gemm import fp8_gemm_cuda
 from brigade_fp8.quantize import quantize_fp8_per_channel
 
@@ -39,13 +38,8 @@ NUM_LAYERS = 32
 DTYPE = torch.bfloat16
 GEMV_GRID = [(bn, bk, w, st) for bn, bk in [(4, 512), (4, 1024), (8, 512), (8, 1024), (16, 256), (16, 512),
                                             (16, 1024), (32, 256), (32, 512)] for w in (4, 8) for st in (1, 2, 3)]
-
-
-def skinny_grid(rows: int) -> list:
-    """Tiles of the tensor-core kernel whose FP8 weight and bf16 x stages fit in shared memory at ``rows``."""
-    bm = block_m(rows)
-    return [(bn, bk, w, st) for bn in ((16, 32, 64) if bm == 16 else (32, 64, 128)) for bk in (128, 256, 512)
-            for w in (4, 8) for st in (2, 3, 4, 6) if bn * bk * st + bm * bk * 2 * st <= 160 * 1024]
+SKINNY_GRID = [(bn, bk, w, st) for bn in (16, 32, 64) for bk in (128, 256, 512) for w in (4, 8) for st in (2, 3, 4, 6)
+               if bn * bk * st + 16 * bk * 2 * st <= 160 * 1024]  # FP8 weight stages and bf16 x in shared memory
 
 
 def _input(name: str, rows: int, k: int) -> torch.Tensor:
@@ -54,10 +48,7 @@ def _input(name: str, rows: int, k: int) -> torch.Tensor:
 
 
 def decode_call(name: str, x: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None, tile) -> torch.Tensor:
-    """One projection as the model runs it: GEMV at one row (SiLU folded for down), skinny GEMM above (cuBLAS for a
-    bf16 weight above 16 rows)."""
-    if s is None and x.shape[0] > MAX_ROWS:
-        return torch.nn.functional.linear(x, w)
+    """One projection as the model runs it: GEMV at one row (SiLU folded for down), skinny GEMM above."""
     if x.shape[0] == 1:
         return gemv(x, w, silu_mul=name == "down_proj", weight_scale=s, tile=tile)
     return skinny_linear(x, w, weight_scale=s, tile=tile)
@@ -101,7 +92,7 @@ def table_tile(name: str, rows: int, fp8: bool):
     n, k = SHAPES[name]
     if rows == 1:
         return _gemv_tile(n, k, "silu_mul" if name == "down_proj" else "", fp8=fp8)
-    return _tile(n, k, fp8=fp8, rows=rows)
+    return _tile(n, k, fp8=fp8)
 
 
 def tune(step: Step, grid: list, start: dict, passes: int, record: dict) -> tuple[dict, float]:
@@ -127,15 +118,13 @@ def tune(step: Step, grid: list, start: dict, passes: int, record: dict) -> tupl
 
 
 def write_tiles(path: str, rows: int, best: dict) -> None:
-    """Add ``"NxK/fp8"`` entries (``"NxK/fp8_m32"`` / ``"NxK/fp8_m64"`` above 16 rows, and ``"NxK/fp8_silu_mul"``
-    for the down projection at one row) to the table at ``path`` (``gemv_tiles`` at one row, ``tiles`` above),
-    keeping its other entries."""
+    """Add ``"NxK/fp8"`` entries (and ``"NxK/fp8_silu_mul"`` for the down projection at one row) to the table at
+    ``path`` (``gemv_tiles`` at one row, ``tiles`` above), keeping its other entries."""
     with open(path) as f:
         table = json.load(f)
     section = table.setdefault("gemv_tiles" if rows == 1 else "tiles", {})
-    suffix = "fp8" if rows <= MAX_ROWS else f"fp8_m{block_m(rows)}"
     for name, (n, k) in SHAPES.items():
-        section[f"{n}x{k}/{suffix}"] = list(best[name])
+        section[f"{n}x{k}/fp8"] = list(best[name])
         if rows == 1 and name == "down_proj":
             section[f"{n}x{k}/fp8_silu_mul"] = list(best[name])
     with open(path, "w") as f:
@@ -144,7 +133,7 @@ def write_tiles(path: str, rows: int, best: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1, help="rows of x (the decode batch), 1 to 64")
+    parser.add_argument("--rows", type=int, default=1, help="rows of x (the decode batch), 1 to 16")
     parser.add_argument("--passes", type=int, default=1)
     parser.add_argument("--compile-workers", type=int, default=14)
     parser.add_argument("--json", help="write the raw results here")
@@ -152,7 +141,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     copy_bw = copy_bandwidth()
-    grid = GEMV_GRID if args.rows == 1 else skinny_grid(args.rows)
+    grid = GEMV_GRID if args.rows == 1 else SKINNY_GRID
     tasks = [(args.rows, name, t) for name in SHAPES for t in grid]
     with concurrent.futures.ProcessPoolExecutor(args.compile_workers,
                                                 mp_context=multiprocessing.get_context("spawn")) as pool:

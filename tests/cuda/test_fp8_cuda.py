@@ -7,8 +7,8 @@
   ``(qx * sx) @ (qw * sw).T`` in fp32, on random inputs, for the Llama-3.1-8B projection shapes (qkv, o, gate_up,
   down) at M = 1, 8, 64, 512 and 4096, dynamic and static activations, with bias: relative error below 2e-2,
   never NaN.
-* The W8A16 decode kernels (``brigade_fp8/decode_gemm.py``: the one-row GEMV, the tensor-core kernel at 2-64 rows)
-  against the dequantized product ``x @ (qw * sw).T`` on the same shapes in bf16 at M = 1, 2, 8, 16, 24, 40 and 64, per-channel
+* The W8A16 decode kernels (``brigade_fp8/decode_gemm.py``: the one-row GEMV, the tensor-core kernel at 2-16 rows)
+  against the dequantized product ``x @ (qw * sw).T`` on the same shapes in bf16 at M = 1, 2, 8 and 16, per-channel
   and per-tensor scales, with bias and the residual epilogue, and SiLU-and-mul at one row: relative error below
   2e-2, never NaN.
 * A small random Llama (hidden 256, heads of 64) on CUDA in fp32, online ``quantization="fp8"`` and as a
@@ -164,11 +164,8 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("scale", ["channel", "tensor"])
 @pytest.mark.parametrize("n,k", SHAPES, ids=["qkv", "o", "gate_up", "down"])
-@pytest.mark.parametrize("m", [1, 2, 8, 16, 24, 40, 64])
-def test_decode_kernels_match_the_dequantized_reference(n, k, m, scale, monkeypatch):
-    from brigade_fp8 import decode_gemm
-
-    monkeypatch.setattr(decode_gemm, "decode_rows", lambda: 64)  # 17 to 64 rows: the row blocks of 32 and 64
+@pytest.mark.parametrize("m", [1, 2, 8, 16])
+def test_decode_kernels_match_the_dequantized_reference(n, k, m, scale):
     gen = torch.Generator(device="cuda").manual_seed(n + k + m)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
     qw, sw = quantize_fp8_per_channel(torch.randn(n, k, device="cuda", generator=gen) * 0.02)

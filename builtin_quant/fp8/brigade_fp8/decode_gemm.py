@@ -10,8 +10,8 @@ variants compile exactly as before) with an FP8 weight:
 * one row: the CUDA-core GEMV (fp32 partial products in registers over the whole K, reduced once), also with
   SiLU-and-mul computed from the gate/up row while it loads it (the down projection: the activation kernel
   disappears) and the residual add in the epilogue (o_proj and down_proj);
-* 2 to ``BRIGADE_FP8_DECODE_ROWS`` rows (default 16, at most 64): the tensor-core skinny GEMM in row blocks of 16,
-  32 or 64, the FP8 tile widened to the activations' dtype before ``tl.dot``, with the residual epilogue;
+* 2 to ``BRIGADE_FP8_DECODE_ROWS`` rows (default and most 16, tl.dot's smallest M): the tensor-core skinny GEMM,
+  the FP8 tile widened to the activations' dtype before ``tl.dot``, with the residual epilogue;
 * above, and for the layouts these do not take, None: the layer runs ``gemm.fp8_gemm_cuda`` (per-token FP8
   activations and ``torch._scaled_mm``, where FP8 tensor cores pay).
 
@@ -28,15 +28,15 @@ import functools
 
 import torch
 
-from brigade_cuda.ops.gemm import FP8_MAX_ROWS, check_residual, check_skinny, gemv, skinny_linear
+from brigade_cuda.ops.gemm import MAX_ROWS, check_residual, check_skinny, gemv, skinny_linear
 
 from brigade_fp8 import envs
 
 
 @functools.cache
 def decode_rows() -> int:
-    """The most rows the decode kernels take (``BRIGADE_FP8_DECODE_ROWS``, clamped to 0..``FP8_MAX_ROWS``)."""
-    return max(0, min(FP8_MAX_ROWS, envs.BRIGADE_FP8_DECODE_ROWS))
+    """The most rows the decode kernels take (``BRIGADE_FP8_DECODE_ROWS``, clamped to 0..16)."""
+    return max(0, min(MAX_ROWS, envs.BRIGADE_FP8_DECODE_ROWS))
 
 
 def _takes(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, k_factor: int = 1) -> bool:

@@ -7,7 +7,7 @@ from brigade.envs import EnvVar, declare, lazy_getattr
 
 VARIABLES = declare(
     EnvVar("BRIGADE_FP8_DECODE_ROWS", "int", 16,
-           "FP8 layers on CUDA multiply up to this many rows (at most 64) with the W8A16 decode kernels (bf16 "
+           "FP8 layers on CUDA multiply up to this many rows (at most 16) with the W8A16 decode kernels (bf16 "
            "activations, each FP8 weight byte read once) and larger batches with torch._scaled_mm; 1: the one-row "
            "GEMV only; 0: torch._scaled_mm at every size (A/B)."),
 )

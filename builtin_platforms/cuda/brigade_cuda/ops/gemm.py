@@ -47,12 +47,6 @@ from brigade_cuda.pdl import gdc_prologue, pdl_launch
 
 
 MAX_ROWS = 16  # x rows the kernel takes (tl.dot's smallest M); larger batches go to cuBLAS
-# x rows the kernel takes with an FP8 weight: 17 to 32 rows run BLOCK_M 32, 33 to 64 BLOCK_M 64. Up to 64 rows the
-# FP8 weight read still costs more than the bf16 tensor-core product (2 * 64 FLOP per byte read), where cuBLASLt's
-# FP8 kernels launch too few programs for a decode batch (docs/quantization.md).
-FP8_MAX_ROWS = 64
-# What one program's pipelined x and weight tiles may take of an SM's shared memory (H100/H200: 227 KiB).
-SHARED_MEMORY_BUDGET = 200 * 1024
 FP8_X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # activations an FP8 weight's kernels take
 
 
@@ -184,36 +178,13 @@ def __getattr__(name: str) -> dict[str, Tile]:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def block_m(rows: int) -> int:
-    """The tensor-core kernel's row block for ``rows`` rows of x: 16 up to 16 rows, then 32, then 64."""
-    return 16 if rows <= 16 else 32 if rows <= 32 else 64
-
-
-def _tile(n: int, k: int, fp8: bool = False, rows: int = MAX_ROWS) -> tuple[int, int, int, int]:
-    """The tensor-core tile for weight [n, k] at ``rows`` rows: for an FP8 weight above 16 rows ``"NxK/fp8_m32"``
-    or ``"NxK/fp8_m64"`` (its row block's; 32 falls back to 64's), then ``"NxK/fp8"`` (tuned at a few rows), then
-    ``"NxK"``, else the default; above 16 rows fitted to the shared memory its row block needs (``fit_tile``)."""
+def _tile(n: int, k: int, fp8: bool = False) -> tuple[int, int, int, int]:
+    """The tensor-core tile for weight [n, k]: ``"NxK/fp8"`` first for an FP8 weight, then ``"NxK"``, else the
+    default."""
     tiles = tile_tables()[0]
-    shape = f"{n}x{k}"
-    keys = [f"{shape}/fp8_m{block_m(rows)}", f"{shape}/fp8_m64"] if fp8 and rows > MAX_ROWS else []
-    keys += [f"{shape}/fp8", shape] if fp8 else [shape]
-    tile = next((tiles[key] for key in keys if key in tiles), DEFAULT_TILE)
-    return fit_tile(tile, block_m(rows), 1 if fp8 else 2) if rows > MAX_ROWS else tile
-
-
-def fit_tile(tile: tuple[int, int, int, int], rows_block: int, weight_bytes: int, x_bytes: int = 2
-             ) -> tuple[int, int, int, int]:
-    """``tile`` (block_n, block_k, warps, stages) with fewer pipeline stages, then halved ``block_k``, until a
-    stage's weight tile [block_n, block_k] and x tile [rows_block, block_k] fit ``SHARED_MEMORY_BUDGET``."""
-    block_n, block_k, warps, stages = tile
-    while stages * block_k * (block_n * weight_bytes + rows_block * x_bytes) > SHARED_MEMORY_BUDGET:
-        if stages > 2:
-            stages -= 1
-        elif block_k > 64:
-            block_k //= 2
-        else:
-            break
-    return block_n, block_k, warps, stages
+    if fp8 and f"{n}x{k}/fp8" in tiles:
+        return tiles[f"{n}x{k}/fp8"]
+    return tiles.get(f"{n}x{k}", DEFAULT_TILE)
 
 
 def check_skinny(x: torch.Tensor, weight: torch.Tensor, *, k_factor: int = 1,
@@ -228,8 +199,8 @@ def check_skinny(x: torch.Tensor, weight: torch.Tensor, *, k_factor: int = 1,
         return (f"needs x [M, {k_factor if k_factor > 1 else ''}K] and weight [N, K], got {tuple(x.shape)} and "
                 f"{tuple(weight.shape)}")
     if weight_scale is not None:
-        if x.shape[0] > FP8_MAX_ROWS or weight.dtype != torch.float8_e4m3fn or x.dtype not in FP8_X_DTYPES:
-            return f"takes at most {FP8_MAX_ROWS} fp16/bf16/fp32 rows and a float8_e4m3fn weight"
+        if x.shape[0] > MAX_ROWS or weight.dtype != torch.float8_e4m3fn or x.dtype not in FP8_X_DTYPES:
+            return f"takes at most {MAX_ROWS} fp16/bf16/fp32 rows and a float8_e4m3fn weight"
         if (weight_scale.dtype != torch.float32 or tuple(weight_scale.shape) != (weight.shape[0],)
                 or not weight_scale.is_contiguous()):
             return f"needs a contiguous fp32 weight scale of shape [{weight.shape[0]}]"
@@ -311,11 +282,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                   residual: torch.Tensor | None = None, weight_scale: torch.Tensor | None = None,
                   tile: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """``x @ weight.T + bias (+ residual)`` for at most ``MAX_ROWS`` rows (``FP8_MAX_ROWS`` with an FP8 weight).
+    """``x @ weight.T + bias (+ residual)`` for at most ``MAX_ROWS`` rows.
 
     Args:
-        x: [M, K] fp16/bf16, M <= 16 (with ``weight_scale``: fp16/bf16/fp32, M <= ``FP8_MAX_ROWS``, in row blocks
-            of 16, 32 or 64: ``block_m``), last dimension contiguous.
+        x: [M, K] fp16/bf16, M <= 16, last dimension contiguous.
         weight: [N, K], same dtype, last dimension contiguous.
         bias: optional [N].
         residual: optional [M, N] in x's dtype, last dimension contiguous; the product is rounded to x's
@@ -328,8 +298,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     Returns: a new [M, N] tensor in x's dtype (fp32 accumulation).
 
     Raises:
-        ValueError: on more than 16 rows (64 with ``weight_scale``), mismatched shapes or dtypes, a bad
-            ``weight_scale``, or a non-contiguous last dimension.
+        ValueError: on more than 16 rows, mismatched shapes or dtypes, a bad ``weight_scale``, or a
+            non-contiguous last dimension.
     """
     reason = check_skinny(x, weight, weight_scale=weight_scale)
     if reason is None and residual is not None:
@@ -341,12 +311,12 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
-    block_n, block_k, num_warps, num_stages = tile or _tile(n, k, fp8=weight_scale is not None, rows=m)
+    block_n, block_k, num_warps, num_stages = tile or _tile(n, k, fp8=weight_scale is not None)
     r = residual if residual is not None else y
     fp8 = {} if weight_scale is None else {"s_ptr": weight_scale, "W_SCALE": True}  # bf16 compiles as before
     _skinny_gemm_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else y, r, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
         r.stride(0), HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, EVEN_K=k % block_k == 0,
-        BLOCK_M=block_m(m), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **fp8,
+        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **fp8,
         **pdl_launch())
     return y
