@@ -9,7 +9,7 @@ against the plain one (relative error below 1e-2).
 
 Usage (CUDA machine, brigade-fp8 importable)::
 
-    PYTHONPATH=benchmarks/kernels python3 benchmarks/kernels/bench_fp8_swap_ab.py --rows 16,32,64,128,256 \\
+    PYTHONPATH=benchmarks/kernels python3 benchmarks/kernels/bench_fp8_swap_ab.py --rows 8,16,32,64,128,256 \\
         --json out.json
 """
 
@@ -33,7 +33,7 @@ NUM_LAYERS = 32
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default="16,32,64,128,256", help="multiples of 16")
+    parser.add_argument("--rows", default="8,16,32,64,128,256")
     parser.add_argument("--json")
     args = parser.parse_args()
     torch.manual_seed(0)

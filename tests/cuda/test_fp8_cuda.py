@@ -68,12 +68,12 @@ def test_per_token_quant_matches_pytorch(m, dtype):
 
 @pytest.mark.parametrize("swap", [False, True], ids=["plain", "swap_ab"])
 @pytest.mark.parametrize("n,k", SHAPES, ids=["qkv", "o", "gate_up", "down"])
-@pytest.mark.parametrize("m", [1, 8, 24, 32, 64, 256, 512, 4096])
+@pytest.mark.parametrize("m", [1, 8, 24, 64, 256, 512, 4096])
 def test_fp8_gemm_matches_dequantized_reference(n, k, m, swap, monkeypatch):
     from brigade_fp8 import gemm
 
     monkeypatch.setattr(gemm, "swap_ab_rows", lambda: 256 if swap else 0)  # BRIGADE_FP8_SWAP_AB_ROWS
-    assert gemm.swap_ab(m) == (swap and m % 16 == 0 and 16 <= m <= 256)
+    assert gemm.swap_ab(m) == (swap and m % 8 == 0 and 8 <= m <= 256)
     gen = torch.Generator(device="cuda").manual_seed(n + k + m)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(n, k, device="cuda", generator=gen) * 0.02

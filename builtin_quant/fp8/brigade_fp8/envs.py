@@ -11,7 +11,7 @@ VARIABLES = declare(
            "activations, each FP8 weight byte read once) and larger batches with torch._scaled_mm; 1: the one-row "
            "GEMV only; 0: torch._scaled_mm at every size (A/B)."),
     EnvVar("BRIGADE_FP8_SWAP_AB_ROWS", "int", 0,
-           "Batches of 16 up to this many rows (multiples of 16) multiply as (W @ x.T).T in torch._scaled_mm, which "
+           "Batches of 8 up to this many rows (multiples of 8) multiply as (W @ x.T).T in torch._scaled_mm, which "
            "gives cuBLASLt the weight's N as the GEMM's M and so narrow tiles over many programs; 0: off (A/B)."),
 )
 

@@ -83,9 +83,9 @@ def fp8_gemm_cuda(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Te
 
 def swap_ab(rows: int) -> bool:
     """Whether ``fp8_gemm_cuda`` multiplies ``rows`` activation rows as ``(W @ x.T).T`` (``scaled_mm_swap_ab``):
-    up to ``BRIGADE_FP8_SWAP_AB_ROWS``, in multiples of 16 (``torch._scaled_mm`` wants both dimensions of its
-    second operand, here ``qx.T``, divisible by 16)."""
-    return 16 <= rows <= swap_ab_rows() and rows % 16 == 0
+    from 8 rows (the output's leading dimension must be 16-byte aligned) up to ``BRIGADE_FP8_SWAP_AB_ROWS``, in
+    multiples of 8."""
+    return 8 <= rows <= swap_ab_rows() and rows % 8 == 0
 
 
 @functools.cache
@@ -106,7 +106,7 @@ def scaled_mm_swap_ab(qx: torch.Tensor, sx: torch.Tensor, qweight: torch.Tensor,
     GEMM's M and the batch is its N, for which the library picks narrow tiles over many programs: the "swap AB"
     configurations vLLM's CUTLASS FP8 kernels use at small M. The rowwise scales swap with the operands.
 
-    Args: qx [T, K] ``float8_e4m3fn`` row-major, T a multiple of 16; sx [T, 1] fp32; qweight [N, K]
+    Args: qx [T, K] ``float8_e4m3fn`` row-major, T a multiple of 8; sx [T, 1] fp32; qweight [N, K]
     ``float8_e4m3fn`` row-major; weight_scale [1, N] or [N] fp32 contiguous; bias [N] or None.
     Returns: a new contiguous [T, N] bf16 tensor.
     """
