@@ -10,9 +10,6 @@ VARIABLES = declare(
            "FP8 layers on CUDA multiply up to this many rows (at most 16) with the W8A16 decode kernels (bf16 "
            "activations, each FP8 weight byte read once) and larger batches with torch._scaled_mm; 1: the one-row "
            "GEMV only; 0: torch._scaled_mm at every size (A/B)."),
-    EnvVar("BRIGADE_FP8_SWAP_AB_ROWS", "int", 0,
-           "Batches of 8 up to this many rows (multiples of 8) multiply as (W @ x.T).T in torch._scaled_mm, which "
-           "gives cuBLASLt the weight's N as the GEMM's M and so narrow tiles over many programs; 0: off (A/B)."),
 )
 
 __getattr__ = lazy_getattr(VARIABLES)

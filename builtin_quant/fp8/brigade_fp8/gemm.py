@@ -73,46 +73,9 @@ def fp8_gemm_cuda(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Te
     else:
         qx = quantize_fp8_static(x, input_scale)
         sx = input_scale.float().reshape(1, 1).expand(x.shape[0], 1).contiguous()
-    if swap_ab(qx.shape[0]):
-        out = scaled_mm_swap_ab(qx, sx, qweight, weight_scale, bias)
-    else:
-        out = torch._scaled_mm(qx, qweight.t(), scale_a=sx, scale_b=weight_scale.reshape(1, -1),
-                               bias=None if bias is None else bias.to(torch.bfloat16), out_dtype=torch.bfloat16)
+    out = torch._scaled_mm(qx, qweight.t(), scale_a=sx, scale_b=weight_scale.reshape(1, -1),
+                           bias=None if bias is None else bias.to(torch.bfloat16), out_dtype=torch.bfloat16)
     return out if x.dtype == torch.bfloat16 else out.to(x.dtype)
-
-
-def swap_ab(rows: int) -> bool:
-    """Whether ``fp8_gemm_cuda`` multiplies ``rows`` activation rows as ``(W @ x.T).T`` (``scaled_mm_swap_ab``):
-    from 8 rows (the output's leading dimension must be 16-byte aligned) up to ``BRIGADE_FP8_SWAP_AB_ROWS``, in
-    multiples of 8."""
-    return 8 <= rows <= swap_ab_rows() and rows % 8 == 0
-
-
-@functools.cache
-def swap_ab_rows() -> int:
-    """``BRIGADE_FP8_SWAP_AB_ROWS``, read once."""
-    from brigade_fp8 import envs
-
-    return envs.BRIGADE_FP8_SWAP_AB_ROWS
-
-
-def scaled_mm_swap_ab(qx: torch.Tensor, sx: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor,
-                      bias: torch.Tensor | None) -> torch.Tensor:
-    """``(qx * sx) @ (qweight * weight_scale).T + bias`` computed as ``(qweight @ qx.T).T`` on FP8 tensor cores.
-
-    At decode batches (tens of rows) ``torch._scaled_mm(qx, qweight.t())`` gets a 128x128-tile kernel from
-    cuBLASLt: M = 64 fills half a tile and N / 128 programs leave most SMs idle (4096 columns: 32 programs on 132
-    SMs), so the FP8 weight streams at a fraction of the bandwidth. With the operands swapped the weight's N is the
-    GEMM's M and the batch is its N, for which the library picks narrow tiles over many programs: the "swap AB"
-    configurations vLLM's CUTLASS FP8 kernels use at small M. The rowwise scales swap with the operands.
-
-    Args: qx [T, K] ``float8_e4m3fn`` row-major, T a multiple of 8; sx [T, 1] fp32; qweight [N, K]
-    ``float8_e4m3fn`` row-major; weight_scale [1, N] or [N] fp32 contiguous; bias [N] or None.
-    Returns: a new contiguous [T, N] bf16 tensor.
-    """
-    out = torch._scaled_mm(qweight, qx.t(), scale_a=weight_scale.reshape(-1, 1), scale_b=sx.reshape(1, -1),
-                           out_dtype=torch.bfloat16).t().contiguous()  # [N, T] -> [T, N]
-    return out if bias is None else out + bias.to(torch.bfloat16)
 
 
 def fp8_block_gemm(x: torch.Tensor, qweight: torch.Tensor, block_scale: torch.Tensor, block: tuple[int, int],
