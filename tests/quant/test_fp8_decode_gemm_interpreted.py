@@ -8,7 +8,8 @@ so bf16 runs on CUDA only: tests/cuda/test_fp8_cuda.py). Shapes: one row (the GE
 tensor-core kernel), ragged N and K, per-channel and per-tensor scales (a merged layer's per-shard scales). Then
 an FP8 layer on the CPU bound to the kernels (registered for the "cpu" platform for the test): decode sizes go
 through them, 17 rows fall back to the W8A8 product. In process: the kernel registration, the row rule, and the
-shapes the kernels refuse."""
+shapes the kernels refuse; and the Triton W8A8 GEMM of CUDA's decode batches (``triton_gemm.w8a8_gemm``, with and
+without split-K) against the same float64 product, and its tile choice."""
 
 from __future__ import annotations
 
@@ -125,6 +126,20 @@ for m in (1, 5, 16):
     out, rest = down.forward_add(act, res)
     assert rest is None, "the residual was left pending"
     close(f"layer-down-residual-m{m}", out, want + res.double())
+# The Triton W8A8 GEMM (brigade_fp8/triton_gemm.py) that runs W8A8 products of up to 64 rows on CUDA: FP8 codes
+# on both sides, per-token and per-channel scales in the epilogue, split-K partials summed with the bias.
+from brigade_fp8.quantize import quantize_fp8_per_token
+from brigade_fp8.triton_gemm import w8a8_gemm
+
+for m, n, k, tile in [(5, 48, 256, (16, 32, 64, 4, 2, 1)), (20, 40, 192, (32, 16, 64, 4, 2, 2)),
+                      (64, 32, 320, (64, 32, 64, 4, 2, 4)), (3, 24, 200, (16, 16, 64, 4, 2, 2))]:
+    qw, s = fp8_weight(n, k)
+    qx, sx = quantize_fp8_per_token(torch.randn(m, k, generator=gen))
+    b = torch.randn(n, generator=gen)
+    want = (qx.double() * sx.double()) @ (qw.double() * s.double()[:, None]).T + b.double()
+    close(f"w8a8-m{m}-split{tile[5]}", w8a8_gemm(qx, sx.contiguous(), qw, s, b, out_dtype=torch.float32, tile=tile),
+          want)
+
 x = torch.randn(17, hidden, generator=gen)  # above the decode rows: the W8A8 product (per-token FP8 activations)
 want = fp8_gemm_emulated(x, gate_up.weight, gate_up.weight_scale, None, None)
 assert torch.equal(gate_up(x), want)
@@ -201,3 +216,14 @@ def test_an_fp8_weight_takes_its_own_tiles_else_the_bf16_ones(tmp_path, monkeypa
         assert gemm._tile(64, 32, fp8=True) == (32, 64, 4, 3) and gemm._tile(64, 32) == (16, 32, 4, 2)
     finally:
         gemm.tile_tables.cache_clear()
+
+
+def test_the_w8a8_gemm_takes_the_table_tile_of_its_row_bucket_else_a_default_with_split_k():
+    from brigade_fp8.triton_gemm import DEFAULT_TILES, pick_tile, tile_table
+
+    table = tile_table()["4096x14336"]  # Llama-3.1-8B's down projection, tuned on the H200
+    assert pick_tile(64, 4096, 14336) == table[64] and pick_tile(40, 4096, 14336) == table[64]
+    assert pick_tile(17, 4096, 14336) == table[32] and pick_tile(500, 4096, 14336) == table[max(table)]
+    # a shape the table lacks: the bucket's default, split while the tiles leave SMs idle and K has steps to split
+    assert pick_tile(24, 5120, 8192) == DEFAULT_TILES[32][:5] + (4,)  # 80 tiles: 4 slices give 2 programs an SM
+    assert pick_tile(24, 2048, 768) == DEFAULT_TILES[32][:5] + (1,)  # 6 K steps: not split
