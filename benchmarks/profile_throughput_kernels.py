@@ -12,7 +12,8 @@ temperature 1.0, bench 2's engine settings), once untimed to warm up and once un
 
 Usage (CUDA machine, Brigade and brigade-cuda installed)::
 
-    python benchmarks/profile_throughput_kernels.py benchmarks/configs/llama-3.1-8b --num-prompts 200 --json out.json
+    python benchmarks/profile_throughput_kernels.py benchmarks/configs/llama-3.1-8b --num-prompts 200 --json out.json \
+        [--quantization fp8] [--kv-cache-dtype fp8]
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ CATEGORIES = (
     ("norm", ("rms", "norm")),
     ("silu_and_mul", ("silu", "act_and_mul")),
     ("gemm", ("gemm", "gemv", "cutlass", "xmma", "nvjet", "matmul", "_mm_", "sm90", "cublas", "skinny")),
+    ("fp8_quant", ("per_token_quant", "quant_kernel")),
     ("copy", ("memcpy", "memset", "copy", "fill", "cat", "index")),
 )
 
@@ -59,10 +61,13 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
     parser.add_argument("--max-num-seqs", type=int, default=512)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--quantization", help="as brigade's flag, e.g. fp8 (online FP8 of the dummy weights)")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="as brigade's flag: auto or fp8")
     args = parser.parse_args()
     llm = LLM(args.model, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
               max_model_len=args.input_len + args.output_len + 16, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens)
+              max_num_batched_tokens=args.max_num_batched_tokens, quantization=args.quantization,
+              kv_cache_dtype=args.kv_cache_dtype)
     cfg = llm.engine.core.executor.hf_config
     vocab, hidden = cfg.vocab_size, cfg.hidden_size
     model = llm.engine.core.executor.worker.model_runner.model
