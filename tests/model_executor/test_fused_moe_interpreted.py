@@ -108,6 +108,10 @@ check_router(5, 8, 2, True, 5)
 check_router(7, 128, 8, False, 4)
 check_router(3, 60, 4, True, 3)  # experts not a power of two
 check_router(1, 8, 1, False, 1)
+nan_logits = torch.full((2, 8), float("nan"))  # a broken hidden state: ids stay in range, counts in bounds
+counts = torch.zeros(8, dtype=torch.int64)
+_, nan_ids = topk_router(nan_logits, 2, True, counts, torch.tensor(2))
+assert ((nan_ids >= 0) & (nan_ids < 8)).all() and int(counts.sum()) == 4, (nan_ids, counts)
 print("OK")
 """
 

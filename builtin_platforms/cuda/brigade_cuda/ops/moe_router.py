@@ -36,6 +36,7 @@ def _topk_router_kernel(logits_ptr, weights_ptr, ids_ptr, counts_ptr, num_real_p
     for j in tl.static_range(TOP_K):
         best = tl.max(q, 0)
         idx = tl.min(tl.where(q == best, offs, BLOCK_E), 0)  # the lowest expert id among equal probabilities
+        idx = tl.minimum(idx, E - 1)  # NaN logits match nothing: an id in range, never a write out of bounds
         w = tl.where(slots == j, best, w)
         ids = tl.where(slots == j, idx, ids)
         q = tl.where(offs == idx, -1.0, q)
