@@ -74,3 +74,21 @@ def kv_bytes_per_token(config: dict, cache_bytes: float = 2.0) -> float:
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     kv_heads = config.get("num_key_value_heads", heads)
     return config["num_hidden_layers"] * 2 * kv_heads * head_dim * cache_bytes
+
+
+def decode_gemv_shapes(config: dict) -> dict[str, tuple[int, int]]:
+    """The dense weight shapes ``(N, K)`` a batch-1 decode step multiplies through brigade-cuda's one-row GEMV, by
+    name: the merged qkv and the o projections, the dense MLP's merged gate/up and down (models without experts),
+    an MoE layer's router (``gate``; its experts run in the fused MoE kernel) and the LM head."""
+    h = config["hidden_size"]
+    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = config.get("head_dim") or h // heads
+    shapes = {"qkv_proj": ((heads + 2 * kv_heads) * head_dim, h), "o_proj": (h, heads * head_dim)}
+    experts = config.get("num_local_experts") or config.get("num_experts")
+    if experts:
+        shapes["router"] = (experts, h)
+    else:
+        shapes["gate_up_proj"] = (2 * config["intermediate_size"], h)
+        shapes["down_proj"] = (h, config["intermediate_size"])
+    shapes["lm_head"] = (config["vocab_size"], h)
+    return shapes

@@ -11,10 +11,13 @@ Usage (on a CUDA machine, from the repository root)::
 
     PYTHONPATH=core:builtin_platforms/cuda:benchmarks/kernels python benchmarks/kernels/bench_gemm.py \\
         [--json PATH] [--write-tiles builtin_platforms/cuda/brigade_cuda/ops/gemm_tiles.json] [--gemv-only]
+        [--model benchmarks/configs/qwen3-30b-a3b]
 
 ``--gemv-only`` sweeps only the one-row CUDA-core kernel (``gemv``, tiles in ``GEMV_GRID``), keeps the
 tensor-core tiles already in the table, and also sweeps the down projection with SiLU-and-mul folded in
-(against ``silu_and_mul`` then the GEMV), whose tile is stored as ``NxK/silu_mul``.
+(against ``silu_and_mul`` then the GEMV), whose tile is stored as ``NxK/silu_mul``. With ``--model DIR`` the
+shapes are that model's (``model_shapes.decode_gemv_shapes``: attention projections, dense MLP or MoE router, LM
+head), and ``--write-tiles`` adds the ones the table lacks; the PYTHONPATH then also needs ``benchmarks``.
 """
 
 from __future__ import annotations
@@ -64,10 +67,10 @@ def _best(fn, want, grid, row: dict, label: str):
     return best
 
 
-def sweep_gemv(copy_bw: float) -> tuple[dict, dict]:
+def sweep_gemv(copy_bw: float, shapes: dict[str, tuple[int, int]], num_layers: int) -> tuple[dict, dict]:
     """One-row GEMV sweep per shape (and the SiLU-and-mul fold on the down projection)."""
     results, tiles = {}, {}
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in shapes.items():
         w = torch.randn(n, k, device="cuda", dtype=DTYPE) * 0.02
         nbytes = w.numel() * w.element_size()
         x = torch.randn(1, k, device="cuda", dtype=DTYPE)
@@ -97,11 +100,25 @@ def sweep_gemv(copy_bw: float) -> tuple[dict, dict]:
         print(line, flush=True)
         results[name] = row
         del w
-    per_layer = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+    per_layer = [name for name in shapes if name != "lm_head"]
     for impl in ("cublas", "triton", "gemv"):
-        total = 32 * sum(results[s][f"{impl}_ms_m1"] for s in per_layer) + results["lm_head"][f"{impl}_ms_m1"]
+        total = (num_layers * sum(results[s][f"{impl}_ms_m1"] for s in per_layer)
+                 + results["lm_head"][f"{impl}_ms_m1"])
         print(f"{impl}: all projections of one decode token at m=1: {total:.3f} ms")
     return results, tiles
+
+
+def write_gemv_tiles(path: str, gemv_tiles: dict, only_new: bool) -> None:
+    """Merge ``gemv_tiles`` into the table at ``path``, keeping every other entry (the tensor-core and FP8 tiles);
+    with ``only_new``, shapes already there keep their tiles."""
+    with open(path) as f:
+        table = json.load(f)
+    section = table.setdefault("gemv_tiles", {})
+    for key, tile in gemv_tiles.items():
+        if not (only_new and key in section):
+            section[key] = tile
+    with open(path, "w") as f:
+        json.dump(table, f, indent=2)
 
 
 def main() -> None:
@@ -109,21 +126,30 @@ def main() -> None:
     parser.add_argument("--json", help="write the raw results here")
     parser.add_argument("--write-tiles", help="write the winning tiles here (the kernel's gemm_tiles.json)")
     parser.add_argument("--gemv-only", action="store_true", help="sweep only the one-row GEMV kernel")
+    parser.add_argument("--model", help="with --gemv-only: a model directory whose config.json gives the shapes "
+                        "(model_shapes.decode_gemv_shapes) instead of Llama-3.1-8B's; --write-tiles then adds only "
+                        "the shapes the table lacks")
     args = parser.parse_args()
+    if args.model and not args.gemv_only:
+        parser.error("--model needs --gemv-only")
     torch.manual_seed(0)
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s")
     if args.gemv_only:
-        results, gemv_tiles = sweep_gemv(copy_bw)
+        shapes, num_layers = SHAPES, 32
+        if args.model:
+            from model_shapes import decode_gemv_shapes, load_config
+
+            config = load_config(args.model)
+            shapes, num_layers = decode_gemv_shapes(config), config["num_hidden_layers"]
+        results, gemv_tiles = sweep_gemv(copy_bw, shapes, num_layers)
         record = {"device": torch.cuda.get_device_name(), "copy_bandwidth_bytes_per_s": copy_bw,
                   "dtype": str(DTYPE), "gemv_grid": GEMV_GRID, "shapes": results}
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(record, f, indent=2)
         if args.write_tiles:
-            with open(args.write_tiles, "w") as f:
-                json.dump({"device": record["device"], "measured_by": "benchmarks/kernels/bench_gemm.py",
-                           "tiles": {k: list(v) for k, v in TILES.items()}, "gemv_tiles": gemv_tiles}, f, indent=2)
+            write_gemv_tiles(args.write_tiles, gemv_tiles, only_new=bool(args.model))
         return
     results, tiles = {}, {}
     for name, (n, k) in SHAPES.items():

@@ -112,6 +112,19 @@ def test_model_shapes_count_the_parameters_one_token_reads():
     assert kv_bytes_per_token(load_config(configs / "llama-3.1-8b")) == 32 * 2 * 8 * 128 * 2
 
 
+def test_decode_gemv_shapes_follow_each_config():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from model_shapes import decode_gemv_shapes, load_config
+
+    assert decode_gemv_shapes(load_config(ROOT / "benchmarks/configs/llama-3.1-8b")) == {
+        "qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096), "down_proj": (4096, 14336),
+        "lm_head": (128256, 4096)}
+    assert decode_gemv_shapes(load_config(ROOT / "benchmarks/configs/qwen3-30b-a3b")) == {
+        "qkv_proj": (5120, 2048), "o_proj": (2048, 4096), "router": (128, 2048), "lm_head": (151936, 2048)}
+
+
 def test_summary_of_the_fp8_and_moe_benches():
     rows = {row["bench"]: row for row in _summary_module().summarize(FP8_MOE_RESULTS)}
     assert rows["fp8_1"]["figure"] == pytest.approx(2.56, abs=0.01)
