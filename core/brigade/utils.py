@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import importlib
 import socket
@@ -37,8 +38,17 @@ def freeze_gc_heap() -> int:
     each full (generation 2) collection walks all of them: about 250 ms on this project's CPU machine with
     SmolLM2 (``docs/benchmarks.md``), a stall of every running request whenever one strikes while serving.
     Frozen objects are never scanned again; objects made later are collected as usual. vLLM freezes its
-    start-up heap the same way.
+    start-up heap the same way. At exit the heap is unfrozen and collected once (an ``atexit`` hook): extension
+    modules that count their live objects at teardown (Triton's nanobind bindings, imported by torch's meta-device
+    ops) would otherwise print every frozen one as leaked.
     """
     gc.collect()
     gc.freeze()
+    atexit.unregister(_unfreeze_and_collect)  # one hook however often a process freezes
+    atexit.register(_unfreeze_and_collect)
     return gc.get_freeze_count()
+
+
+def _unfreeze_and_collect() -> None:
+    gc.unfreeze()
+    gc.collect()

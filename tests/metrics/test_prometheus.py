@@ -45,6 +45,7 @@ def test_records_gauges_counters_and_histograms():
     assert s[("brigade:request_time_per_output_token_seconds_count", ())] == 1  # None tpot is not observed
     assert s[("brigade:time_to_first_token_seconds_bucket", (("le", "0.25"),))] == 1
     assert s[("brigade:time_to_first_token_seconds_bucket", (("le", "0.1"),))] == 0
+    assert not any(name.endswith("_created") for name, _ in s)  # no creation-time series beside each counter
 
 
 def test_direct_block_refresh_and_separate_registries():

@@ -19,7 +19,8 @@ with the first step an MoE engine reports.
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
+                               disable_created_metrics, generate_latest)
 
 from brigade.interfaces import IterationStats, SchedulerStats, StatLoggerBase
 
@@ -64,6 +65,7 @@ class PrometheusStatLogger(StatLoggerBase):
 
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None, max_loras: int | None = None,
                  num_speculative_tokens: int | None = None, num_engines: int = 1):
+        disable_created_metrics()  # no `<counter>_created` series beside each counter, as vLLM exports them
         self.registry = registry if registry is not None else CollectorRegistry()
         labels = ["model_name"]
         reg = self.registry

@@ -74,6 +74,10 @@ BAD_FLAGS = [
      "--compilation-config has unknown keys ['max_capture_size']; allowed: level, cudagraph_mode"),
     (["serve", "{model}", "-O3", "--compilation-config", '{{"level": 1}}'], "brigade serve",
      "-O3 and --compilation-config level 1 disagree; give one"),
+    # 8: generate's text prompt needs the tokenizer; a sampling flag out of its range
+    (["generate", "hi", "--model", "{model}", "--skip-tokenizer-init"], "brigade generate",
+     "--skip-tokenizer-init: generate takes a text prompt, which needs the tokenizer; drop the flag"),
+    (["generate", "hi", "--model", "{model}", "--top-p", "0"], "brigade generate", "--top-p: top_p must be in (0, 1]"),
 ]
 
 

@@ -34,12 +34,17 @@ def run(args: argparse.Namespace) -> int:
     from brigade.entrypoints.llm import LLM
     from brigade.sampling_params import InvalidParamError, SamplingParams
 
+    from brigade.config import ConfigError
+
+    if args.skip_tokenizer_init:  # before the model loads: a text prompt needs the tokenizer
+        raise ConfigError("--skip-tokenizer-init: generate takes a text prompt, which needs the tokenizer; drop the "
+                          "flag (token-id prompts go through brigade serve --skip-tokenizer-init or LLM.generate)")
     config = runnable_config_from_args(args)  # ConfigError: one line from the CLI's main, before the model loads
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.sample_seed, stop=args.stop)
     except InvalidParamError as exc:
-        print(f"brigade generate: --{(exc.param or '').replace('_', '-')}: {exc}", file=sys.stderr)
+        print(f"brigade generate: error: --{(exc.param or '').replace('_', '-')}: {exc}", file=sys.stderr)
         return 2
     llm = LLM.from_config(config)
     try:
@@ -48,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             output = llm.generate(args.prompt, params, use_tqdm=False)[0]
     except InvalidParamError as exc:
-        print(f"brigade generate: {exc}", file=sys.stderr)
+        print(f"brigade generate: error: {exc}", file=sys.stderr)
         return 2
     completion = output.outputs[0]
     if args.json:
