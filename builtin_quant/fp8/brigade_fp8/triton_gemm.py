@@ -20,7 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from brigade_cuda.ops.quant_gemm import split_k_slices, split_k_sum, split_k_workspace, store_output_tile
+from brigade_cuda.ops.quant_gemm import (choose_split_k, num_sms, split_k_slices, split_k_sum, split_k_workspace,
+                                         store_output_tile)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -60,7 +61,7 @@ def _w8a8_gemm_kernel(qx_ptr, sx_ptr, qw_ptr, sw_ptr, b_ptr, y_ptr, M, N, K, k_p
 
 Tile = tuple[int, int, int, int, int, int]  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k)
 
-# Row buckets of the shapes the table lacks (split_k 0: choose_split_k's rule); measured on an H200 with
+# Row buckets of the shapes the table lacks (split_k 0: chosen by choose_split_k); measured on an H200 with
 # benchmarks/kernels/bench_fp8_w8a8.py, like the table in w8a8_tiles.json.
 DEFAULT_TILES: dict[int, Tile] = {16: (16, 64, 256, 4, 4, 0), 32: (32, 64, 128, 4, 5, 0), 64: (64, 64, 256, 4, 5, 0),
                                   128: (64, 64, 128, 4, 5, 1)}
@@ -74,19 +75,18 @@ def tile_table() -> dict[str, dict[int, Tile]]:
     return {shape: {int(r): tuple(t) for r, t in by_rows.items()} for shape, by_rows in raw.items()}
 
 
-def pick_tile(rows: int, n: int, k: int) -> Tile:
+def pick_tile(rows: int, n: int, k: int, device: torch.device = torch.device("cpu")) -> Tile:
     """The tile for ``rows`` rows of x and weight [n, k]: the table's entry for the smallest row bucket at or above
-    ``rows`` (the largest beyond them), else ``DEFAULT_TILES``'s with split-K by ``choose_split_k``'s rule
-    (slices while the output tiles leave fewer than two programs per SM)."""
+    ``rows`` (the largest beyond them), else ``DEFAULT_TILES``'s with split-K by brigade-cuda's ``choose_split_k``
+    (slices while the output tiles leave fewer than two programs per SM of ``device``, an H200's 132 for a CPU
+    tensor, each slice keeping 4 K steps)."""
     by_rows = tile_table().get(f"{n}x{k}") or DEFAULT_TILES
     bucket = min((b for b in by_rows if b >= rows), default=max(by_rows))
     tile = by_rows[bucket]
     if tile[5]:
         return tile
-    tiles = triton.cdiv(n, tile[1]) * triton.cdiv(rows, tile[0])
-    split, steps = 1, triton.cdiv(k, tile[2])
-    while split < 8 and tiles * split < 2 * 132 and steps // (2 * split) >= 4:
-        split *= 2
+    split = choose_split_k(rows, n, k, tile[0], tile[1], tile[2], num_sms(device), max_rows=max(DEFAULT_TILES),
+                           min_steps=4)
     return tile[:5] + (split,)
 
 
@@ -99,7 +99,7 @@ def w8a8_gemm(qx: torch.Tensor, sx: torch.Tensor, qweight: torch.Tensor, weight_
         qx: [M, K] ``float8_e4m3fn``, rows contiguous. sx: [M, 1] or [M] fp32 contiguous (per-token scales).
         qweight: [N, K] ``float8_e4m3fn``, rows contiguous. weight_scale: [N] or [1, N] fp32 contiguous.
         bias: [N] or None (added in fp32).
-        tile: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k); default ``pick_tile(M, N, K)``.
+        tile: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, split_k); default ``pick_tile(M, N, K, device)``.
 
     Returns: a new [M, N] tensor (fp32 accumulation, one rounding).
     """
@@ -108,7 +108,7 @@ def w8a8_gemm(qx: torch.Tensor, sx: torch.Tensor, qweight: torch.Tensor, weight_
     out = torch.empty(m, n, dtype=out_dtype, device=qx.device)
     if m == 0:
         return out
-    block_m, block_n, block_k, num_warps, num_stages, split_k = tile or pick_tile(m, n, k)
+    block_m, block_n, block_k, num_warps, num_stages, split_k = tile or pick_tile(m, n, k, qx.device)
     split_k, k_per_split = split_k_slices(k, block_k, split_k)
     dest = out if split_k == 1 else split_k_workspace(split_k, m, n, qx.device)
     if bias is not None and bias.dtype != torch.float32:

@@ -68,10 +68,10 @@ def choose_tile(m: int, n: int, dtype: torch.dtype) -> tuple[int, int, int, int,
 
 
 def choose_split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int, num_sms: int,
-                   min_k: int = 0) -> int:
-    """How many slices of K to run in parallel (1, 2, 4 or 8): more only for decode-sized batches (at most 16 rows)
-    with at least ``min_k`` rows of K whose output tiles leave fewer than two programs per SM (doubling while they
-    do), as long as every slice keeps at least 8 K steps.
+                   min_k: int = 0, *, max_rows: int = 16, min_steps: int = 8) -> int:
+    """How many slices of K to run in parallel (1, 2, 4 or 8): more only for decode-sized batches (at most
+    ``max_rows`` rows) with at least ``min_k`` rows of K whose output tiles leave fewer than two programs per SM
+    (doubling while they do), as long as every slice keeps at least ``min_steps`` K steps.
 
     Measured with ``benchmarks/kernels/bench_awq_gemm.py`` on an H200: at one row split 2 took AWQ's
     qkv from 45 to 34 us, split 4 o_proj from 33 to 25 and down_proj from 100 to 65. For Llama-3.1-8B decode on an
@@ -80,12 +80,12 @@ def choose_split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: 
     from split-K only on down_proj's tall K (one row: 74 -> 51 us at split 4), and lost at
     K 4096 (qkv 32 -> 40 us at split 2, o_proj 26 -> 44-101 us at split 4; eager ``do_bench`` timings).
     """
-    if m > 16 or k < min_k:
+    if m > max_rows or k < min_k:
         return 1
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     steps = triton.cdiv(k, block_k)
     split = 1
-    while split < 8 and tiles * split < 2 * num_sms and steps // (2 * split) >= 8:
+    while split < 8 and tiles * split < 2 * num_sms and steps // (2 * split) >= min_steps:
         split *= 2
     return split
 
