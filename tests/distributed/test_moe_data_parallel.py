@@ -25,6 +25,13 @@ from brigade.engine.core_client import EngineDeadError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+def _greedy(llm, prompts) -> list[list[int]]:
+    """Each token-id prompt's greedy tokens, as the offline LLM generates them."""
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
 
 
 def test_two_engines_share_the_experts_and_match_transformers(tmp_path, monkeypatch, capfd):
@@ -40,17 +47,11 @@ def test_two_engines_share_the_experts_and_match_transformers(tmp_path, monkeypa
     for rank in (0, 1):  # one world of both engines; each holds half of the 288 KiB of experts
         assert f"rank {rank}/2 (local rank 0, device cpu): dp {rank}/2, pp 0/1, tp 0/1, ep {rank}/2, 144.0 KiB of " \
                "experts" in log, log
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-
-    def generate(prompts):
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outs]
-
     try:
-        assert generate(PROMPTS) == refs  # both engines busy, with unequal batches (chunked prefill: 8 tokens)
+        assert _greedy(llm, PROMPTS) == refs  # both engines busy, with unequal batches (chunked prefill: 8 tokens)
         assert sorted(client.balancer.num_received) == [1, 2]
-        assert generate(PROMPTS[2:]) == refs[2:]  # one engine computes, the other runs dummy batches
-        assert generate(PROMPTS[:1]) == refs[:1]  # again, after both went idle together
+        assert _greedy(llm, PROMPTS[2:]) == refs[2:]  # one engine computes, the other runs dummy batches
+        assert _greedy(llm, PROMPTS[:1]) == refs[:1]  # again, after both went idle together
         assert sorted(client.balancer.num_received) == [2, 3]
         assert llm.get_kv_cache_stats() == {"num_free_blocks": 22, "num_total_blocks": 22}  # two pools of 11
         # Engine 1 killed mid-generation: generate fails (engine 0 sees its peer gone), nothing hangs.
@@ -83,11 +84,9 @@ def test_two_engines_of_two_tensor_parallel_ranks_each_hold_one_expert_per_rank(
     for rank in range(4):  # the EP group is all four ranks: dp-major, tp fastest
         assert f"rank {rank}/4 (local rank {rank % 2}, device cpu): dp {rank // 2}/2, pp 0/1, tp {rank % 2}/2, " \
                f"ep {rank}/4, pid" in log, log
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     try:
         for prompts, expected in ((PROMPTS, refs), (PROMPTS[1:2], refs[1:2])):  # both engines busy; one idle
-            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-            assert [list(o.outputs[0].token_ids) for o in outs] == expected
+            assert _greedy(llm, prompts) == expected
         assert llm.get_kv_cache_stats() == {"num_free_blocks": 22, "num_total_blocks": 22}
     finally:
         llm.shutdown()
@@ -100,11 +99,9 @@ def test_two_engines_on_two_gpus_share_the_experts_and_match_transformers(tmp_pa
     refs = greedy_reference(save_moe_checkpoint(config, tmp_path), PROMPTS, MAX_TOKENS)
     llm = LLM(str(tmp_path), data_parallel_size=2, enable_expert_parallel=True, dtype="float32", max_model_len=64,
               skip_tokenizer_init=True, block_size=16, num_gpu_blocks_override=32, max_num_batched_tokens=64)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     try:
         for prompts, expected in ((PROMPTS, refs), (PROMPTS[1:2], refs[1:2])):  # both engines busy; one idle
-            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-            assert [list(o.outputs[0].token_ids) for o in outs] == expected
+            assert _greedy(llm, prompts) == expected
         assert llm.get_kv_cache_stats() == {"num_free_blocks": 62, "num_total_blocks": 62}
     finally:
         llm.shutdown()
