@@ -3,9 +3,9 @@ data-parallel engines step in lockstep, every rank of every engine, and the engi
 
 The executor (the front end, for lockstep engines) hosts it, in its own process, on a port the operating system
 assigns when the store starts listening (``TCPStore`` on port 0), and hands its ``HOST:PORT`` to each rank; the
-ranks connect to it as clients. Probing for a free port and letting rank 0 bind it later races with every other process on the host
-that binds a port in between (``EADDRINUSE`` at start-up, seen when several engines start at once); a store
-that is already listening cannot lose its port.
+ranks connect to it as clients. Probing for a free port and letting rank 0 bind it later races with every other
+process on the host that binds a port in between (``EADDRINUSE`` at start-up, seen when several engines start at
+once); a store that is already listening cannot lose its port.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 
 import torch
-
 import torch.distributed as dist
 
 

@@ -7,7 +7,7 @@ import logging
 
 from brigade.config import BrigadeConfig
 from brigade.executor.abstract import Executor
-from brigade.executor.worker_proc import join_world, make_device_communicators
+from brigade.executor.worker_proc import expert_param_bytes, join_world, make_device_communicators
 from brigade.interfaces import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
 from brigade.utils import resolve_obj_by_qualname
 
@@ -28,9 +28,8 @@ class UniProcExecutor(Executor):
             make_device_communicators(self.state, self.worker.device)
             self.worker.load_model()
             if self.state is not None:
-                logger.info("%s, %.1f KiB of experts", self.state.describe(), sum(
-                    p.numel() * p.element_size() for name, p in self.worker.model_runner.model.named_parameters()
-                    if ".experts." in name) / 1024)
+                logger.info("%s, %.1f KiB of experts", self.state.describe(),
+                            expert_param_bytes(self.worker.model_runner.model) / 1024)
         except BaseException:
             self._leave_world()
             raise

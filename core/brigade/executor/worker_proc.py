@@ -125,9 +125,13 @@ def _start_worker(config: BrigadeConfig, hf_config, spec: WorkerSpec):
                       attention_backend=worker.attn_backend.name, device=str(worker.device),
                       place=state.describe() if state is not None else "",
                       param_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
-                      expert_param_bytes=sum(p.numel() * p.element_size() for name, p in model.named_parameters()
-                                             if ".experts." in name))
+                      expert_param_bytes=expert_param_bytes(model))
     return worker, state, info
+
+
+def expert_param_bytes(model) -> int:
+    """Bytes of a model's MoE expert weights on this rank (its ``...experts.*`` parameters; 0 for a dense model)."""
+    return sum(p.numel() * p.element_size() for name, p in model.named_parameters() if ".experts." in name)
 
 
 def join_world(config: BrigadeConfig, worker, engine_rank: int, store: str):
