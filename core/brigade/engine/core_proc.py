@@ -150,27 +150,30 @@ class EngineCoreProc:
                                             utility_result=msgspec.msgpack.encode(result)))
 
     def _drain_inputs(self) -> None:
-        while not self.core.has_unfinished_requests():
-            try:
-                self._handle(*self.inputs.get(timeout=_POLL_PARENT_S))
-                break
-            except queue.Empty:
-                if os.getppid() != self.parent_pid:
-                    raise SystemExit("the front-end process is gone")
-        while True:
-            try:
-                self._handle(*self.inputs.get_nowait())
-            except queue.Empty:
-                return
+        """Block while the engine has nothing to do until a message arrives, then handle every queued one."""
+        while not self.core.has_unfinished_requests() and not self._wait_for_input(_POLL_PARENT_S):
+            pass
+        self._handle_queued()
 
     def _take_inputs(self, wait_s: float) -> None:
         """Handle what the input queue holds, waiting up to ``wait_s`` for a first message (0: not at all)."""
         if wait_s > 0:
-            try:
-                self._handle(*self.inputs.get(timeout=wait_s))
-            except queue.Empty:
-                if os.getppid() != self.parent_pid:
-                    raise SystemExit("the front-end process is gone") from None
+            self._wait_for_input(wait_s)
+        self._handle_queued()
+
+    def _wait_for_input(self, timeout_s: float) -> bool:
+        """Handle one message if one arrives within ``timeout_s``; returns whether one did. Raises SystemExit when
+        the wait ends empty and the front-end process is gone."""
+        try:
+            self._handle(*self.inputs.get(timeout=timeout_s))
+            return True
+        except queue.Empty:
+            if os.getppid() != self.parent_pid:
+                raise SystemExit("the front-end process is gone") from None
+            return False
+
+    def _handle_queued(self) -> None:
+        """Handle every message already in the input queue, without waiting."""
         while True:
             try:
                 self._handle(*self.inputs.get_nowait())
