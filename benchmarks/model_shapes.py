@@ -42,6 +42,13 @@ def load_config(model_dir: str | Path) -> dict:
     return json.loads((Path(model_dir) / "config.json").read_text())
 
 
+def attention_dims(config: dict) -> tuple[int, int, int]:
+    """(query heads, KV heads, head dim) of a config: ``num_key_value_heads`` defaults to the query heads and
+    ``head_dim`` to ``hidden_size / heads``, as transformers' Llama config does."""
+    heads = config["num_attention_heads"]
+    return heads, config.get("num_key_value_heads", heads), config.get("head_dim") or config["hidden_size"] // heads
+
+
 def token_params(config: dict) -> TokenParams:
     """The active parameters of one token (see the module docstring).
 
@@ -49,8 +56,7 @@ def token_params(config: dict) -> TokenParams:
         KeyError: a config without the fields of a Llama-family or MoE model (hidden_size, num_hidden_layers, ...).
     """
     h, layers = config["hidden_size"], config["num_hidden_layers"]
-    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
-    head_dim = config.get("head_dim") or h // heads
+    heads, kv_heads, head_dim = attention_dims(config)
     attention = h * heads * head_dim + 2 * h * kv_heads * head_dim + heads * head_dim * h
     experts = config.get("num_local_experts") or config.get("num_experts")
     if experts:
@@ -70,9 +76,7 @@ def token_params(config: dict) -> TokenParams:
 def kv_bytes_per_token(config: dict, cache_bytes: float = 2.0) -> float:
     """Bytes of paged KV cache one cached token holds over all layers (K and V), ``cache_bytes`` per element
     (2 for bf16, 1 for an fp8 cache): what a decode step reads per token of context."""
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    kv_heads = config.get("num_key_value_heads", heads)
+    _, kv_heads, head_dim = attention_dims(config)
     return config["num_hidden_layers"] * 2 * kv_heads * head_dim * cache_bytes
 
 
@@ -81,8 +85,7 @@ def decode_gemv_shapes(config: dict) -> dict[str, tuple[int, int]]:
     name: the merged qkv and the o projections, the dense MLP's merged gate/up and down (models without experts),
     an MoE layer's router (``gate``; its experts run in the fused MoE kernel) and the LM head."""
     h = config["hidden_size"]
-    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
-    head_dim = config.get("head_dim") or h // heads
+    heads, kv_heads, head_dim = attention_dims(config)
     shapes = {"qkv_proj": ((heads + 2 * kv_heads) * head_dim, h), "o_proj": (h, heads * head_dim)}
     experts = config.get("num_local_experts") or config.get("num_experts")
     if experts:
