@@ -51,4 +51,9 @@ def freeze_gc_heap() -> int:
 
 def _unfreeze_and_collect() -> None:
     gc.unfreeze()
-    gc.collect()
+    try:
+        gc.collect()
+    except (SystemExit, KeyboardInterrupt):
+        # A stop signal (the engine core's SIGTERM handler raises SystemExit) that lands while the process is
+        # already exiting asks for nothing more; left to propagate, Python prints it as a traceback at exit.
+        pass
