@@ -21,6 +21,8 @@ class LLMEngine:
         """Raises: ConfigError: a bad or unsupported setting. EngineStartupError: a data-parallel engine process
         failed to start (naming it)."""
         self.config = config
+        # Before the engine: a tokenizer that cannot load is one line before minutes of weight loading, not after.
+        self.tokenizer = get_tokenizer(config.model_config)
         if config.parallel_config.data_parallel_size > 1:
             from brigade.engine.sync_client import SyncMPClient
 
@@ -30,7 +32,6 @@ class LLMEngine:
         else:
             self.core = EngineCore(config)
             hf_config = self.core.executor.hf_config
-        self.tokenizer = get_tokenizer(config.model_config)
         self.input_processor = InputProcessor(self.tokenizer, config.model_config.max_model_len,
                                               hf_config.vocab_size, eos_token_id(hf_config))
         self.output_processor = OutputProcessor(self.tokenizer)

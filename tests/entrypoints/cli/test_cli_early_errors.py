@@ -218,6 +218,7 @@ def test_a_broken_tokenizer_file_is_one_error_line_not_a_traceback(smollm2_path,
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         f"brigade generate: error: cannot load a tokenizer from {str(tmp_path)!r}: KeyError: 'added_tokens'")
+    assert "KV cache" not in proc.stderr, proc.stderr[-2000:]  # refused before the engine loaded the weights
 
 
 def test_an_empty_api_key_is_refused(smollm2_path):
