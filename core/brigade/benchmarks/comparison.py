@@ -102,12 +102,12 @@ def run_comparison(config, args, platform, seed: int, *, load_peer_model: Callab
     Args:
         load_peer_model: builds the HF model given the model's HF config (called once, if any peer is on).
     """
-    from brigade.entrypoints.llm import LLM
+    from brigade.entrypoints.cli.start_engine import start_llm
     from brigade.model_executor.loader import get_hf_config
 
     modes = peer_modes(args.hf_peer)
     repeats = args.repeats
-    llm = LLM.from_config(config)
+    llm = start_llm(config)
     hf_config = get_hf_config(config.model_config.model, config.model_config.trust_remote_code)
     vocab = prompt_vocab_size(hf_config.vocab_size, llm.get_tokenizer())
     max_len = llm.config.model_config.max_model_len

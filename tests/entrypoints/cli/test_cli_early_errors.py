@@ -259,5 +259,24 @@ def test_an_in_process_engine_that_cannot_start_is_one_line(smollm2_path, comman
     proc = run_main(*argv)
     # generate's INFO start-up lines (the platform it fell back to) may come first; the error is the one other line
     proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("INFO ")) + "\n"
-    assert_one_line(proc, "brigade " + command[0], "attention backend 'triton' cannot run this model: triton runs on "
+    name = "brigade " + (" ".join(command[:2]) if command[0] == "bench" else command[0])
+    assert_one_line(proc, name, "attention backend 'triton' cannot run this model: triton runs on "
                     "cuda, not cpu", status=1)
+
+
+def test_a_model_that_fails_to_load_is_one_line_from_generate_and_bench(smollm2_path, tmp_path):
+    """An engine in the command's own process (generate, bench latency) that fails while loading its weights
+    is one line, exit 1, as ``brigade serve`` reports its engine process's failure."""
+    import shutil
+
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm2_path / name, tmp_path / name)  # everything but the weights
+    for argv, command in ((["generate", "hi", "--model", str(tmp_path)], "brigade generate"),
+                          (["bench", "latency", str(tmp_path), "--batch-size", "1", "--input-len", "4",
+                            "--output-len", "2", "--num-iters-warmup", "0", "--num-iters", "1"],
+                           "brigade bench latency")):
+        proc = run_cli(*argv)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"{command}: error: the engine failed to start: FileNotFoundError: ") \
+            and "safetensors" in last, last

@@ -266,7 +266,8 @@ def _add_output_args(parser: argparse.ArgumentParser) -> None:
 
 def _one_line_config_errors(run, parser: argparse.ArgumentParser):
     """``run``, with a ConfigError printed as one line in the name of the subcommand that got the flags
-    (``brigade bench latency: error: ...``, exit 2), as for a bad flag, rather than of ``bench``."""
+    (``brigade bench latency: error: ...``, exit 2), as for a bad flag, rather than of ``bench``; an engine or a
+    server that failed to start likewise, exit 1."""
 
     def guarded(args: argparse.Namespace) -> int:
         from brigade.config import ConfigError
@@ -279,6 +280,13 @@ def _one_line_config_errors(run, parser: argparse.ArgumentParser):
         except (ConfigError, ServerStartError, ServerUnusableError) as exc:
             print(f"{parser.prog}: error: {exc}", file=sys.stderr)
             return 2 if isinstance(exc, ConfigError) else 1  # a flag, or the server (status 1)
+        except Exception as exc:
+            # The class is looked up only now: importing the engine costs torch's import (bench serve has none).
+            procs = sys.modules.get("brigade.engine.engine_procs")
+            if procs is None or not isinstance(exc, procs.EngineStartupError):
+                raise
+            print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+            return 1
 
     return guarded
 

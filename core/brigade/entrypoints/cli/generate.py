@@ -31,7 +31,7 @@ def add_parser(subparsers, plugin_choices: dict[str, list[str]]) -> argparse.Arg
 
 def run(args: argparse.Namespace) -> int:
     from brigade.entrypoints.cli.engine_args import runnable_config_from_args
-    from brigade.entrypoints.llm import LLM
+    from brigade.entrypoints.cli.start_engine import start_llm
     from brigade.sampling_params import InvalidParamError, SamplingParams
 
     from brigade.config import ConfigError
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     except InvalidParamError as exc:
         print(f"brigade generate: error: --{(exc.param or '').replace('_', '-')}: {exc}", file=sys.stderr)
         return 2
-    llm = LLM.from_config(config)
+    llm = start_llm(config)
     try:
         if args.chat:
             output = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)[0]

@@ -1,0 +1,32 @@
+"""The engine of the commands that run one in their own process (``brigade generate``, ``brigade bench latency``
+and ``throughput``), with the start-up failures ``brigade serve`` reports for its engine process as one line."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from brigade.config import BrigadeConfig
+    from brigade.entrypoints.llm import LLM
+
+
+def start_llm(config: BrigadeConfig) -> LLM:
+    """``LLM.from_config(config)``, blocking until the engine (and its workers) are ready.
+
+    Raises:
+        ConfigError, PluginLoadError: as raised (the CLI prints each as one line).
+        EngineStartupError: any other failure while the engine starts (a checkpoint that lacks a tensor or has
+            none, a worker rank that died loading its shard), as ``the engine failed to start: <type>: <message>``
+            with the cause chained: the CLI prints it as one line, as ``brigade serve`` does.
+    """
+    from brigade.config import ConfigError
+    from brigade.engine.engine_procs import EngineStartupError
+    from brigade.entrypoints.llm import LLM
+    from brigade.plugins import PluginLoadError
+
+    try:
+        return LLM.from_config(config)
+    except (ConfigError, PluginLoadError, EngineStartupError):
+        raise
+    except Exception as exc:
+        raise EngineStartupError(f"the engine failed to start: {type(exc).__name__}: {exc}") from exc
