@@ -317,3 +317,37 @@ def test_a_kv_cache_dtype_other_than_the_model_dtype_is_refused(smollm2_path):
                                "the model dtype: use --kv-cache-dtype auto (or --dtype float16)")
     llm = LLM(str(smollm2_path), cache_dtype="float32", max_model_len=64, kv_cache_memory_gib=0.01)
     assert llm.engine.core.executor.worker.model_runner.kv_caches[0].dtype == torch.float32
+
+
+def test_port_0_logs_the_port_the_system_chose(smollm2_path):
+    """``--port 0`` binds a free port; the start-up line names that port (not 0), and the server answers on it."""
+    import re
+    import signal
+    import time
+
+    import httpx
+
+    proc = subprocess.Popen([*brigade_command(), "serve", str(smollm2_path), "--host", "127.0.0.1", "--port", "0",
+                             "--max-model-len", "128"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        deadline, lines = time.monotonic() + 120, []
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            match = re.search(r"serving \S+ on http://127\.0\.0\.1:(\d+)$", line.strip())
+            if match:
+                break
+        assert match and int(match.group(1)) > 0, "".join(lines[-20:])
+        for _ in range(100):  # the line comes as uvicorn starts listening
+            try:
+                assert httpx.get(f"http://127.0.0.1:{match.group(1)}/health", timeout=10).status_code == 200
+                break
+            except httpx.ConnectError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError("nothing answers on the logged port")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)

@@ -288,7 +288,9 @@ async def serve_http(config: BrigadeConfig, settings: ServerSettings, sock: sock
                                    lifespan="on")
         server = DrainingServer(uv_config, app.state.drain, settings.shutdown_timeout_s)
         quiet_signals_after_serve()
-        logger.info("serving %s on http://%s:%d", config.model_config.name, settings.host, settings.port)
+        port = sock.getsockname()[1]  # the port the system chose for --port 0
+        url_host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        logger.info("serving %s on http://%s:%d", config.model_config.name, url_host, port)
         keep_alive = (envs.VARIABLES[KEEP_ALIVE_ENV].raw() or "").strip().lower() in TRUE_VALUES
         watch = None if keep_alive else asyncio.create_task(_stop_when_engine_dies(engine, server))
         await server.serve(sockets=[sock])
