@@ -5,8 +5,8 @@ One code path serves the three architectures; they differ only in config values:
 * Qwen2 has biases on q/k/v (and never on o_proj); Llama has ``attention_bias`` (all four) and
   ``mlp_bias``; Mistral has neither.
 * ``head_dim`` is read from the config when present (Mistral-Nemo, Qwen), else hidden / heads.
-* ``sliding_window`` (Mistral v0.1, some Qwen2) is ignored: attention is full. Outputs are exact for
-  sequences no longer than the window; a warning says so when a config asks for a window.
+* ``sliding_window`` (Mistral v0.1, some Qwen2): attention is full, and ``BrigadeConfig.resolve`` keeps
+  max_model_len within the window, where full attention is the model's.
 
 Tokens of all requests of a step are concatenated in one dimension (``[num_tokens, ...]``); the
 attention backend alone knows where each request starts, through ``ctx.metadata``.
@@ -14,7 +14,6 @@ attention backend alone knows where each request starts, through ``ctx.metadata`
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
@@ -34,7 +33,6 @@ from brigade.model_executor.layers.vocab import LMHead, VocabEmbedding
 from brigade.model_executor.models.pipeline import IntermediateTensors, MissingLayer, StageLayout, stage_inputs
 from brigade.model_executor.weight_utils import default_weight_loader
 
-logger = logging.getLogger(__name__)
 
 # HF projection name -> (Brigade merged parameter's module, shard id)
 _STACKED_PARAMS: tuple[tuple[str, str, str | int], ...] = (
@@ -229,7 +227,6 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = hf_config
         self.dtype = dtype
-        _warn_sliding_window(hf_config)
         self.model = LlamaModel(hf_config, dtype=dtype, attn_backend=attn_backend, quant_config=quant_config,
                                 layer_cls=self.decoder_layer_cls)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
@@ -357,13 +354,3 @@ def _attention_biases(config: Any) -> tuple[bool, bool]:
         return bool(getattr(config, "qkv_bias", True)), False
     bias = bool(getattr(config, "attention_bias", False))
     return bias, bias
-
-
-def _warn_sliding_window(config: Any) -> None:
-    window = getattr(config, "sliding_window", None)
-    if window is None or getattr(config, "use_sliding_window", True) is False:
-        return
-    if window < config.max_position_embeddings:
-        logger.warning("%s asks for sliding-window attention (window %d); Brigade attends to the full "
-                       "context, so outputs differ from the reference past %d tokens",
-                       type(config).__name__, window, window)

@@ -4,7 +4,7 @@ Each layer's router (``block_sparse_moe.gate``) picks ``num_experts_per_tok`` of
 experts (``experts.{e}.w1`` gate, ``w3`` up, ``w2`` down, each ``intermediate_size`` wide) by a softmax over all
 experts, and the chosen probabilities are always renormalised to sum to one (transformers' ``MixtralTopKRouter``
 divides them by their sum unconditionally; Mixtral configs have no ``norm_topk_prob``). Attention is Mistral's:
-GQA, no biases; ``sliding_window`` is ignored with a warning, as for Mistral.
+GQA, no biases; a ``sliding_window`` caps max_model_len to the window, as for Mistral.
 """
 
 from __future__ import annotations
