@@ -8,6 +8,8 @@ The folder's shared server (served under two names); outputs are short and greed
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -212,3 +214,24 @@ def test_structured_outputs_still_constrains(http):
 def test_the_server_still_serves(client, http):
     assert client.completions.create(model=MODEL, prompt="Hello", max_tokens=2).choices[0].finish_reason
     assert [m["id"] for m in http.get("/v1/models").json()["data"]] == [MODEL, ALIAS]
+
+
+# ---- vLLM's return_token_ids on chat ----------------------------------------------------------------------
+
+def test_chat_return_token_ids_full_and_streamed(http):
+    """The response carries the rendered prompt's ids (as /tokenize gives them) and each choice its generated ids,
+    which decode to its text; streamed, the first chunk has the prompt's ids and the chunks' ids join to the same."""
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 4, "temperature": 0, "return_token_ids": True}
+    out = http.post("/v1/chat/completions", json=body).json()
+    prompt = http.post("/tokenize", json={"model": MODEL, "messages": QUESTION}).json()["tokens"]
+    ids = out["choices"][0]["token_ids"]
+    assert out["prompt_token_ids"] == prompt and len(ids) == out["usage"]["completion_tokens"]
+    text = http.post("/detokenize", json={"model": MODEL, "tokens": ids}).json()["prompt"]
+    assert text == out["choices"][0]["message"]["content"]
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: {")]
+    chunks = [json.loads(e) for e in events]
+    assert chunks[0]["prompt_token_ids"] == prompt and all(c["prompt_token_ids"] is None for c in chunks[1:])
+    assert [t for c in chunks for choice in c["choices"] for t in (choice["token_ids"] or [])] == ids
+    plain = http.post("/v1/chat/completions", json={**body, "return_token_ids": None}).json()
+    assert plain["prompt_token_ids"] is None and plain["choices"][0]["token_ids"] is None

@@ -106,6 +106,19 @@ def test_stream_without_logprobs_carries_one_chunk_per_token(client):
     assert chunks[-1].usage.completion_tokens == MAX_TOKENS
 
 
+def test_return_token_ids_gives_the_generated_ids_full_and_streamed(client):
+    """vLLM's ``return_token_ids``: the only way a token-id client reads the output of a server without text."""
+    full = complete(client, logprobs=1, extra_body={"return_token_ids": True}).choices[0]
+    assert full.prompt_token_ids == PROMPT and full.token_ids == generated_ids(full.logprobs)
+    assert len(full.token_ids) == MAX_TOKENS
+    chunks = [c.choices[0] for c in complete(client, stream=True, extra_body={"return_token_ids": True})
+              if c.choices]
+    assert chunks[0].prompt_token_ids == PROMPT and all(c.prompt_token_ids is None for c in chunks[1:])
+    assert [t for c in chunks for t in c.token_ids] == full.token_ids  # greedy: the same tokens
+    plain = complete(client).choices[0]
+    assert getattr(plain, "token_ids", None) is None and getattr(plain, "prompt_token_ids", None) is None
+
+
 @pytest.mark.parametrize("field, kwargs", [
     ("prompt", {"prompt": "Hello"}),
     ("stop", {"stop": ["."]}),

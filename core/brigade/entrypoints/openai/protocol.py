@@ -218,6 +218,9 @@ class CompletionRequest(SamplingFields):
     best_of: StrictInt | None = None
     add_special_tokens: StrictBool = True
     prompt_logprobs: StrictInt | None = None
+    return_token_ids: StrictBool | None = None
+    """vLLM's: each choice also carries ``prompt_token_ids`` and ``token_ids`` (in a stream: the prompt's in a
+    choice's first chunk, each chunk's new tokens)."""
 
     _completion_null_defaults = field_validator(*NULL_IS_DEFAULT["CompletionRequest"])(classmethod(_null_is_default))
 
@@ -291,6 +294,9 @@ class ChatCompletionRequest(SamplingFields):
     """vLLM's: the reply's content starts with the last message's, when that message is the assistant's."""
     prompt_logprobs: StrictInt | None = None
     """vLLM's: the response's top-level ``prompt_logprobs``, as a completion choice's (not with ``stream``)."""
+    return_token_ids: StrictBool | None = None
+    """vLLM's: the response carries ``prompt_token_ids`` (a stream: its first chunk) and each choice its
+    ``token_ids`` (a stream: each chunk's new tokens)."""
 
     _chat_null_defaults = field_validator(*NULL_IS_DEFAULT["ChatCompletionRequest"])(classmethod(_null_is_default))
 

@@ -75,6 +75,10 @@ class CompletionChoice(BaseModel):
     prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # vLLM's extras with return_token_ids: the prompt's ids (a stream: in the choice's first chunk) and the
+    # generated ids (a stream: the chunk's new ones).
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -130,6 +134,7 @@ class ChatChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's extra with return_token_ids: the generated ids
 
 
 class ChatCompletionResponse(BaseModel):
@@ -142,6 +147,7 @@ class ChatCompletionResponse(BaseModel):
     system_fingerprint: str | None = None
     # vLLM's extra, as a completion choice's: per prompt token, None for the first, else {token id: PromptLogprob}.
     prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
+    prompt_token_ids: list[int] | None = None  # vLLM's extra with return_token_ids
 
 
 class _DropNone(BaseModel):
@@ -184,6 +190,7 @@ class ChatStreamChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's extra with return_token_ids: this chunk's new ids
 
 
 class ChatCompletionStreamResponse(BaseModel):
@@ -196,6 +203,7 @@ class ChatCompletionStreamResponse(BaseModel):
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
     system_fingerprint: str | None = None
+    prompt_token_ids: list[int] | None = None  # vLLM's extra with return_token_ids: in the first chunk
 
 
 class CompletionStreamResponse(BaseModel):

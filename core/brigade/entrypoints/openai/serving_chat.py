@@ -217,11 +217,13 @@ class OpenAIServingChat(OpenAIServing):
             if echo:
                 message.content = echo + (message.content or "")
             choices.append(ChatChoice(index=j, message=message, logprobs=logprobs, finish_reason=finish_reason,
-                                      stop_reason=state.stop_reason))
+                                      stop_reason=state.stop_reason,
+                                      token_ids=list(state.token_ids) if request.return_token_ids else None))
         usage = UsageInfo.from_counts(len(prompt_ids), result.num_generated_tokens(), result.num_cached_tokens)
         prompt_logprobs = self.prompt_logprobs(result) if request.prompt_logprobs is not None else None
         return ChatCompletionResponse(id=response_id, model=self.model_name(request), choices=choices, usage=usage,
-                                      prompt_logprobs=prompt_logprobs)
+                                      prompt_logprobs=prompt_logprobs,
+                                      prompt_token_ids=list(prompt_ids) if request.return_token_ids else None)
 
     @staticmethod
     def _message(text: str, finish_reason: str | None, plan: ToolPlan) -> tuple[ChatResponseMessage, str | None]:
@@ -241,9 +243,12 @@ class OpenAIServingChat(OpenAIServing):
         created = int(time.time())
         exclude = None if request.include_usage() else {"usage"}
 
-        def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
+        ids = request.return_token_ids
+
+        def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None,
+                  prompt_token_ids: list[int] | None = None) -> str:
             body = ChatCompletionStreamResponse(id=response_id, created=created, model=self.model_name(request),
-                                                choices=choices, usage=usage)
+                                                choices=choices, usage=usage, prompt_token_ids=prompt_token_ids)
             return sse_event(body, exclude=None if usage is not None else exclude)
 
         result = PromptResult(prompt_ids)
@@ -252,7 +257,8 @@ class OpenAIServingChat(OpenAIServing):
         try:
             echo = self._echo(request)
             for j in range(request.n):
-                yield chunk([ChatStreamChoice(index=j, delta=DeltaMessage(role="assistant", content=""))])
+                yield chunk([ChatStreamChoice(index=j, delta=DeltaMessage(role="assistant", content=""))],
+                            prompt_token_ids=list(prompt_ids) if ids and j == 0 else None)
                 if echo:  # as vLLM: the echoed message is the first content delta
                     yield chunk([ChatStreamChoice(index=j, delta=DeltaMessage(content=echo))])
             async for output in self.generate(prompt_ids, params, request_id, request):
@@ -268,14 +274,15 @@ class OpenAIServingChat(OpenAIServing):
                         last, finish_reason = tool_streams[delta.index].finish(finish_reason)
                         sent.content = (sent.content or "") + (last.content or "") or None
                         sent.tool_calls = (sent.tool_calls or []) + (last.tool_calls or []) or None
-                    elif sent.content is None and sent.tool_calls is None and logprobs is None:
+                    elif sent.content is None and sent.tool_calls is None and logprobs is None and not ids:
                         continue  # text held back for a tool call: nothing to send yet
                     so_far = (UsageInfo.from_counts(len(prompt_ids), result.num_generated_tokens(),
                                                     result.num_cached_tokens) if request.continuous_usage() else None)
                     yield chunk([ChatStreamChoice(index=delta.index,
                                                   delta=DeltaMessage(content=sent.content, tool_calls=sent.tool_calls),
                                                   logprobs=logprobs, finish_reason=finish_reason,
-                                                  stop_reason=delta.stop_reason)], so_far)
+                                                  stop_reason=delta.stop_reason,
+                                                  token_ids=list(delta.token_ids) if ids else None)], so_far)
             if request.include_usage():
                 usage = UsageInfo.from_counts(len(prompt_ids), result.num_generated_tokens(),
                                               result.num_cached_tokens)

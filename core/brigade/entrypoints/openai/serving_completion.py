@@ -282,9 +282,12 @@ class OpenAIServingCompletion(OpenAIServing):
                     logprobs = self._logprobs(token_ids, token_logprobs, request.logprobs, offsets)
                     if request.echo:
                         logprobs = self._echo_logprobs(prompt, result, request.logprobs, logprobs)
+                ids = request.return_token_ids
                 choices.append(CompletionChoice(index=i * request.n + j, text=prefix + text, logprobs=logprobs,
                                                 prompt_logprobs=self._prompt_logprobs(request, result),
-                                                finish_reason=state.finish_reason, stop_reason=state.stop_reason))
+                                                finish_reason=state.finish_reason, stop_reason=state.stop_reason,
+                                                prompt_token_ids=list(prompt.token_ids) if ids else None,
+                                                token_ids=list(token_ids) if ids else None))
         usage = UsageInfo.from_counts(sum(len(p.token_ids) for p in prompts),
                                       self._num_completion_tokens(request, results),
                                       sum(r.num_cached_tokens for r in results))
@@ -354,6 +357,9 @@ class OpenAIServingCompletion(OpenAIServing):
                                       [o for _, _, o in ready])
             if first and request.echo:
                 logprobs = self._echo_logprobs(prompt, result, request.logprobs, logprobs)
+        ids = request.return_token_ids
         return CompletionChoice(index=index, text=prefix + text, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                                finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
+                                finish_reason=delta.finish_reason, stop_reason=delta.stop_reason,
+                                prompt_token_ids=list(prompt.token_ids) if ids and first else None,
+                                token_ids=list(token_ids) if ids else None)
 
