@@ -234,4 +234,8 @@ def test_chat_return_token_ids_full_and_streamed(http):
     assert chunks[0]["prompt_token_ids"] == prompt and all(c["prompt_token_ids"] is None for c in chunks[1:])
     assert [t for c in chunks for choice in c["choices"] for t in (choice["token_ids"] or [])] == ids
     plain = http.post("/v1/chat/completions", json={**body, "return_token_ids": None}).json()
-    assert plain["prompt_token_ids"] is None and plain["choices"][0]["token_ids"] is None
+    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]  # the body without the option
+    with http.stream("POST", "/v1/chat/completions", json={**body, "return_token_ids": False, "stream": True}) as r:
+        plain_chunks = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines()
+                        if line.startswith("data: {")]
+    assert not any("prompt_token_ids" in c or any("token_ids" in ch for ch in c["choices"]) for c in plain_chunks)

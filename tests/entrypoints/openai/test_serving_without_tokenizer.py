@@ -115,8 +115,10 @@ def test_return_token_ids_gives_the_generated_ids_full_and_streamed(client):
               if c.choices]
     assert chunks[0].prompt_token_ids == PROMPT and all(c.prompt_token_ids is None for c in chunks[1:])
     assert [t for c in chunks for t in c.token_ids] == full.token_ids  # greedy: the same tokens
-    plain = complete(client).choices[0]
-    assert getattr(plain, "token_ids", None) is None and getattr(plain, "prompt_token_ids", None) is None
+    plain = complete(client).choices[0]  # the body without the option: neither field
+    assert "token_ids" not in plain.model_dump() and "prompt_token_ids" not in plain.model_dump()
+    streamed = [c.choices[0].model_dump() for c in complete(client, stream=True) if c.choices]
+    assert not any("token_ids" in c or "prompt_token_ids" in c for c in streamed)
 
 
 @pytest.mark.parametrize("field, kwargs", [

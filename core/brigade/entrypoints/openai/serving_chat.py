@@ -26,7 +26,7 @@ from brigade.entrypoints.openai.responses import (ChatChoice, ChatCompletionResp
 from brigade.entrypoints.openai.prompt_result import PromptResult
 from brigade.entrypoints.openai.serving_base import OpenAIServing
 from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_response, run_unless_disconnected,
-                                                  shielded, sse_error_event, sse_event)
+                                                  shielded, sse_error_event, sse_event, without_token_ids)
 from brigade.entrypoints.openai.tool_calls import (ToolPlan, ToolStream, make_tool_plan, parse_tool_calls,
                                                    prepare_conversation)
 from brigade.interfaces import Logprob
@@ -156,7 +156,8 @@ class OpenAIServingChat(OpenAIServing):
             raw_request, self._full(request, prompt_ids, params, response_id, request_id, plan))
         if not completed:
             return Response(status_code=499)  # the client is gone; nobody reads this
-        return json_response(response)
+        return json_response(response, exclude=None if request.return_token_ids
+                             else without_token_ids(None, response_field=True))
 
     @staticmethod
     def _num_logprobs(request: ChatCompletionRequest) -> int | None:
@@ -241,15 +242,18 @@ class OpenAIServingChat(OpenAIServing):
     async def _stream(self, request: ChatCompletionRequest, prompt_ids: list[int], params: SamplingParams,
                       response_id: str, request_id: str, plan: ToolPlan) -> AsyncIterator[str]:
         created = int(time.time())
-        exclude = None if request.include_usage() else {"usage"}
-
         ids = request.return_token_ids
+        # The usage chunk keeps its usage; the others drop it unless stream_options.continuous_usage_stats.
+        with_usage = None if ids else without_token_ids(None, response_field=True)
+        exclude = None if request.include_usage() else {"usage"}
+        if not ids:
+            exclude = without_token_ids(exclude, response_field=True)
 
         def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None,
                   prompt_token_ids: list[int] | None = None) -> str:
             body = ChatCompletionStreamResponse(id=response_id, created=created, model=self.model_name(request),
                                                 choices=choices, usage=usage, prompt_token_ids=prompt_token_ids)
-            return sse_event(body, exclude=None if usage is not None else exclude)
+            return sse_event(body, exclude=with_usage if usage is not None else exclude)
 
         result = PromptResult(prompt_ids)
         tool_streams = {j: ToolStream(plan) for j in range(request.n)}

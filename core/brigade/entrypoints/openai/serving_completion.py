@@ -22,7 +22,8 @@ from brigade.entrypoints.openai.responses import (CompletionChoice, CompletionLo
 from brigade.entrypoints.openai.prompt_result import PromptResult
 from brigade.entrypoints.openai.serving_base import OpenAIServing
 from brigade.entrypoints.openai.streaming import (DONE_EVENT, SSE_HEADERS, json_response, merge_async_iterators,
-                                                  run_unless_disconnected, shielded, sse_error_event, sse_event)
+                                                  run_unless_disconnected, shielded, sse_error_event, sse_event,
+                                                  without_token_ids)
 from brigade.entrypoints.openai.text_offsets import TextOffsets, prompt_offsets
 from brigade.interfaces import CompletionOutput, Logprob
 from brigade.sampling_params import SamplingParams
@@ -146,7 +147,8 @@ class OpenAIServingCompletion(OpenAIServing):
             raw_request, self._full(request, prompts, params, base_id, request_ids))
         if not completed:
             return Response(status_code=499)  # the client is gone; nobody reads this
-        return json_response(response)
+        return json_response(response, exclude=None if request.return_token_ids
+                             else without_token_ids(None, response_field=False))
 
     async def _prompt_inputs(self, request: CompletionRequest) -> list[PromptInput]:
         """Every prompt of the request as text and token ids; texts certainly too long are refused before
@@ -297,6 +299,8 @@ class OpenAIServingCompletion(OpenAIServing):
                       base_id: str, request_ids: list[str]) -> AsyncIterator[str]:
         created = int(time.time())
         exclude = None if request.include_usage() else {"usage"}
+        if not request.return_token_ids:
+            exclude = without_token_ids(exclude, response_field=False)
         results = [PromptResult(p.token_ids) for p in prompts]
         streamed: dict[int, StreamedChoice] = {}  # choice index -> what it has sent
         finished: set[int] = set()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from fastapi import Request
@@ -31,12 +31,29 @@ LOOP_SLICE = 16
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def json_response(payload: BaseModel, status_code: int = 200) -> Response:
+Exclude = set[str] | dict[str, Any] | None
+"""Fields left out of a serialized body, in pydantic's ``exclude`` form (``{"choices": {"__all__": {...}}}``
+reaches into every choice)."""
+
+
+def json_response(payload: BaseModel, status_code: int = 200, *, exclude: Exclude = None) -> Response:
     """A JSON body serialized by pydantic (non-finite floats become null, where json.dumps would fail)."""
-    return Response(content=payload.model_dump_json(), status_code=status_code, media_type="application/json")
+    return Response(content=payload.model_dump_json(exclude=exclude), status_code=status_code,
+                    media_type="application/json")
 
 
-def sse_event(payload: BaseModel, *, exclude: set[str] | None = None) -> str:
+def without_token_ids(exclude: Exclude, *, response_field: bool) -> Exclude:
+    """``exclude`` plus vLLM's ``return_token_ids`` fields, for a request that did not ask for them: the choices'
+    ``token_ids`` (and, for completions, ``prompt_token_ids``), and with ``response_field`` (chat) the response's
+    ``prompt_token_ids``. The bodies are then what they were before the option existed."""
+    out: dict[str, Any] = dict.fromkeys(exclude or (), True)
+    out["choices"] = {"__all__": {"token_ids"} if response_field else {"token_ids", "prompt_token_ids"}}
+    if response_field:
+        out["prompt_token_ids"] = True
+    return out
+
+
+def sse_event(payload: BaseModel, *, exclude: Exclude = None) -> str:
     """One ``data: {json}\\n\\n`` event."""
     return f"data: {payload.model_dump_json(exclude=exclude)}\n\n"
 
