@@ -274,6 +274,7 @@ def _one_line_config_errors(run, parser: argparse.ArgumentParser):
 
         from brigade.benchmarks.launcher import ServerStartError
         from brigade.benchmarks.serve import ServerUnusableError
+        from brigade.entrypoints.cli.start_engine import is_engine_startup_error
 
         try:
             return run(args)
@@ -281,9 +282,7 @@ def _one_line_config_errors(run, parser: argparse.ArgumentParser):
             print(f"{parser.prog}: error: {exc}", file=sys.stderr)
             return 2 if isinstance(exc, ConfigError) else 1  # a flag, or the server (status 1)
         except Exception as exc:
-            # The class is looked up only now: importing the engine costs torch's import (bench serve has none).
-            procs = sys.modules.get("brigade.engine.engine_procs")
-            if procs is None or not isinstance(exc, procs.EngineStartupError):
+            if not is_engine_startup_error(exc):
                 raise
             print(f"{parser.prog}: error: {exc}", file=sys.stderr)
             return 1

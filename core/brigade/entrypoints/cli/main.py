@@ -164,6 +164,7 @@ def _run_command(args: argparse.Namespace) -> int:
     """Run the parsed command; its known failures are one stderr line and an exit status: a config error 2, a
     plugin that failed once the command ran or an in-process engine (generate, bench) that could not start 1."""
     from brigade.config import ConfigError
+    from brigade.entrypoints.cli.start_engine import is_engine_startup_error
     from brigade.plugins import PluginLoadError
 
     try:
@@ -177,10 +178,7 @@ def _run_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        # As serve gives for its engine process. The class is looked up only now: importing the engine costs
-        # torch's import at every command.
-        procs = sys.modules.get("brigade.engine.engine_procs")
-        if procs is None or not isinstance(exc, procs.EngineStartupError):
+        if not is_engine_startup_error(exc):  # as serve gives for its engine process
             raise
         print(f"brigade {args.command}: error: {exc}", file=sys.stderr)
         return 1

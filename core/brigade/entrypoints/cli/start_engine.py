@@ -3,6 +3,7 @@ and ``throughput``), with the start-up failures ``brigade serve`` reports for it
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -30,3 +31,11 @@ def start_llm(config: BrigadeConfig) -> LLM:
         raise
     except Exception as exc:
         raise EngineStartupError(f"the engine failed to start: {type(exc).__name__}: {exc}") from exc
+
+
+def is_engine_startup_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is an ``EngineStartupError``, the failure the CLI prints as one line (exit 1). The class is
+    looked up only if its module was imported: importing the engine costs torch's import, which commands that start
+    no engine (``bench serve``, ``--help``) never pay."""
+    procs = sys.modules.get("brigade.engine.engine_procs")
+    return procs is not None and isinstance(exc, procs.EngineStartupError)
