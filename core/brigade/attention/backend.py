@@ -59,8 +59,15 @@ class AttentionContext:
     Passed explicitly down the model's forward (no module-level globals).
     """
 
-    metadata: AttentionMetadata
+    metadata: AttentionMetadata  # the first KV cache group's (the only one of a model whose layers all match)
     kv_caches: list[torch.Tensor]  # one [2, num_blocks, block_size, num_kv_heads, head_size] per layer
+    # One metadata per layer when the model has several KV cache groups: each group has its own block table and
+    # slot mapping (``brigade.interfaces.kv_cache_spec``); None: every layer reads ``metadata``.
+    layer_metadata: list[AttentionMetadata] | None = None
+
+    def metadata_for(self, layer_idx: int) -> AttentionMetadata:
+        """The metadata of layer ``layer_idx``'s KV cache group."""
+        return self.metadata if self.layer_metadata is None else self.layer_metadata[layer_idx]
 
 
 class AttentionBackend(ABC):
@@ -89,11 +96,35 @@ class AttentionBackend(ABC):
     # ``k_scale``/``v_scale`` (``brigade.attention.fp8_kv``); the worker refuses fp8 for a backend without it.
     supports_fp8_kv_cache: ClassVar[bool] = False
 
-    def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float):
+    # The attention variants forward() implements (``Attention``'s arguments); a layer asking for one the backend
+    # lacks is refused when the model is built, naming both.
+    supports_sliding_window: ClassVar[bool] = False
+    supports_logits_soft_cap: ClassVar[bool] = False
+    supports_sinks: ClassVar[bool] = False
+
+    def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float, *,
+                 sliding_window: int | None = None, logits_soft_cap: float | None = None,
+                 sinks: torch.Tensor | None = None):
+        """Args: as ``brigade.model_executor.layers.attention.Attention``; ``sinks`` is that layer's parameter
+        ([num_heads] float32, filled when the weights load, so read it at forward time).
+
+        Raises:
+            ValueError: a variant this backend does not implement, naming it.
+        """
+        wanted = {"sliding-window attention": (sliding_window is not None, self.supports_sliding_window),
+                  "logit soft-capping": (logits_soft_cap is not None, self.supports_logits_soft_cap),
+                  "attention sinks": (sinks is not None, self.supports_sinks)}
+        lacking = [name for name, (asked, has) in wanted.items() if asked and not has]
+        if lacking:
+            raise ValueError(f"attention backend {self.name!r} does not implement {' or '.join(lacking)}, which "
+                             "this model needs; choose another with --attention-backend")
         self.num_heads = num_heads
         self.head_size = head_size
         self.num_kv_heads = num_kv_heads
         self.scale = scale
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
+        self.sinks = sinks
         # The fp8 KV cache's per-layer scales (stored = x / scale, read = stored * scale), Python floats fixed
         # at load (so CUDA graphs capture them as constants); unused by a cache in the model dtype.
         self.k_scale = 1.0

@@ -29,8 +29,8 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
     supported_devices = ("cpu",)
     _kernel_error: str | None = None  # why the kernels are unavailable ("" when they loaded), once known
 
-    def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float):
-        super().__init__(num_heads, head_size, num_kv_heads, scale)
+    def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float, **variants):
+        super().__init__(num_heads, head_size, num_kv_heads, scale, **variants)
         self.use_kernel = self._kernels_available()
 
     @staticmethod

@@ -54,8 +54,8 @@ def prepare_config(config: BrigadeConfig):
 
 def check_parallel_architecture(config: BrigadeConfig, hf_config) -> None:
     """Refuse tensor (pipeline) parallelism for a model class that does not shard its layers (split them into
-    stages): no ``supports_tensor_parallel`` (``supports_pipeline_parallel``) set True, in one line, before
-    anything loads; and ``--enable-expert-parallel`` for a model without experts (no ``supports_expert_parallel``;
+    stages): no ``tensor_parallel`` (``pipeline_parallel``) in its ``ModelCapabilities``, in one line, before
+    anything loads; ``--enable-expert-parallel`` for a model without experts (no ``expert_parallel``;
     vLLM ignores the flag there with a log line, Brigade refuses it so that a typo'd model path is not silent).
 
     Raises:
@@ -66,15 +66,15 @@ def check_parallel_architecture(config: BrigadeConfig, hf_config) -> None:
     tp, pp = config.parallel_config.tensor_parallel_size, config.parallel_config.pipeline_parallel_size
     if config.parallel_config.enable_expert_parallel:
         model_cls = get_model_class(hf_config)
-        if not getattr(model_cls, "supports_expert_parallel", False):
+        if not model_cls.capabilities.expert_parallel:
             raise ConfigError(f"--enable-expert-parallel applies to mixture-of-experts models; {model_cls.__name__} "
                               "has no experts, so drop the flag")
     if tp > 1 or pp > 1:
         model_cls = get_model_class(hf_config)
-        if tp > 1 and not getattr(model_cls, "supports_tensor_parallel", False):
+        if tp > 1 and not model_cls.capabilities.tensor_parallel:
             raise ConfigError(f"{model_cls.__name__} does not shard its layers, so it cannot run with tensor "
                               f"parallelism (-tp {tp}); serve it with -tp 1")
-        if pp > 1 and not getattr(model_cls, "supports_pipeline_parallel", False):
+        if pp > 1 and not model_cls.capabilities.pipeline_parallel:
             raise ConfigError(f"{model_cls.__name__} does not split its layers into stages, so it cannot run with "
                               f"pipeline parallelism (-pp {pp}); serve it with -pp 1")
 

@@ -19,6 +19,7 @@ from brigade.attention.backend import AttentionBackend
 from brigade.config import ConfigError, ModelConfig
 from brigade.distributed import get_ep_group, get_tp_group
 from brigade.model_executor.layers.linear_method import fold_norms_wanted
+from brigade.model_executor.models.interface import CausalLM
 from brigade.model_executor.quant_summary import quantization_summary
 from brigade.model_executor.weight_utils import initialize_dummy_weights, safetensors_weights_iterator
 
@@ -68,22 +69,28 @@ def get_model_class(hf_config: Any) -> type[nn.Module]:
         raise ConfigError("the model's config.json has no 'architectures' entry, so its class is unknown")
     for arch in architectures:
         if arch in models.names():
-            return models.get(arch)
+            model_cls = models.get(arch)
+            if not (isinstance(model_cls, type) and issubclass(model_cls, CausalLM)):
+                raise ConfigError(f"the class registered for architecture {arch!r} ({model_cls!r}) does not implement "
+                                  "Brigade's model interface; make it a subclass of "
+                                  "brigade.model_executor.models.interface.CausalLM")
+            return model_cls
     raise ConfigError(f"architecture {', '.join(architectures)} is not supported; installed: "
                       f"{', '.join(sorted(models.names()))}")
 
 
 def check_model_config(hf_config: Any, config: Any) -> None:
-    """Let the architecture's class refuse a config it cannot run (``BrigadeConfig`` ``config``): a class with a
-    ``check_config(hf_config, config)`` classmethod (the MoE models: router, expert counts against the
-    expert-parallel group, LoRA) raises ConfigError in one line; other classes accept every config.
+    """Let the architecture's class refuse a config it cannot run (``BrigadeConfig`` ``config``): --enable-lora for
+    a class without ``capabilities.lora``, after the class's own ``CausalLM.check_config`` (the MoE models: router,
+    expert counts against the expert-parallel group; other families: rope types, attention features).
 
     Raises:
         ConfigError: from ``get_model_class`` or the class's check.
     """
-    check = getattr(get_model_class(hf_config), "check_config", None)
-    if check is not None:
-        check(hf_config, config)
+    model_cls = get_model_class(hf_config)
+    model_cls.check_config(hf_config, config)
+    if config.lora_config is not None and not model_cls.capabilities.lora:
+        raise ConfigError(f"{model_cls.__name__} does not take LoRA adapters; serve it without --enable-lora")
 
 
 # Quantization methods of Brigade's own plugin packages (builtin_quant/), so that a checkpoint whose method is not
@@ -174,7 +181,8 @@ def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype,
     (the same values whatever the tensor-parallel layout). Under tensor parallelism (the process's TP group,
     ``brigade.distributed``) each rank reads only its slices of the checkpoint. Quantization methods get their
     ``process_weights_after_loading`` call after either. Where the platform registered an ``rms_norm_gemm``
-    (a ``register_kernels`` kernel), the model's ``fold_norm_weights`` then runs, when it has one,
+    (a ``register_kernels`` kernel), the model's ``fold_norm_weights`` then runs, when it declares
+    ``capabilities.fold_norms``,
     unless ``fold_norms`` is False (LoRA: the adapters' deltas read the normalized input, norm weight included).
     ``expert_parallel`` (``--enable-expert-parallel``) is passed to the model class, an MoE one (the engine refuses
     the flag for the others): its ranks hold whole experts, and read only theirs.
@@ -209,7 +217,7 @@ def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype,
                           "checkpoint to an HF safetensors directory (scripts/fetch_model.py does for GGUF)")
     process_weights_after_loading(model)
     logger.info("%s", quantization_summary(model, quant_config))
-    if fold_norms and fold_norms_wanted(device.type) and hasattr(model, "fold_norm_weights"):
+    if fold_norms and fold_norms_wanted(device.type) and model_cls.capabilities.fold_norms:
         with torch.no_grad():
             folded = model.fold_norm_weights()
         logger.info("folded %d RMSNorm weights into the projections that follow them", folded)

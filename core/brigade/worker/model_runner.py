@@ -76,7 +76,7 @@ class ModelRunner:
             from brigade.model_executor.kv_scales import log_kv_scales
 
             log_kv_scales(self.model)
-        load = getattr(self.model, "expert_load", None)
+        load = self.model.expert_load
         self.expert_counts = ExpertCounts(load) if load is not None else None  # MoE models
         self.vocab_size = self.hf_config.vocab_size
         if lora_config is not None:

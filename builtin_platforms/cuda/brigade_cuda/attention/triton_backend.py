@@ -106,13 +106,14 @@ class TritonAttentionBackend(AttentionBackend):
     supports_fp8_kv_cache = True  # every kernel's KV_FP8 variant, with this layer's k_scale/v_scale (fp8_kv.py)
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float,
-                 decode_num_splits: int | None = None):
-        """Args as the base class; ``decode_num_splits`` pins the decode split count (for CUDA graphs).
+                 decode_num_splits: int | None = None, **variants):
+        """Args as the base class (``variants``: its keyword-only attention variants); ``decode_num_splits`` pins
+        the decode split count (for CUDA graphs).
 
         Raises:
-            ValueError: when num_heads is not a multiple of num_kv_heads.
+            ValueError: when num_heads is not a multiple of num_kv_heads, or a variant the kernels lack.
         """
-        super().__init__(num_heads, head_size, num_kv_heads, scale)
+        super().__init__(num_heads, head_size, num_kv_heads, scale, **variants)
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
         self.decode_num_splits = decode_num_splits

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from brigade.attention.backend import AttentionBackend, AttentionContext
+from brigade.interfaces.kv_cache_spec import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 
 
 class Attention(nn.Module):
@@ -26,7 +27,22 @@ class Attention(nn.Module):
     """
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, *, scale: float, layer_idx: int,
-                 backend_cls: type[AttentionBackend]):
+                 backend_cls: type[AttentionBackend], sliding_window: int | None = None,
+                 logits_soft_cap: float | None = None, use_sinks: bool = False):
+        """Args:
+            num_heads, num_kv_heads: this rank's query and KV heads; head_size: their width.
+            scale: the factor on ``q . k`` (usually ``head_size ** -0.5``).
+            layer_idx: the model's layer index (picks ``ctx.kv_caches[layer_idx]``).
+            backend_cls: the attention backend.
+            sliding_window: a token at position ``p`` attends to ``[p - sliding_window + 1, p]`` only (None: the
+                whole context). The layer's KV cache spec is then a ``SlidingWindowSpec``.
+            logits_soft_cap: scores become ``cap * tanh(score / cap)`` before the softmax (Gemma 2); None: none.
+            use_sinks: one learned logit per query head joins each softmax's denominator (gpt-oss's attention
+                sinks); the layer owns it as the parameter ``sinks`` [num_heads] float32.
+
+        Raises:
+            ValueError: heads that do not group, or a feature the backend lacks (named, with the backend).
+        """
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
@@ -35,7 +51,12 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.scale = scale
         self.layer_idx = layer_idx
-        self.backend = backend_cls(num_heads, head_size, num_kv_heads, scale)
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
+        self.sinks = nn.Parameter(torch.zeros(num_heads, dtype=torch.float32), requires_grad=False) \
+            if use_sinks else None
+        self.backend = backend_cls(num_heads, head_size, num_kv_heads, scale, sliding_window=sliding_window,
+                                   logits_soft_cap=logits_soft_cap, sinks=self.sinks)
         self.kv_scales_loaded = False  # whether a k or v scale came from the checkpoint (``kv_scales``)
         self.unused_scales = 0  # q_scale / prob_scale tensors of the checkpoint, checked and not used
 
@@ -71,13 +92,23 @@ class Attention(nn.Module):
         k = key.view(num_tokens, self.num_kv_heads, self.head_size)
         v = value.view(num_tokens, self.num_kv_heads, self.head_size)
         kv_cache = ctx.kv_caches[self.layer_idx]
+        metadata = ctx.metadata_for(self.layer_idx)
         if rotary_emb is None:
-            out = self.backend.forward(q, k, v, kv_cache, ctx.metadata)
+            out = self.backend.forward(q, k, v, kv_cache, metadata)
         else:
-            out = self.backend.forward_rotary(positions, q, k, v, kv_cache, ctx.metadata, rotary_emb)
+            out = self.backend.forward_rotary(positions, q, k, v, kv_cache, metadata, rotary_emb)
         return out.reshape(num_tokens, self.num_heads * self.head_size)
+
+    def kv_cache_spec(self, block_size: int, cache_dtype: torch.dtype) -> KVCacheSpec:
+        """This layer's KV storage: full attention, or a sliding window of ``sliding_window`` tokens."""
+        if self.sliding_window is None:
+            return FullAttentionSpec(block_size, self.num_kv_heads, self.head_size, cache_dtype)
+        return SlidingWindowSpec(block_size, self.num_kv_heads, self.head_size, cache_dtype, self.sliding_window)
 
     def extra_repr(self) -> str:
         scales = f", k_scale={self.backend.k_scale}, v_scale={self.backend.v_scale}" if self.kv_scales_loaded else ""
+        window = f", sliding_window={self.sliding_window}" if self.sliding_window is not None else ""
+        cap = f", logits_soft_cap={self.logits_soft_cap}" if self.logits_soft_cap is not None else ""
+        sinks = ", sinks" if self.sinks is not None else ""
         return (f"layer={self.layer_idx}, heads={self.num_heads}, kv_heads={self.num_kv_heads}, "
-                f"head_size={self.head_size}, backend={type(self.backend).__name__}{scales}")
+                f"head_size={self.head_size}{window}{cap}{sinks}, backend={type(self.backend).__name__}{scales}")

@@ -30,6 +30,7 @@ from brigade.model_executor.layers.linear_method import QuantizationConfig, get_
 from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope_parameters
 from brigade.model_executor.kv_scales import kv_scale_target, load_kv_scale
 from brigade.model_executor.layers.vocab import LMHead, VocabEmbedding
+from brigade.model_executor.models.interface import CausalLM, ModelCapabilities
 from brigade.model_executor.models.pipeline import IntermediateTensors, MissingLayer, StageLayout, stage_inputs
 from brigade.model_executor.weight_utils import default_weight_loader
 
@@ -203,15 +204,17 @@ class LlamaModel(nn.Module):
         return h if rest is None else h + rest
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """A Llama-family causal LM (also registered as MistralForCausalLM and Qwen2ForCausalLM).
 
     Parameter names follow HF's with q/k/v merged into ``qkv_proj`` and gate/up into ``gate_up_proj``;
     ``load_weights`` does the mapping. Layer ``i`` uses ``ctx.kv_caches[i]``.
     """
 
-    supports_tensor_parallel: ClassVar[bool] = True  # column/row-parallel layers, vocabulary split
-    supports_pipeline_parallel: ClassVar[bool] = True  # a stage's layers only (``pipeline.StageLayout``)
+    capabilities: ClassVar[ModelCapabilities] = ModelCapabilities(
+        tensor_parallel=True,  # column/row-parallel layers, vocabulary split
+        pipeline_parallel=True,  # a stage's layers only (``pipeline.StageLayout``)
+        lora=True, fold_norms=True)
 
     # Merged layer -> the HF projections inside it, in shard order. Quantization configs receive the
     # merged prefix (``...self_attn.qkv_proj``) and use this to match checkpoint names and ignore lists.
@@ -223,12 +226,15 @@ class LlamaForCausalLM(nn.Module):
     """The decoder layer ``LlamaModel`` stacks (subclasses with another block set theirs)."""
 
     def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type[AttentionBackend],
-                 quant_config: QuantizationConfig | None = None):
-        super().__init__()
+                 quant_config: QuantizationConfig | None = None,
+                 layer_cls: Callable[..., nn.Module] | None = None):
+        """Args as ``CausalLM``; ``layer_cls`` builds each decoder layer (default ``decoder_layer_cls``; the MoE
+        models pass theirs bound to their own options)."""
+        super().__init__(hf_config, dtype=dtype, attn_backend=attn_backend, quant_config=quant_config)
         self.config = hf_config
         self.dtype = dtype
         self.model = LlamaModel(hf_config, dtype=dtype, attn_backend=attn_backend, quant_config=quant_config,
-                                layer_cls=self.decoder_layer_cls)
+                                layer_cls=layer_cls or self.decoder_layer_cls)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.lm_head = LMHead(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype) \
             if self.model.stage.is_last else None  # only the last pipeline stage scores

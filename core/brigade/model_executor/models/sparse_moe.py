@@ -26,6 +26,7 @@ from brigade.model_executor.layers.linear import Linear
 from brigade.model_executor.layers.linear_method import QuantizationConfig, UnquantizedLinearMethod
 from brigade.model_executor.layers.moe_dispatch import ExpertDispatch, agree_num_tokens, dp_step
 from brigade.model_executor.layers.moe_router import TopKRouter
+from brigade.model_executor.models.interface import ModelCapabilities
 from brigade.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 
 # experts.{e}.{projection}.weight -> the stacked parameter and the projection's shard id
@@ -159,9 +160,8 @@ class MoEForCausalLM(LlamaForCausalLM):
 
     decoder_layer_cls: ClassVar[type[nn.Module]] = MoEDecoderLayer
     # Experts sliced (-tp) or spread (--enable-expert-parallel) over the ranks; not split into stages (docs/moe.md).
-    supports_tensor_parallel: ClassVar[bool] = True
-    supports_expert_parallel: ClassVar[bool] = True
-    supports_pipeline_parallel: ClassVar[bool] = False
+    capabilities: ClassVar[ModelCapabilities] = ModelCapabilities(tensor_parallel=True, expert_parallel=True,
+                                                                  fold_norms=True)
     # Quantization configs see the merged names (online FP8 quantizes the experts; quantized checkpoints are refused).
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         **LlamaForCausalLM.packed_modules_mapping,
@@ -173,9 +173,8 @@ class MoEForCausalLM(LlamaForCausalLM):
         """``expert_parallel``: spread whole experts over the EP group (``--enable-expert-parallel``) instead of
         slicing every expert over the TP group. Other arguments: ``LlamaForCausalLM``'s. The sparse layers count
         their routing into ``expert_load`` (``ExpertLoad``: one row per sparse layer)."""
-        layer_cls = type(self).decoder_layer_cls
-        object.__setattr__(self, "decoder_layer_cls", partial(layer_cls, expert_parallel=expert_parallel))
-        super().__init__(hf_config, **kwargs)
+        super().__init__(hf_config, layer_cls=partial(self.decoder_layer_cls, expert_parallel=expert_parallel),
+                         **kwargs)
         self.expert_parallel = expert_parallel
         blocks = [(i, layer.mlp) for i, layer in enumerate(self.model.layers)
                   if isinstance(getattr(layer, "mlp", None), SparseMoeBlock)]
