@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+# Bytes an element takes, by the storage dtype's name (``str(torch_dtype).removeprefix("torch.")``); the scheduler
+# reads specs without importing a tensor library.
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "uint8": 1,
+               "int8": 1}
 
 
 def cdiv(a: int, b: int) -> int:
@@ -44,16 +47,16 @@ class KVCacheSpec:
 
 @dataclass(frozen=True)
 class AttentionSpec(KVCacheSpec):
-    """Paged K and V of ``num_kv_heads`` heads of ``head_size`` in ``dtype`` (the cache's storage dtype)."""
+    """Paged K and V of ``num_kv_heads`` heads of ``head_size`` in ``dtype`` (the cache's storage dtype, by name:
+    "bfloat16", "float8_e4m3fn", ...; a key of ``DTYPE_BYTES``)."""
 
     num_kv_heads: int
     head_size: int
-    dtype: torch.dtype
+    dtype: str
 
     @property
     def page_size_bytes(self) -> int:
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.block_size * self.num_kv_heads * self.head_size * itemsize
+        return 2 * self.block_size * self.num_kv_heads * self.head_size * DTYPE_BYTES[self.dtype]
 
 
 @dataclass(frozen=True)

@@ -101,9 +101,10 @@ class Attention(nn.Module):
 
     def kv_cache_spec(self, block_size: int, cache_dtype: torch.dtype) -> KVCacheSpec:
         """This layer's KV storage: full attention, or a sliding window of ``sliding_window`` tokens."""
+        dtype = str(cache_dtype).removeprefix("torch.")
         if self.sliding_window is None:
-            return FullAttentionSpec(block_size, self.num_kv_heads, self.head_size, cache_dtype)
-        return SlidingWindowSpec(block_size, self.num_kv_heads, self.head_size, cache_dtype, self.sliding_window)
+            return FullAttentionSpec(block_size, self.num_kv_heads, self.head_size, dtype)
+        return SlidingWindowSpec(block_size, self.num_kv_heads, self.head_size, dtype, self.sliding_window)
 
     def extra_repr(self) -> str:
         scales = f", k_scale={self.backend.k_scale}, v_scale={self.backend.v_scale}" if self.kv_scales_loaded else ""
