@@ -27,7 +27,8 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # Real packages of the project, installed in the session venv.
 PROJECT_PLUGINS = [REPO_ROOT / "builtin_platforms" / "cuda", REPO_ROOT / "builtin_platforms" / "rocm",
                    REPO_ROOT / "plugins" / "oot_platform", REPO_ROOT / "plugins" / "io_processor_example",
-                   REPO_ROOT / "plugins" / "jsonl_stat_logger", REPO_ROOT / "plugins" / "reset_cache_endpoint"]
+                   REPO_ROOT / "plugins" / "jsonl_stat_logger", REPO_ROOT / "plugins" / "reset_cache_endpoint",
+                   REPO_ROOT / "plugins" / "oot_model"]
 # Test fixtures: broken import, a duplicate pair, two detecting platforms, a wrong major version, a healthy
 # probe, a misspelt hook and an endpoint that needs a task the server lacks.
 FIXTURE_PLUGINS = [FIXTURES / name for name in ("broken", "dup_a", "dup_b", "detect_a", "detect_b",

@@ -90,10 +90,9 @@ def register_models(register: RegisterComponent) -> None:
     """Contribute model architectures, keyed by the ``architectures`` entry of the HF ``config.json``.
 
     Args:
-        register: ``register(architecture, model_cls, *, override=False)``. ``model_cls`` is an
-            ``nn.Module`` class (or ``"module:Attr"``) following the model contract:
-            ``__init__(hf_config, *, dtype, attn_backend, quant_config=None)``, ``forward``,
-            ``compute_logits``, ``load_weights``.
+        register: ``register(architecture, model_cls, *, override=False)``. ``model_cls`` (or its
+            ``"module:Attr"``) implements the model interface: a subclass of
+            ``brigade.model_executor.models.interface.CausalLM``.
 
     Returns:
         None. Not firstresult: every implementation runs.
