@@ -47,19 +47,21 @@ class BrigadeConfig:
     device: str = "auto"
     """Platform device type, filled in from the active platform."""
 
-    def resolve(self, hf_config) -> None:
+    def resolve(self, hf_config, *, model_applies_window: bool = False) -> None:
         """Fill in what depends on the model's config.json: max_model_len and the step token budget; check the
         parallel layout against it (``check_parallel_model``).
 
-        Brigade has no sliding-window attention: for a config that asks for a window (Mistral v0.1, Mixtral
-        configs that set one) the default max_model_len is the window, as vLLM's ``--disable-sliding-window``
-        caps it, so that full attention computes the same function as the model's; a log line says so.
+        Unless the model class applies the window itself (``model_applies_window``: its
+        ``ModelCapabilities.sliding_window``, gpt-oss), Brigade's models attend to the whole context: for a config
+        that asks for a window (Mistral v0.1, Mixtral configs that set one) the default max_model_len is then the
+        window, as vLLM's ``--disable-sliding-window`` caps it, so that full attention computes the same function
+        as the model's; a log line says so.
 
         Raises ConfigError when --max-model-len exceeds the model's max_position_embeddings or its sliding window,
         or the layout does not fit the model.
         """
         limit = getattr(hf_config, "max_position_embeddings", None)
-        window = sliding_window(hf_config)
+        window = None if model_applies_window else sliding_window(hf_config)
         mc = self.model_config
         if mc.max_model_len is None:
             mc.max_model_len = limit or 2048

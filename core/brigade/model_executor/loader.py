@@ -103,7 +103,8 @@ def get_quant_config(model_config: ModelConfig, hf_config: Any) -> Any | None:
     """The quantization config object for this model, or None.
 
     The method is ``--quantization`` when given, else the checkpoint's own
-    ``quantization_config["quant_method"]``. Its registered class builds itself with
+    ``quantization_config["quant_method"]``, unless the model class dequantizes that format at load
+    (``CausalLM.dequantized_checkpoint_formats``: no method then). Its registered class builds itself with
     ``from_hf_config(hf_config)`` (see ``layers/linear_method.QuantizationConfig``).
 
     Raises:
@@ -116,6 +117,8 @@ def get_quant_config(model_config: ModelConfig, hf_config: Any) -> Any | None:
     from_checkpoint = name is None and isinstance(checkpoint_quant, dict)
     if from_checkpoint:
         name = checkpoint_quant.get("quant_method")
+        if name in get_model_class(hf_config).dequantized_checkpoint_formats:
+            return None  # the model class turns these tensors into its dtype while loading (gpt-oss's MXFP4)
     if name is None:
         return None
     from brigade.plugins import load_plugins, registries

@@ -21,6 +21,7 @@ MOE_FAMILY = {
     "MixtralForCausalLM": "brigade.model_executor.models.mixtral:MixtralForCausalLM",
     "Qwen2MoeForCausalLM": "brigade.model_executor.models.qwen_moe:Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM": "brigade.model_executor.models.qwen_moe:Qwen3MoeForCausalLM",
+    "GptOssForCausalLM": "brigade.model_executor.models.gpt_oss:GptOssForCausalLM",
 }
 """HF mixture-of-experts architectures -> their classes (brigade.model_executor.models.sparse_moe's block)."""
 

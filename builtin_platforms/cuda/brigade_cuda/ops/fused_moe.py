@@ -25,6 +25,11 @@ accumulators are multiplied by their columns' scales in the epilogue (a scale pe
 the dot product). With ``FP8_W`` off the scale pointer is None and the code under the switch is not emitted, so
 the bf16/fp16/fp32 kernels are the unquantized ones instruction for instruction.
 
+gpt-oss's experts take two more switches, constexpr too, so that the SiLU kernels without biases compile as
+before: ``ACTIVATION`` 1 is its clamped SwiGLU (``moe_activation``: ``gate`` clamped above at ``limit``, ``up``
+to ``[-limit, limit]``, ``gate * sigmoid(alpha * gate) * (up + 1)``) in place of SiLU, and ``HAS_BIAS`` adds each
+expert's gate/up bias to the accumulators before the activation and its down bias before the router weight.
+
 Tiles (``BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages``) come per shape and token count from
 ``moe_tiles.json`` (written by ``benchmarks/kernels/bench_fused_moe.py --tune --write-tiles`` on the GPU) and
 otherwise from ``default_tile``, which sizes ``BLOCK_M`` for the mean tokens per expert.
@@ -41,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from brigade.model_executor.layers.moe_activation import SILU, MoEActivation
 from brigade_cuda.ops.activation import silu_mul
 
 ALIGN_CHUNK = 1024  # assignments per pass of the align program
@@ -157,14 +163,26 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
     return tl.dot(a, b, acc)
 
 
+@triton.jit
+def _swiglu_oai_mul(gate, up, alpha, limit, DTYPE: tl.constexpr):
+    # gpt-oss's clamped SwiGLU from fp32 gate and up (already rounded to DTYPE), the product rounded to DTYPE
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    glu = gate / (1.0 + tl.exp(-gate * alpha))
+    return ((up + 1.0) * glu).to(DTYPE)
+
+
 @triton.jit(do_not_specialize=["num_assignments", "num_pid_m"])
-def _moe_gate_up_kernel(x_ptr, w_ptr, w_scale_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
-                        num_assignments, num_pid_m, N, K, stride_xm, stride_we, stride_wn, stride_om,
+def _moe_gate_up_kernel(x_ptr, w_ptr, w_scale_ptr, b_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+                        num_assignments, num_pid_m, N, K, stride_xm, stride_we, stride_wn, stride_om, alpha, limit,
                         TOP_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, FP8_W: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """out[a, n] = silu(x[a // TOP_K] . w[e, n]) * (x[a // TOP_K] . w[e, N + n]) for the block's assignments a of
     expert e; w is [E, 2N, K] (gate rows, then up rows), out [T * TOP_K, N]. With ``FP8_W``, w is FP8 and each
-    dot is multiplied by its row's scale, ``w_scale`` [E, 2N] contiguous fp32 (None otherwise)."""
+    dot is multiplied by its row's scale, ``w_scale`` [E, 2N] contiguous fp32 (None otherwise). With ``HAS_BIAS``
+    ``b`` [E, 2N] contiguous is added to the dots (None otherwise); ``ACTIVATION`` 1: the clamped SwiGLU
+    (``alpha``, ``limit``) instead of SiLU."""
     pid_m, pid_n = _block_of(tl.program_id(0), num_pid_m, tl.cdiv(N, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_post_ptr):
         return
@@ -202,21 +220,29 @@ def _moe_gate_up_kernel(x_ptr, w_ptr, w_scale_ptr, out_ptr, sorted_ids_ptr, expe
         scale_ptrs = w_scale_ptr + expert * 2 * N + offs_n
         acc_g *= tl.load(scale_ptrs, mask=n_ok, other=0.0)[None, :]
         acc_u *= tl.load(scale_ptrs + N, mask=n_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        bias_ptrs = b_ptr + expert * 2 * N + offs_n
+        acc_g += tl.load(bias_ptrs, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        acc_u += tl.load(bias_ptrs + N, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     dtype = out_ptr.dtype.element_ty
     # gate and up rounded to the model dtype first, as the reference's GEMM output is
-    act = silu_mul(acc_g.to(dtype).to(tl.float32), acc_u.to(dtype).to(tl.float32), dtype)
+    if ACTIVATION == 1:
+        act = _swiglu_oai_mul(acc_g.to(dtype).to(tl.float32), acc_u.to(dtype).to(tl.float32), alpha, limit, dtype)
+    else:
+        act = silu_mul(acc_g.to(dtype).to(tl.float32), acc_u.to(dtype).to(tl.float32), dtype)
     out_ptrs = out_ptr + assign[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     tl.store(out_ptrs, act, mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["num_assignments", "num_pid_m"])
-def _moe_down_kernel(a_ptr, w_ptr, w_scale_ptr, out_ptr, topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr,
+def _moe_down_kernel(a_ptr, w_ptr, w_scale_ptr, b_ptr, out_ptr, topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr,
                      num_post_ptr, num_assignments, num_pid_m, N, K, stride_am, stride_we, stride_wn, stride_om,
-                     EVEN_K: tl.constexpr, IEEE: tl.constexpr, FP8_W: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                     EVEN_K: tl.constexpr, IEEE: tl.constexpr, FP8_W: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """out[a, n] = topk_weights[a] * (a_rows[a] . w[e, n]) for the block's assignments a of expert e; w is
     [E, N, K], a_rows [T * top_k, K], out [T * top_k, N]. With ``FP8_W``, w is FP8 and ``w_scale`` [E, N]
-    contiguous fp32 scales each output channel (None otherwise)."""
+    contiguous fp32 scales each output channel (None otherwise). With ``HAS_BIAS``, ``b`` [E, N] contiguous is
+    added before the router weight (None otherwise)."""
     pid_m, pid_n = _block_of(tl.program_id(0), num_pid_m, tl.cdiv(N, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_post_ptr):
         return
@@ -245,6 +271,8 @@ def _moe_down_kernel(a_ptr, w_ptr, w_scale_ptr, out_ptr, topk_weights_ptr, sorte
         w_ptrs += BLOCK_K
     if FP8_W:
         acc *= tl.load(w_scale_ptr + expert * N + offs_n, mask=n_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + expert * N + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     acc *= tl.load(topk_weights_ptr + rows, mask=m_ok, other=0.0)[:, None]
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -335,8 +363,9 @@ def fit_shared_memory(tile: MoETile, element_size: int) -> MoETile:
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, *, w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
-              tile: MoETile | None = None) -> torch.Tensor:
-    """``sum_j topk_weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))``, ``e = topk_ids[t, j]``.
+              w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None,
+              activation: MoEActivation = SILU, tile: MoETile | None = None) -> torch.Tensor:
+    """``sum_j topk_weights[t, j] * down_e(act(gate_e(x_t)) * up_e(x_t))``, ``e = topk_ids[t, j]``.
 
     Args:
         x: [T, H] fp16/bf16/fp32 on CUDA, last dimension contiguous.
@@ -344,6 +373,8 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
             ``float8_e4m3fn`` (compute capability 8.9 and up) with ``w13_scale`` [E, 2I] and ``w2_scale`` [E, H]
             contiguous fp32, one scale per expert and output channel: the W8A16 kernels.
         topk_weights: [T, k] float32. topk_ids: [T, k] int32/int64.
+        w13_bias: [E, 2I], w2_bias: [E, H], contiguous, in x's dtype, both or neither (gpt-oss's expert biases).
+        activation: ``act``: SiLU, or gpt-oss's clamped SwiGLU (``moe_activation.MoEActivation``).
         tile: a launch configuration (benchmarks); default: ``pick_tile``.
 
     Returns:
@@ -361,19 +392,22 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     num_pid_m = expert_ids.numel()
     ieee = x.dtype == torch.float32
     fp8 = w13_scale is not None
+    bias = dict(HAS_BIAS=w13_bias is not None)
     launch = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
                   num_warps=tile.num_warps, num_stages=tile.num_stages)
     act = torch.empty(num_assignments, inter, dtype=x.dtype, device=x.device)
     grid = (num_pid_m * triton.cdiv(inter, tile.block_n),)
-    _moe_gate_up_kernel[grid](x, w13, w13_scale, act, sorted_ids, expert_ids, num_post, num_assignments, num_pid_m,
-                              inter, hidden, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), TOP_K=top_k,
-                              EVEN_K=hidden % tile.block_k == 0, IEEE=ieee, FP8_W=fp8, **launch)
+    _moe_gate_up_kernel[grid](x, w13, w13_scale, w13_bias, act, sorted_ids, expert_ids, num_post, num_assignments,
+                              num_pid_m, inter, hidden, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
+                              float(activation.alpha), float(activation.limit), TOP_K=top_k,
+                              EVEN_K=hidden % tile.block_k == 0, IEEE=ieee, FP8_W=fp8,
+                              ACTIVATION=int(activation.name == "swigluoai"), **bias, **launch)
     out = torch.empty(num_assignments, hidden, dtype=x.dtype, device=x.device)
     grid = (num_pid_m * triton.cdiv(hidden, tile.block_n),)
-    _moe_down_kernel[grid](act, w2, w2_scale if fp8 else None, out, topk_weights.reshape(-1).float(), sorted_ids,
-                           expert_ids, num_post, num_assignments, num_pid_m, hidden, inter, act.stride(0),
+    _moe_down_kernel[grid](act, w2, w2_scale if fp8 else None, w2_bias, out, topk_weights.reshape(-1).float(),
+                           sorted_ids, expert_ids, num_post, num_assignments, num_pid_m, hidden, inter, act.stride(0),
                            w2.stride(0), w2.stride(1), out.stride(0), EVEN_K=inter % tile.block_k == 0, IEEE=ieee,
-                           FP8_W=fp8, **launch)
+                           FP8_W=fp8, **bias, **launch)
     return out if top_k == 1 else moe_sum(out, num_tokens, top_k)  # fp32 accumulation
 
 
@@ -406,10 +440,14 @@ def fused_moe_cuda(layer, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids:
     experts on a GPU older than compute capability 8.9, take the reference path."""
     w13, w2 = layer.w13_weight, layer.w2_weight
     s13, s2 = layer.w13_weight_scale, layer.w2_weight_scale
+    b13, b2 = layer.w13_bias, layer.w2_bias
     takes = loads_fp8(x.device.index or 0) if s13 is not None else x.dtype == w13.dtype
     if not takes:
         return layer.forward_native(x, topk_weights, topk_ids)
     if check_fused_moe(x, w13, w2, s13, s2) is not None:
         x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
         s13, s2 = (None, None) if s13 is None else (s13.contiguous(), s2.contiguous())
-    return fused_moe(x, w13, w2, topk_weights, topk_ids, w13_scale=s13, w2_scale=s2)
+    if b13 is not None and not (b13.is_contiguous() and b2.is_contiguous()):
+        b13, b2 = b13.contiguous(), b2.contiguous()
+    return fused_moe(x, w13, w2, topk_weights, topk_ids, w13_scale=s13, w2_scale=s2, w13_bias=b13, w2_bias=b2,
+                     activation=layer.activation)

@@ -8,8 +8,13 @@ MoE, ``experts.{e}.w1/w3/w2`` in Mixtral). The layer stacks them at load into tw
   ``[0, I)`` and its up projection (``"w3"``) in rows ``[I, 2I)``;
 * ``w2_weight`` [num_experts, hidden, intermediate]: its down projection (``"w2"``).
 
-The product is ``sum_j w_j * down_e(silu(gate_e(x)) * up_e(x))`` over each token's ``top_k`` experts ``e = ids[j]``
-with the router's weights ``w_j`` (``moe_router.select_experts``). It is a ``CustomOp`` (op ``"fused_moe"``):
+With ``bias`` (gpt-oss) two more, loaded by the same shard ids: ``w13_bias`` [num_experts, 2 * intermediate] (gate
+then up) and ``w2_bias`` [num_experts, hidden].
+
+The product is ``sum_j w_j * down_e(act(gate_e(x)) * up_e(x))`` over each token's ``top_k`` experts ``e = ids[j]``
+with the router's weights ``w_j`` (``moe_router.select_experts``); ``act`` is SiLU or gpt-oss's clamped SwiGLU
+(``moe_activation``), and with biases ``gate_e``, ``up_e`` and ``down_e`` are affine (the router weight scales the
+down bias too, as transformers' ``GptOssExperts`` does). It is a ``CustomOp`` (op ``"fused_moe"``):
 ``forward_native`` below is the CPU path and the reference the fast kernels are checked against; brigade-cuda
 registers its Triton kernel (tokens sorted and padded by expert, one grouped GEMM for gate/up with SiLU-and-mul,
 one for down with the router weights, then the sum over the top-k) through the ``register_kernels`` hook.
@@ -21,6 +26,8 @@ the shared expert's partial and all-reduces once per layer.
   intermediate dimension: rows of gate and of up (each cut on its own, so ``w13`` stays "gate rows, then up
   rows"), columns of down. ``silu(gate) * up`` is elementwise over the intermediate dimension, so each rank's
   down product is a partial sum of the whole one (Megatron-LM's column- then row-parallel MLP, per expert).
+  Gate and up biases are sliced with their rows; the down bias is whole on rank 0 and zero on the others, so the
+  all-reduce adds it once.
 * Expert parallelism (``--enable-expert-parallel``): each rank of the EP group holds ``E / ep`` whole experts,
   ``[rank * E/ep, (rank + 1) * E/ep)``. Inside one engine every rank of the group already has every token (the
   EP group is the TP group), so there is no dispatch to do: each rank computes its own experts' contributions
@@ -46,6 +53,7 @@ from torch import nn
 
 from brigade.model_executor.layers.custom_op import CustomOp
 from brigade.model_executor.layers.linear_method import MoEMethod
+from brigade.model_executor.layers.moe_activation import SILU, MoEActivation, moe_act_and_mul
 from brigade.model_executor.weight_utils import materialize, narrow_weight, set_weight_attrs
 
 GATE, UP, DOWN = "w1", "w3", "w2"
@@ -63,10 +71,13 @@ class FusedMoE(CustomOp):
 
     With a ``quant_method`` (``MoEMethod``), after loading: both weights ``float8_e4m3fn``, ``w13_weight_scale``
     [E_local, 2 * I_local] and ``w2_weight_scale`` [E_local, H] fp32; without one both scales are None.
+    With ``bias``: ``w13_bias`` [E_local, 2 * I_local] (sliced like w13's rows) and ``w2_bias`` [E_local, H] (zero
+    on TP ranks other than 0) in the model dtype; without, both None.
 
     A kernel registered for ``"fused_moe"`` is called ``impl(layer, x, topk_weights, topk_ids)`` with
     ``forward_native``'s contract (ids local, in ``[0, E_local)``) and reads ``layer.w13_weight``,
-    ``layer.w2_weight`` and their scales (None, or the FP8 layout above).
+    ``layer.w2_weight``, their scales (None, or the FP8 layout above), ``layer.w13_bias``, ``layer.w2_bias`` and
+    ``layer.activation`` (``MoEActivation``).
 
     Raises:
         ValueError: ``tp_size`` does not divide ``intermediate_size`` or ``ep_size`` does not divide
@@ -77,7 +88,7 @@ class FusedMoE(CustomOp):
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
                  dtype: torch.dtype, tp_rank: int = 0, tp_size: int = 1, ep_rank: int = 0, ep_size: int = 1,
-                 quant_method: MoEMethod | None = None):
+                 quant_method: MoEMethod | None = None, activation: MoEActivation = SILU, bias: bool = False):
         super().__init__()
         if intermediate_size % tp_size:
             raise ValueError(f"the experts' intermediate size {intermediate_size} does not divide over {tp_size} "
@@ -88,6 +99,7 @@ class FusedMoE(CustomOp):
         self.top_k = top_k
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
+        self.activation = activation
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.ep_rank, self.ep_size = ep_rank, ep_size
         self.num_local_experts = num_experts // ep_size
@@ -102,6 +114,16 @@ class FusedMoE(CustomOp):
                                            "shard_ids": tuple((e, p) for e in experts for p in (GATE, UP))})
         set_weight_attrs(self.w2_weight, {"weight_loader": self.weight_loader,
                                           "shard_ids": tuple((e, DOWN) for e in experts)})
+        self.w13_bias = self.w2_bias = None
+        if bias:
+            self.w13_bias = nn.Parameter(torch.empty(self.num_local_experts, 2 * local, dtype=dtype),
+                                         requires_grad=False)
+            self.w2_bias = nn.Parameter(torch.empty(self.num_local_experts, hidden_size, dtype=dtype),
+                                        requires_grad=False)
+            set_weight_attrs(self.w13_bias, {"weight_loader": self.weight_loader,
+                                             "shard_ids": tuple((e, p) for e in experts for p in (GATE, UP))})
+            set_weight_attrs(self.w2_bias, {"weight_loader": self.weight_loader,
+                                            "shard_ids": tuple((e, DOWN) for e in experts)})
         self.w13_weight_scale: torch.Tensor | None = None  # set by a quant_method after loading
         self.w2_weight_scale: torch.Tensor | None = None
         if quant_method is not None:  # the loader calls its process_weights_after_loading
@@ -109,6 +131,9 @@ class FusedMoE(CustomOp):
         if tp_size > 1 or ep_size > 1:  # the whole layer's shapes, for dummy weights drawn layout-independently
             set_weight_attrs(self.w13_weight, {"full_shape": (num_experts, 2 * intermediate_size, hidden_size)})
             set_weight_attrs(self.w2_weight, {"full_shape": (num_experts, hidden_size, intermediate_size)})
+            if bias:
+                set_weight_attrs(self.w13_bias, {"full_shape": (num_experts, 2 * intermediate_size)})
+                set_weight_attrs(self.w2_bias, {"full_shape": (num_experts, hidden_size)})
 
     def shard_intermediate(self, loaded_weight: torch.Tensor, dim: int) -> torch.Tensor:
         """This rank's slice of a checkpoint tensor (or lazy ``CheckpointTensor``) along its intermediate
@@ -132,8 +157,8 @@ class FusedMoE(CustomOp):
         """Copy one expert's projection into its place in the stacked parameter.
 
         Args:
-            param: ``w13_weight`` or ``w2_weight``.
-            loaded_weight: the checkpoint tensor: gate or up [I, H], down [H, I].
+            param: ``w13_weight``, ``w2_weight``, ``w13_bias`` or ``w2_bias``.
+            loaded_weight: the checkpoint tensor: gate or up [I, H], down [H, I]; biases: gate or up [I], down [H].
             shard_id: ``(expert_id, "w1" | "w3" | "w2")``; or None with the whole layer's stacked tensor of
                 ``full_shape`` (dummy weights under TP or EP), of which the rank keeps its part.
 
@@ -150,17 +175,23 @@ class FusedMoE(CustomOp):
         expert_id, proj = shard_id
         if not 0 <= expert_id < self.num_experts:
             raise ValueError(f"expert {expert_id} is out of range: the layer has {self.num_experts} experts")
-        if proj not in ((GATE, UP) if param is self.w13_weight else (DOWN,) if param is self.w2_weight else ()):
+        gate_up = any(param is p for p in (self.w13_weight, self.w13_bias) if p is not None)
+        down = any(param is p for p in (self.w2_weight, self.w2_bias) if p is not None)
+        if proj not in ((GATE, UP) if gate_up else (DOWN,) if down else ()):
             raise ValueError(f"projection {proj!r} does not belong to this parameter of {type(self).__name__}")
         index = expert_id - self.expert_start
         if not 0 <= index < self.num_local_experts:
             return  # another expert-parallel rank's expert: not read
         local = self.intermediate_size_per_partition
-        if proj == DOWN:
+        if param is self.w2_bias:  # [H], added once over the TP ranks: rank 0's, zero elsewhere
+            target, source = param.data[index], materialize(loaded_weight)
+            if self.tp_rank > 0:
+                source = torch.zeros_like(target)
+        elif proj == DOWN:
             target = param.data[index]  # [H, I_local]
             source = self.shard_intermediate(loaded_weight, 1)
         else:
-            target = param.data[index].narrow(0, 0 if proj == GATE else local, local)  # [I_local, H]
+            target = param.data[index].narrow(0, 0 if proj == GATE else local, local)  # [I_local, H] or [I_local]
             source = self.shard_intermediate(loaded_weight, 0)
         if tuple(source.shape) != tuple(target.shape):
             raise ValueError(f"expert {expert_id}'s {proj} of shape {tuple(loaded_weight.shape)} does not fit its "
@@ -172,7 +203,7 @@ class FusedMoE(CustomOp):
         draws it so, the same whatever the layout), one local expert and projection at a time."""
         inter = self.intermediate_size
         for expert in range(self.expert_start, self.expert_start + self.num_local_experts):
-            if param is self.w13_weight:
+            if param is self.w13_weight or param is self.w13_bias:
                 self.weight_loader(param, stacked[expert, :inter], (expert, GATE))
                 self.weight_loader(param, stacked[expert, inter:], (expert, UP))
             else:
@@ -191,12 +222,13 @@ class FusedMoE(CustomOp):
         expert ids. Returns [T, hidden] in x's dtype (``fused_moe_reference``, dequantizing FP8 experts one at a
         time)."""
         return fused_moe_reference(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
-                                   w13_scale=self.w13_weight_scale, w2_scale=self.w2_weight_scale)
+                                   w13_scale=self.w13_weight_scale, w2_scale=self.w2_weight_scale,
+                                   w13_bias=self.w13_bias, w2_bias=self.w2_bias, activation=self.activation)
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_local_experts}/{self.num_experts}, top_k={self.top_k}, hidden={self.hidden_size}, "
                 f"intermediate={self.intermediate_size_per_partition}, weights={self.w13_weight.dtype}, "
-                f"impl={self.impl_name}")
+                f"activation={self.activation.name}, bias={self.w13_bias is not None}, impl={self.impl_name}")
 
 
 def expert_weight(w: torch.Tensor, scale: torch.Tensor | None, expert: int, dtype: torch.dtype) -> torch.Tensor:
@@ -209,8 +241,9 @@ def expert_weight(w: torch.Tensor, scale: torch.Tensor | None, expert: int, dtyp
 
 def fused_moe_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                         topk_ids: torch.Tensor, *, w13_scale: torch.Tensor | None = None,
-                        w2_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """The mixture of experts in plain PyTorch: for each expert in turn, the tokens routed to it, their SwiGLU
+                        w2_scale: torch.Tensor | None = None, w13_bias: torch.Tensor | None = None,
+                        w2_bias: torch.Tensor | None = None, activation: MoEActivation = SILU) -> torch.Tensor:
+    """The mixture of experts in plain PyTorch: for each expert in turn, the tokens routed to it, their gated
     product and its router weight, added into an fp32 sum (transformers' ``MixtralExperts.forward`` order).
 
     Args:
@@ -220,6 +253,9 @@ def fused_moe_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
             channel): each expert's weights are then dequantized when its tokens are computed (``expert_weight``),
             so the result is the unquantized path's on the dequantized weights, holding one expert's at a time.
         topk_weights: [T, k] float32. topk_ids: [T, k] int32 or int64, each in [0, E).
+        w13_bias: [E, 2I] (gate then up), w2_bias: [E, H], in x's dtype, or None: added to each product's output
+            (the down bias before the router weight, as transformers' ``GptOssExperts``).
+        activation: ``act`` in ``act(gate) * up`` (``moe_activation``).
 
     Returns:
         [T, H] in x's dtype. Each expert's product is computed in x's dtype, as transformers does; the weighted
@@ -241,9 +277,11 @@ def fused_moe_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
             continue
         assignments = order[start:start + count]
         start += count
-        gate_up = F.linear(x[assignments // top_k], expert_weight(w13, w13_scale, expert, x.dtype))  # [n, 2I]
-        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        down = F.linear(act, expert_weight(w2, w2_scale, expert, x.dtype))
+        gate_up = F.linear(x[assignments // top_k], expert_weight(w13, w13_scale, expert, x.dtype),
+                           None if w13_bias is None else w13_bias[expert])  # [n, 2I]
+        act = moe_act_and_mul(gate_up[:, :inter], gate_up[:, inter:], activation)
+        down = F.linear(act, expert_weight(w2, w2_scale, expert, x.dtype),
+                        None if w2_bias is None else w2_bias[expert])
         per_assignment[assignments] = down.float() * flat_weights[assignments, None]
     # Add each token's experts in increasing expert id, the order transformers adds them in.
     by_expert = per_assignment.view(num_tokens, top_k, -1)[

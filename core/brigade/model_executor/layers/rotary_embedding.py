@@ -1,4 +1,4 @@
-"""Rotary position embedding (Su et al. 2021, "RoFormer"), with Llama 3.1's frequency scaling.
+"""Rotary position embedding (Su et al. 2021, "RoFormer"), with Llama 3.1's and YaRN's frequency scaling.
 
 The cos/sin table is built once for every position up to ``max_position`` and indexed by each token's
 absolute position, so the model never needs to know how a batch is laid out.
@@ -6,7 +6,7 @@ absolute position, so the model never needs to know how a batch is laid out.
 A ``CustomOp``: ``forward_native`` is the reference; a platform may register a fused kernel through
 the ``register_kernels`` hook (op ``"rotary_embedding"``, see ``custom_op``). A kernel reads
 ``layer.cos_sin_cache`` ([max_position, rotary_dim] fp32, cos in the first half of the last dimension,
-sin in the second), ``layer.head_size``, ``layer.rotary_dim`` and ``layer.is_neox_style``, and may
+sin in the second, both already multiplied by YaRN's attention factor), ``layer.head_size``, ``layer.rotary_dim`` and ``layer.is_neox_style``, and may
 rotate ``query`` and ``key`` in place.
 """
 
@@ -20,7 +20,7 @@ import torch
 
 from brigade.model_executor.layers.custom_op import CustomOp
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,7 @@ def get_rope_parameters(hf_config: Any) -> RopeParameters:
                           scaling=params)
 
 
-def compute_inv_freq(rotary_dim: int, rope: RopeParameters) -> torch.Tensor:
+def compute_inv_freq(rotary_dim: int, rope: RopeParameters, max_position: int | None = None) -> torch.Tensor:
     """Inverse frequencies ``theta ** (-2i / rotary_dim)``, rescaled for the rope type.
 
     Returns: [rotary_dim // 2] fp32 on the default device.
@@ -73,6 +73,8 @@ def compute_inv_freq(rotary_dim: int, rope: RopeParameters) -> torch.Tensor:
     "llama3" follows Meta's Llama 3.1 reference ``apply_scaling``: wavelengths shorter than
     ``original_max_position_embeddings / high_freq_factor`` are kept, longer than
     ``... / low_freq_factor`` are divided by ``factor``, and those in between are blended linearly.
+    "yarn": ``yarn_parameters`` (``max_position``: the model's ``max_position_embeddings``, which sets the factor
+    of a config without one).
     """
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
     inv_freq = 1.0 / (rope.rope_theta ** exponents)
@@ -80,7 +82,71 @@ def compute_inv_freq(rotary_dim: int, rope: RopeParameters) -> torch.Tensor:
         return inv_freq / float(rope.scaling["factor"])
     if rope.rope_type == "llama3":
         return _llama3_scale(inv_freq, rope.scaling)
+    if rope.rope_type == "yarn":
+        return yarn_parameters(rotary_dim, rope, max_position)[0]
     return inv_freq
+
+
+def attention_factor(rotary_dim: int, rope: RopeParameters, max_position: int | None = None) -> float:
+    """The factor on cos and sin (YaRN's ``mscale``; 1.0 for the other rope types)."""
+    if rope.rope_type == "yarn":
+        return yarn_parameters(rotary_dim, rope, max_position)[1]
+    return 1.0
+
+
+def yarn_parameters(rotary_dim: int, rope: RopeParameters, max_position: int | None) -> tuple[torch.Tensor, float]:
+    """YaRN (Peng et al. 2023, arXiv:2309.00071): inverse frequencies and the attention factor, as transformers'
+    ``_compute_yarn_parameters`` computes them.
+
+    Frequencies rotating fewer than ``beta_slow`` times over ``original_max_position_embeddings`` are divided by
+    ``factor`` (interpolation), those rotating more than ``beta_fast`` times are kept (extrapolation), and a linear
+    ramp over the dimensions in between blends the two; ``truncate`` (default true) rounds the ramp's bounds out to
+    whole dimensions. The attention factor is ``attention_factor`` when given, else ``0.1 * ln(factor) + 1`` (or
+    DeepSeek's ratio of two such terms with ``mscale`` and ``mscale_all_dim``). A config without ``factor`` takes
+    ``max_position / original_max_position_embeddings``; without the original length, ``max_position``.
+
+    Returns: ([rotary_dim // 2] fp32, attention factor).
+
+    Raises:
+        ValueError: no factor and no ``max_position`` to derive it from.
+    """
+    scaling, base, dim = rope.scaling, rope.rope_theta, rotary_dim
+    original = scaling.get("original_max_position_embeddings") or max_position
+    factor = scaling.get("factor")
+    if factor is None:
+        if max_position is None or original is None:
+            raise ValueError("yarn rope scaling needs 'factor' (or max_position_embeddings and "
+                             "original_max_position_embeddings) in rope_parameters")
+        factor = max_position / original
+    factor = float(factor)
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    mscale_factor = scaling.get("attention_factor")
+    if mscale_factor is None:
+        if mscale and mscale_all_dim:
+            mscale_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+        else:
+            mscale_factor = _yarn_mscale(factor)
+    beta_fast = scaling.get("beta_fast") or 32
+    beta_slow = scaling.get("beta_slow") or 1
+
+    def correction_dim(num_rotations: float) -> float:  # the dimension that rotates num_rotations times
+        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+    extrapolation = 1 - ramp  # weight of the unscaled frequency
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, float(mscale_factor)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
 def _llama3_scale(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
@@ -121,11 +187,13 @@ class RotaryEmbedding(CustomOp):
         self.max_position = max_position
         self.is_neox_style = is_neox_style
         self.rope = rope
-        inv_freq = compute_inv_freq(rotary_dim, rope)
+        inv_freq = compute_inv_freq(rotary_dim, rope, max_position)
+        scale = attention_factor(rotary_dim, rope, max_position)  # YaRN's; 1 otherwise
         t = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)  # [max_position, rotary_dim // 2]
         # fp32 even for bf16 models: angles at large positions need the mantissa.
-        self.register_buffer("cos_sin_cache", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
+        self.register_buffer("cos_sin_cache", torch.cat([freqs.cos() * scale, freqs.sin() * scale], dim=-1),
+                             persistent=False)
 
     def forward_native(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor]:

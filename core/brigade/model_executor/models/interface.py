@@ -33,6 +33,7 @@ class ModelCapabilities:
     expert_parallel: bool = False  # takes ``expert_parallel=True``: whole experts per rank (--enable-expert-parallel)
     lora: bool = False  # its projections take LoRA slots (--enable-lora)
     fold_norms: bool = False  # ``fold_norm_weights`` folds RMSNorm weights into the projections that read them
+    sliding_window: bool = False  # its attention layers apply the config's ``sliding_window`` (per layer) themselves
 
 
 class CausalLM(nn.Module):
@@ -46,6 +47,9 @@ class CausalLM(nn.Module):
     capabilities: ClassVar[ModelCapabilities] = ModelCapabilities()
     # Merged layer -> the HF projections inside it, in shard order (quantization configs match names through it).
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {}
+    # Checkpoint quantization formats (config.json ``quantization_config.quant_method``) that ``load_weights`` turns
+    # into the model dtype itself: no quantization method is looked up for them (gpt-oss: "mxfp4").
+    dequantized_checkpoint_formats: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type[AttentionBackend],
                  quant_config: Any = None, expert_parallel: bool = False):

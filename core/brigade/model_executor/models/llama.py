@@ -93,7 +93,14 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = rotary_emb  # shared by all layers: one cos/sin table per model
         # This rank's heads (all of them with one rank): the KV cache holds its KV heads only.
         self.attn = Attention(self.qkv_proj.num_heads, head_size, self.qkv_proj.num_kv_heads,
-                              scale=head_size ** -0.5, layer_idx=layer_idx, backend_cls=attn_backend)
+                              scale=head_size ** -0.5, layer_idx=layer_idx, backend_cls=attn_backend,
+                              **self.attention_options(config, layer_idx))
+
+    @staticmethod
+    def attention_options(config: Any, layer_idx: int) -> dict[str, Any]:
+        """``Attention``'s variant arguments for layer ``layer_idx`` (``sliding_window``, ``use_sinks``...): none
+        here; gpt-oss's attention sets its window per layer and its sinks."""
+        return {}
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, rest: torch.Tensor | None, ctx: AttentionContext,
                 norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor | None]:

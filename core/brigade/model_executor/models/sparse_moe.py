@@ -1,4 +1,4 @@
-"""What the mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE) share: the sparse MoE block, the decoder
+"""What the mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss) share: the sparse MoE block, the decoder
 layer around it, the causal LM base that maps expert checkpoint names, and the start-up check of the config.
 
 The attention half of each layer is the Llama family's (``llama.LlamaAttention``, or Qwen3-MoE's subclass with
@@ -24,13 +24,14 @@ from brigade.model_executor.layers.fused_moe import DOWN, GATE, UP, FusedMoE
 from brigade.model_executor.layers.layernorm import RMSNorm
 from brigade.model_executor.layers.linear import Linear
 from brigade.model_executor.layers.linear_method import QuantizationConfig, UnquantizedLinearMethod
+from brigade.model_executor.layers.moe_activation import SILU, MoEActivation
 from brigade.model_executor.layers.moe_dispatch import ExpertDispatch, agree_num_tokens, dp_step
 from brigade.model_executor.layers.moe_router import TopKRouter
 from brigade.model_executor.models.interface import ModelCapabilities
 from brigade.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 
 # experts.{e}.{projection}.weight -> the stacked parameter and the projection's shard id
-_EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.(weight|bias)$")
 _EXPERT_PROJ = {"gate_proj": GATE, "w1": GATE, "up_proj": UP, "w3": UP, "down_proj": DOWN, "w2": DOWN}
 
 
@@ -41,7 +42,9 @@ class SparseMoeBlock(nn.Module):
     ``experts`` (``FusedMoE``), and, with a shared expert, ``shared_expert`` (a ``LlamaMLP``, column/row-sharded
     like a dense MLP under TP) and ``shared_expert_gate`` ([1, H], whole on every rank, never quantized).
     Under a quantization config the experts take its ``get_moe_method`` and the shared expert its linear method,
-    like any dense MLP.
+    like any dense MLP. gpt-oss's variant (``router_bias``, ``softmax_after_topk``, ``activation``,
+    ``expert_bias``): a router with a bias whose softmax comes after the top-k, and experts with biases and its
+    clamped SwiGLU.
 
     Under ``-tp N`` the experts are sliced on their intermediate dimension, or, with ``--enable-expert-parallel``,
     spread whole over the expert-parallel group (``FusedMoE``). Either way every rank computes a partial sum of
@@ -56,12 +59,15 @@ class SparseMoeBlock(nn.Module):
 
     def __init__(self, *, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int,
                  renormalize: bool, shared_intermediate_size: int, dtype: torch.dtype,
-                 quant_config: QuantizationConfig | None, prefix: str, expert_parallel: bool = False):
+                 quant_config: QuantizationConfig | None, prefix: str, expert_parallel: bool = False,
+                 router_bias: bool = False, softmax_after_topk: bool = False, activation: MoEActivation = SILU,
+                 expert_bias: bool = False):
         super().__init__()
         self.top_k = top_k
         self.renormalize = renormalize
-        self.gate = Linear(hidden_size, num_experts, dtype=dtype, quant_method=UnquantizedLinearMethod())
-        self.router = TopKRouter(top_k, renormalize)
+        self.gate = Linear(hidden_size, num_experts, bias=router_bias, dtype=dtype,
+                           quant_method=UnquantizedLinearMethod())
+        self.router = TopKRouter(top_k, renormalize, softmax_after_topk)
         moe_method = None
         if quant_config is not None:
             moe_method = quant_config.get_moe_method(f"{prefix}.experts")
@@ -69,18 +75,19 @@ class SparseMoeBlock(nn.Module):
                 raise ConfigError(f"quantization {quant_config.name} has no method for mixture-of-experts layers "
                                   f"({prefix}.experts would stay in the model dtype); serve this model without "
                                   "--quantization, or with --quantization fp8")
+        experts = dict(dtype=dtype, quant_method=moe_method, activation=activation, bias=expert_bias)
         self.group = get_tp_group()  # the final all-reduce: the TP ranks of this DP rank
         self.dispatch: ExpertDispatch | None = None  # experts spread over DP engines: their tokens come and go
         if expert_parallel:
             ep = get_ep_group()
-            self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, dtype=dtype,
-                                    ep_rank=ep.rank_in_group, ep_size=ep.world_size, quant_method=moe_method)
+            self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, ep_rank=ep.rank_in_group,
+                                    ep_size=ep.world_size, **experts)
             if get_dp_group().world_size > 1:
                 self.dispatch = ExpertDispatch(get_dp_group())
         else:
-            self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, dtype=dtype,
+            self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size,
                                     tp_rank=self.group.rank_in_group, tp_size=self.group.world_size,
-                                    quant_method=moe_method)
+                                    **experts)
         self.shared_expert = self.shared_expert_gate = None
         if shared_intermediate_size:
             self.shared_expert = LlamaMLP(hidden_size, shared_intermediate_size, bias=False, dtype=dtype,
@@ -142,8 +149,14 @@ class MoEDecoderLayer(LlamaDecoderLayer):
 
 
 def moe_spec(config: Any) -> dict[str, Any]:
-    """The ``SparseMoeBlock`` arguments a config gives (Mixtral's and Qwen MoE's field names)."""
+    """The ``SparseMoeBlock`` arguments a config gives (Mixtral's, Qwen MoE's and gpt-oss's field names)."""
     model_type = getattr(config, "model_type", None)
+    if model_type == "gpt_oss":  # transformers' GptOssMLP: router bias, top-k then softmax, biased clamped SwiGLU
+        activation = MoEActivation("swigluoai", alpha=float(getattr(config, "swiglu_alpha", 1.702)),
+                                   limit=float(getattr(config, "swiglu_limit", 7.0)))
+        return dict(num_experts=config.num_local_experts, top_k=config.num_experts_per_tok,
+                    intermediate_size=config.intermediate_size, renormalize=True, shared_intermediate_size=0,
+                    router_bias=True, softmax_after_topk=True, activation=activation, expert_bias=True)
     if model_type == "mixtral":
         return dict(num_experts=config.num_local_experts, top_k=config.num_experts_per_tok,
                     intermediate_size=config.intermediate_size, renormalize=True, shared_intermediate_size=0)
@@ -196,7 +209,7 @@ class MoEForCausalLM(LlamaForCausalLM):
         if match is None:
             return super().checkpoint_name(hf_name)
         proj = _EXPERT_PROJ[match.group(2)]
-        param = "w2_weight" if proj == DOWN else "w13_weight"
+        param = ("w2_" if proj == DOWN else "w13_") + match.group(3)
         return f"{hf_name[:match.start()]}.experts.{param}", (int(match.group(1)), proj)
 
     @classmethod
@@ -215,8 +228,9 @@ class MoEForCausalLM(LlamaForCausalLM):
         check_moe_config(hf_config, config)
 
 
-def check_moe_config(hf_config: Any, config: Any) -> None:
-    """See ``MoEForCausalLM.check_config``."""
+def check_moe_config(hf_config: Any, config: Any, *, dequantized: frozenset[str] = frozenset()) -> None:
+    """See ``MoEForCausalLM.check_config``; a checkpoint quantized in one of the ``dequantized`` formats (which the
+    model class dequantizes at load) is accepted."""
     arch = type(hf_config).__name__.removesuffix("Config") or "this model"
     spec = moe_spec(hf_config)
     num_experts, top_k = spec["num_experts"], spec["top_k"]
@@ -252,9 +266,11 @@ def check_moe_config(hf_config: Any, config: Any) -> None:
         raise ConfigError(f"{arch}: LoRA on mixture-of-experts models is not supported yet; serve it without "
                           "--enable-lora")
     checkpoint_quant = getattr(hf_config, "quantization_config", None)
+    method = None
     if checkpoint_quant:
         method = checkpoint_quant.get("quant_method") if isinstance(checkpoint_quant, dict) else \
             getattr(checkpoint_quant, "quant_method", None)
+    if checkpoint_quant and method not in dequantized:
         # Their expert tensors (codes and scales per expert) have no loader yet.
         raise ConfigError(f"{arch}: quantized mixture-of-experts checkpoints ({method}) are not supported yet; "
                           "serve the unquantized checkpoint, with --quantization fp8 to quantize its experts "
