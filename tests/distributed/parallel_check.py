@@ -86,14 +86,16 @@ if __name__ == "__main__":
 
 
 def run_check(model, method: str, load_format: str, layouts: str, *, request: dict | None = None,
-              **engine_args) -> dict:
+              prompts: list[list[int]] | None = None, max_tokens: int = MAX_TOKENS, **engine_args) -> dict:
     """Run ``_CHECK`` in a fresh interpreter for each ``TPxPP`` layout of ``layouts`` ("2x1,1x2"; "2x1+ep" adds
     ``enable_expert_parallel``); returns layout -> what it saw (greedy tokens, texts, prompt tokens' logprobs, KV
     stats, speculation counts...). ``engine_args`` override the check's ``LLM`` arguments; ``request`` adds to every
     request a LoRA adapter (``{"lora": folder}``), a grammar (``{"structured_outputs": StructuredOutputsParams
-    fields}``) or asks for the prompt tokens' logprobs (``{"prompt_logprobs": True}``)."""
+    fields}``) or asks for the prompt tokens' logprobs (``{"prompt_logprobs": True}``). ``prompts`` and
+    ``max_tokens`` replace ``PROMPTS`` and ``MAX_TOKENS`` (the prefix-cache rerun takes the prompts from the third
+    on)."""
     env = {**os.environ, "BRIGADE_WORKER_MULTIPROC_METHOD": method}
-    proc = subprocess.run([sys.executable, "-c", _CHECK, str(model), json.dumps(PROMPTS), str(MAX_TOKENS),
+    proc = subprocess.run([sys.executable, "-c", _CHECK, str(model), json.dumps(prompts or PROMPTS), str(max_tokens),
                            load_format, layouts, json.dumps(engine_args), json.dumps(request or {})],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
