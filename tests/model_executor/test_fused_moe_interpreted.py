@@ -6,7 +6,9 @@ half types and timing run on CUDA (tests/cuda/test_fused_moe_cuda.py). The W8A16
 with per-channel scales, quantized here by brigade-fp8's torch code, since the interpreter's own fp32 -> e4m3 cast
 is not exact) against the reference path on the same FP8 weights, which dequantizes them. The top-k router kernel
 (``brigade_cuda/ops/moe_router.py``) against ``TopKRouter.forward_native``: ids, weights, ties to the lower expert
-id, and the expert-load counts of the real rows only."""
+id, and the expert-load counts of the real rows only. gpt-oss's variant: expert biases and the clamped SwiGLU
+(``HAS_BIAS``, ``ACTIVATION``), with and without FP8 experts, and the router's top-k-then-softmax
+(``SOFTMAX_AFTER``)."""
 
 from __future__ import annotations
 
@@ -81,26 +83,56 @@ check_fp8(1, 8, 2, 64, 48, MoETile(16, 32, 32, 1, 4, 1))
 check_fp8(37, 6, 3, 40, 24, MoETile(16, 16, 16, 4, 4, 1))  # K and N not multiples of the tile
 check_fp8(50, 16, 4, 32, 32, MoETile(32, 32, 16, 2, 4, 1))
 
+from brigade.model_executor.layers.moe_activation import MoEActivation
+
+OAI = MoEActivation("swigluoai", alpha=1.702, limit=7.0)
+
+
+def check_oai(num_tokens, num_experts, top_k, hidden, inter, tile, fp8=False, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, hidden, generator=gen) * 2
+    w13 = torch.randn(num_experts, 2 * inter, hidden, generator=gen)  # gate and up reach past the limit
+    w2 = torch.randn(num_experts, hidden, inter, generator=gen) / inter ** 0.5
+    b13, b2 = torch.randn(num_experts, 2 * inter, generator=gen), torch.randn(num_experts, hidden, generator=gen)
+    s13 = s2 = None
+    if fp8:
+        s13, s2 = fp8_scale_from_amax(w13.abs().amax(2)), fp8_scale_from_amax(w2.abs().amax(2))
+        w13, w2 = quantize_fp8_rows(w13, s13), quantize_fp8_rows(w2, s2)
+    weights, ids = select_experts(torch.randn(num_tokens, num_experts, generator=gen), top_k, True, True)
+    kw = dict(w13_scale=s13, w2_scale=s2, w13_bias=b13, w2_bias=b2, activation=OAI)
+    got = fused_moe(x, w13, w2, weights, ids, tile=tile, **kw)
+    want = fused_moe_reference(x, w13, w2, weights, ids, **kw)
+    err = ((got - want).norm() / want.norm()).item()
+    assert torch.isfinite(got).all() and err < 1e-5, (num_tokens, num_experts, top_k, fp8, err)
+    # the biases and the clamps are in it: SiLU without biases is another function
+    plain = fused_moe_reference(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
+    assert ((plain - want).norm() / want.norm()).item() > 0.1
+
+
+check_oai(1, 8, 2, 64, 48, MoETile(16, 32, 32, 1, 4, 1))
+check_oai(37, 6, 3, 40, 24, MoETile(16, 16, 16, 4, 4, 1))  # K and N not multiples of the tile
+check_oai(50, 4, 2, 32, 32, MoETile(32, 32, 16, 2, 4, 1), fp8=True)
+
 from brigade.model_executor.layers.moe_router import TopKRouter
 from brigade_cuda.ops.moe_router import topk_router
 
 
-def check_router(num_tokens, num_experts, top_k, renormalize, real, seed=2):
+def check_router(num_tokens, num_experts, top_k, renormalize, real, seed=2, softmax_after=False):
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(num_tokens, num_experts, generator=gen)
     logits[0, 1] = logits[0, 2] = logits[0].max() + 1  # a tie at the top: the lower id comes first
     counts_want = torch.randint(0, 5, (num_experts,), generator=gen)  # running totals of earlier steps
     counts_got, before = counts_want.clone(), counts_want.clone()
     num = torch.tensor(real)  # rows from `real` on are CUDA-graph padding: not counted
-    want_w, want_ids = TopKRouter(top_k, renormalize).forward_native(logits, counts_want, num)
-    got_w, got_ids = topk_router(logits, top_k, renormalize, counts_got, num)
+    want_w, want_ids = TopKRouter(top_k, renormalize, softmax_after).forward_native(logits, counts_want, num)
+    got_w, got_ids = topk_router(logits, top_k, renormalize, counts_got, num, softmax_after)
     assert got_ids.dtype == torch.int64 and got_w.dtype == torch.float32
     assert torch.equal(got_ids[1:], want_ids[1:]), (got_ids, want_ids)
     assert sorted(got_ids[0].tolist()) == sorted(want_ids[0].tolist()) and got_ids[0, :2].tolist() == [1, 2][:top_k]
     assert torch.allclose(got_w.sort(dim=1).values, want_w.sort(dim=1).values, rtol=1e-5, atol=1e-7)
     assert torch.equal(counts_got, counts_want), (counts_got, counts_want)
     assert int((counts_got - before).sum()) == real * top_k  # the real rows' assignments, each once
-    plain_w, plain_ids = topk_router(logits, top_k, renormalize)  # without the count
+    plain_w, plain_ids = topk_router(logits, top_k, renormalize, softmax_after_topk=softmax_after)  # no count
     assert torch.equal(plain_ids, got_ids) and torch.equal(plain_w, got_w)
 
 
@@ -108,6 +140,9 @@ check_router(5, 8, 2, True, 5)
 check_router(7, 128, 8, False, 4)
 check_router(3, 60, 4, True, 3)  # experts not a power of two
 check_router(1, 8, 1, False, 1)
+check_router(5, 8, 2, False, 5, softmax_after=True)  # gpt-oss: the top-k logits, then their softmax
+check_router(4, 32, 4, False, 3, softmax_after=True)
+check_router(1, 8, 1, False, 1, softmax_after=True)
 nan_logits = torch.full((2, 8), float("nan"))  # a broken hidden state: ids stay in range, counts in bounds
 counts = torch.zeros(8, dtype=torch.int64)
 _, nan_ids = topk_router(nan_logits, 2, True, counts, torch.tensor(2))
