@@ -45,11 +45,11 @@ def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool, s
 class TopKRouter(CustomOp):
     """``select_experts`` as a swappable op (``"moe_topk_router"``), with a layer's expert-load count folded in.
 
-    Constants a kernel reads: ``top_k``, ``renormalize`` and ``softmax_after_topk``. ``forward(router_logits, counts=None,
-    num_tokens=None)`` returns ``select_experts``'s ``(topk_weights, topk_ids)``; with ``counts`` ([num_experts]
-    int64, a layer's row of ``ExpertLoad.counts``) it also adds every assignment of the first ``num_tokens`` rows
-    (a 0-d int64 tensor on the same device; later rows are CUDA-graph padding) to ``counts``, in place, with no
-    host sync. brigade-cuda registers one Triton kernel for all of it.
+    Constants a kernel reads: ``top_k``, ``renormalize`` and ``softmax_after_topk``.
+    ``forward(router_logits, counts=None, num_tokens=None)`` returns ``select_experts``'s ``(topk_weights,
+    topk_ids)``; with ``counts`` ([num_experts] int64, a layer's row of ``ExpertLoad.counts``) it also adds every
+    assignment of the first ``num_tokens`` rows (a 0-d int64 tensor on the same device; later rows are CUDA-graph
+    padding) to ``counts``, in place, with no host sync. brigade-cuda registers one Triton kernel for all of it.
     """
 
     op_name = "moe_topk_router"

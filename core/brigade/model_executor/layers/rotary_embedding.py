@@ -6,8 +6,8 @@ absolute position, so the model never needs to know how a batch is laid out.
 A ``CustomOp``: ``forward_native`` is the reference; a platform may register a fused kernel through
 the ``register_kernels`` hook (op ``"rotary_embedding"``, see ``custom_op``). A kernel reads
 ``layer.cos_sin_cache`` ([max_position, rotary_dim] fp32, cos in the first half of the last dimension,
-sin in the second, both already multiplied by YaRN's attention factor), ``layer.head_size``, ``layer.rotary_dim`` and ``layer.is_neox_style``, and may
-rotate ``query`` and ``key`` in place.
+sin in the second, both already multiplied by YaRN's attention factor), ``layer.head_size``,
+``layer.rotary_dim`` and ``layer.is_neox_style``, and may rotate ``query`` and ``key`` in place.
 """
 
 from __future__ import annotations
