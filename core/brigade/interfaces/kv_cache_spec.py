@@ -2,7 +2,7 @@
 
 Each attention layer reports a ``KVCacheSpec`` (the model interface's ``kv_cache_specs``). Layers with equal
 specs form a ``KVCacheGroup``; one block pool serves every group, and each group has its own block table per
-request (vLLM v1's hybrid KV cache manager, book ch. 2). A group's manager decides which blocks a request still
+request (vLLM v1's hybrid KV cache manager). A group's manager decides which blocks a request still
 needs: all of them for full attention, only those inside the window for a sliding-window layer.
 
 The types here are plain data (no tensors): the scheduler reads them to count blocks, the worker to lay out
