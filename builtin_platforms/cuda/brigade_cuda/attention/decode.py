@@ -15,6 +15,11 @@ registers, reads the cache up to the new token, the split that owns the new toke
 registers, and split 0 writes its rotated key and value to the cache. A decode layer then launches no
 rotary and no KV-write kernel.
 
+Attention variants (``variants.py``, constexpr switches): under a sliding window the splits share only the
+window's keys, ``[seq_len - W, seq_len)``: the KV loop starts at the window's first key, and no block before it is
+read (what keeps long-context windowed decode as fast as a short context). A soft cap bends every score, the new
+token's too; sinks seed split 0's online softmax (the merge counts them once through its log-sum-exp).
+
 CUDA graphs: the launch grid is ``(num_decodes, num_kv_heads, num_splits)`` and every per-request
 quantity (context length, chunk bounds) is read on the device, so a graph captured for one
 ``(num_decodes, num_splits)`` replays correctly for any context lengths. Keep ``num_splits`` fixed
@@ -30,10 +35,8 @@ import triton
 import triton.language as tl
 
 from brigade_cuda.attention.fp8_kv import kernel_scales, quantize_fp8
+from brigade_cuda.attention.variants import LOG2E, soft_cap, softmax_start, variant_constexprs
 from brigade_cuda.pdl import gdc_prologue, pdl_launch, pdl_prefetch
-
-
-LOG2E = 1.4426950408889634
 
 
 # Values that change from step to step outside the CUDA graphs (the split count, and with it the strides of the
@@ -49,12 +52,12 @@ def _decode_split_kernel(
     stride_mid_r, stride_mid_h, stride_mid_s, num_splits,
     k_new_ptr, v_new_ptr, positions_ptr, cos_sin_ptr, slot_ptr,
     stride_kn_t, stride_kn_h, stride_vn_t, stride_vn_h, stride_cos_sin,
-    k_inv_scale, v_inv_scale, v_scale,
+    k_inv_scale, v_inv_scale, v_scale, sinks_ptr,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, ROPE: tl.constexpr = False, HALF: tl.constexpr = 1, IS_NEOX: tl.constexpr = True,
     USE_PDL: tl.constexpr = False, PDL_EARLY: tl.constexpr = False, EARLY: tl.constexpr = False,
-    KV_FP8: tl.constexpr = False,
+    KV_FP8: tl.constexpr = False, SLIDING_WINDOW: tl.constexpr = 0, SOFT_CAP: tl.constexpr = 0.0,
 ):
     # KV_FP8: a float8 e4m3 cache (fp8_kv.py): K/V tiles upcast to the query's dtype, the k scale already in
     # scale_log2, the v scale on the output; with ROPE the new K/V are quantized as the cache stores them.
@@ -72,8 +75,13 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + req)
     # Each split owns a BLOCK_N-aligned chunk of this request's context; trailing splits may be empty.
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * chunk
+    if SLIDING_WINDOW:  # only the window's keys: every position from first on is visible, no mask needed
+        first = tl.maximum(seq_len - SLIDING_WINDOW, 0)
+        chunk = tl.cdiv(tl.cdiv(seq_len - first, num_splits), BLOCK_N) * BLOCK_N
+        start = first + split * chunk
+    else:
+        chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+        start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
     group = tl.arange(0, GROUP_P2)
@@ -98,8 +106,7 @@ def _decode_split_kernel(
     else:
         q, k_new, v_new = _load_step(q_rows, q_mask, k_row, v_row, dims, dim_mask, cos, sin, partner, ROPE)
 
-    m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_P2], tl.float32)
+    m_i, l_i = softmax_start(sinks_ptr, heads, tl.where(split == 0, head_mask, False), GROUP_P2)
     acc = tl.zeros([GROUP_P2, HEAD_P2], tl.float32)
     bt_row = block_table_ptr + req.to(tl.int64) * stride_bt_r
     head_off = kv_head * stride_cache_h
@@ -119,6 +126,8 @@ def _decode_split_kernel(
                 tl.extra.cuda.gdc_wait()
                 q, k_new, v_new = _load_step(q_rows, q_mask, k_row, v_row, dims, dim_mask, cos, sin, partner, ROPE)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [G, N], log2 units
+        if SOFT_CAP:
+            s = soft_cap(s, SOFT_CAP)
         s = tl.where(pos_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -137,6 +146,8 @@ def _decode_split_kernel(
             v_new = quantize_fp8(v_new, v_inv_scale).to(v_cache_ptr.dtype.element_ty)
         if (last >= start) & (last < end):  # the split that owns the new token attends to it from registers
             s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale_log2  # [G]
+            if SOFT_CAP:
+                s_new = soft_cap(s_new, SOFT_CAP)
             m_new = tl.maximum(m_i, s_new)
             alpha = tl.exp2(m_i - m_new)
             p_new = tl.exp2(s_new - m_new)
@@ -285,7 +296,9 @@ def _rope_launch_args(rope: DecodeRope | None, query: torch.Tensor, seq_lens: to
 def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, out: torch.Tensor, *, num_decodes: int, num_splits: int,
                      scale: float, block_n: int = 64, num_warps: int = 4, num_stages: int = 3,
-                     rope: DecodeRope | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+                     rope: DecodeRope | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+                     sliding_window: int | None = None, logits_soft_cap: float | None = None,
+                     sinks: torch.Tensor | None = None) -> None:
     """Paged attention for ``num_decodes`` single-token requests, written into ``out[:num_decodes]``.
 
     Args:
@@ -301,6 +314,7 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
             rotates the query and the new key in registers, attends to the new token from registers and
             writes its rotated key and value to the cache (one program per request and KV head), so the
             step needs no rotary and no KV-write kernel. ``query`` is left unrotated.
+        sliding_window, logits_soft_cap, sinks: the layer's variants (``variants.py``; sinks [num_heads]).
     """
     if num_decodes == 0:
         return
@@ -326,11 +340,11 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         scale * LOG2E * k_fold,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0),
-        *mid_strides, num_splits, *rope_args, v_mul,
+        *mid_strides, num_splits, *rope_args, v_mul, sinks,
         BLOCK_SIZE=block_size, GROUP=group, GROUP_P2=max(16, triton.next_power_of_2(group)),
         HEAD_SIZE=head_size, HEAD_P2=head_p2, BLOCK_N=block_n, SINGLE_SPLIT=num_splits == 1,
         DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages, EARLY=early, KV_FP8=fp8, **rope_kw,
-        **pdl,
+        **variant_constexprs(sliding_window, logits_soft_cap), **pdl,
     )
     if num_splits > 1:
         _decode_merge_kernel[(num_decodes, num_heads)](

@@ -12,6 +12,10 @@ Neither reads device memory on the host (no ``.item()``, no ``.tolist()``); only
 metadata size the grids. A float8 e4m3 cache (``--kv-cache-dtype fp8``) takes every kernel's ``KV_FP8`` variant
 with the layer's ``k_scale``/``v_scale`` as fp32 arguments, fixed at load, so graphs capture them (``fp8_kv.py``).
 
+Attention variants (sliding window, logit soft cap, sinks; ``variants.py``): every kernel takes them behind
+constexpr switches, read from this layer's backend (``self.sliding_window`` etc.), so a layer without them runs
+the plain kernels; the window, cap and sinks address are fixed per layer, so graphs capture them too.
+
 CUDA-graph capture of mixed steps (``metadata.mixed_graph``): the KV write (slot -1 for padding rows), then
 ``varlen_attention`` over every request, its grid set by the padded token and request counts only. Long contexts
 split inside that launch (``varlen.py``), so a mixed graph takes any context (``mixed_graph_max_context`` None);
@@ -104,6 +108,9 @@ class TritonAttentionBackend(AttentionBackend):
     supports_mixed_cuda_graphs = True  # metadata.mixed_graph: one varlen kernel whose grid is the padded sizes
     mixed_graph_max_context = None  # the varlen kernel splits long contexts
     supports_fp8_kv_cache = True  # every kernel's KV_FP8 variant, with this layer's k_scale/v_scale (fp8_kv.py)
+    supports_sliding_window = True  # constexpr-guarded in every kernel (variants.py)
+    supports_logits_soft_cap = True
+    supports_sinks = True
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float,
                  decode_num_splits: int | None = None, **variants):
@@ -202,23 +209,28 @@ class TritonAttentionBackend(AttentionBackend):
         if query.stride(-1) != 1:
             query = query.contiguous()
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        variants = {"sliding_window": self.sliding_window, "logits_soft_cap": self.logits_soft_cap,
+                    "sinks": self.sinks}
         if metadata.mixed_graph:  # a mixed-step graph: every request through the varlen kernel
             varlen_attention(query, kv_cache, metadata.block_table, metadata.seq_lens, metadata.query_start_loc,
                              out, num_reqs=metadata.num_reqs, scale=self.scale,
-                             plan=self._step_plan(query, metadata), k_scale=self.k_scale, v_scale=self.v_scale)
+                             plan=self._step_plan(query, metadata), k_scale=self.k_scale, v_scale=self.v_scale,
+                             **variants)
             return out
         num_decodes = metadata.num_decodes
         if num_decodes:
+            # A windowed layer reads at most its window: split for that length (host integers only).
+            keys_read = min(metadata.max_seq_len, self.sliding_window or metadata.max_seq_len)
             num_splits = self.decode_num_splits or choose_num_splits(
-                num_decodes, self.num_kv_heads, metadata.max_seq_len, self._multiprocessors(query.device),
+                num_decodes, self.num_kv_heads, keys_read, self._multiprocessors(query.device),
                 single_split_len=single_split_len())
             decode_attention(query, kv_cache, metadata.block_table, metadata.seq_lens, out,
                              num_decodes=num_decodes, num_splits=num_splits, scale=self.scale, rope=rope,
-                             k_scale=self.k_scale, v_scale=self.v_scale)
+                             k_scale=self.k_scale, v_scale=self.v_scale, **variants)
         num_prefills = metadata.num_reqs - num_decodes
         if num_prefills:
             prefill_attention(query, kv_cache, metadata.block_table, metadata.seq_lens,
                               metadata.query_start_loc, out, first_req=num_decodes,
                               num_prefills=num_prefills, max_query_len=metadata.max_query_len,
-                              scale=self.scale, k_scale=self.k_scale, v_scale=self.v_scale)
+                              scale=self.scale, k_scale=self.k_scale, v_scale=self.v_scale, **variants)
         return out

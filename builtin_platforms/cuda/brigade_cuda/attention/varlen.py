@@ -33,6 +33,11 @@ buffer; the last of them to finish (an atomic counter, reset by it) merges them 
 the output, so no merge kernel is launched. Every split but the last covers whole key tiles before the query's first
 position, visible to every row; the last also takes the causal tail, so every row of every non-empty split sees at
 least one key.
+
+The attention variants (``variants.py``) are constexpr switches, as in ``prefill.py``: under a sliding window the
+keys start at the window of the block's first query token (a split request splits only the window's keys) and
+every tile is masked; with sinks the one-split programs and split 0 of a split request seed their softmax with the
+sink, so the merge counts it once. The plan ignores the variants: it is shared by every layer of a step.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from brigade.attention.fp8_kv import FP8_KV_DTYPE
 from brigade_cuda.attention.decode import LOG2E
 from brigade_cuda.attention.fp8_kv import kernel_scales
 from brigade_cuda.attention.prefill import _attend_causal, _attend_tile
+from brigade_cuda.attention.variants import softmax_start, variant_constexprs
 
 PLAN_LANES = 256  # requests the plan kernel takes at a time
 DEFAULT_TILE_ROWS = 64  # tile rows (query tokens x packed heads) per program unless ``tile`` says otherwise
@@ -108,11 +114,11 @@ def _varlen_kernel(
     plan_ptr, mid_o_ptr, mid_lse_ptr, counter_ptr,
     scale_log2, num_reqs,
     stride_q_t, stride_q_h, stride_out_t, stride_out_h,
-    stride_cache_block, stride_cache_tok, stride_cache_h, stride_bt_r, v_scale,
+    stride_cache_block, stride_cache_tok, stride_cache_h, stride_bt_r, v_scale, sinks_ptr,
     NUM_KV_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_FP8: tl.constexpr = False,
+    KV_FP8: tl.constexpr = False, SLIDING_WINDOW: tl.constexpr = 0, SOFT_CAP: tl.constexpr = 0.0,
 ):
     # KV_FP8: a float8 e4m3 cache (fp8_kv.py): tiles upcast to the query's dtype, the k scale in scale_log2, the
     # v scale on each output (v_scale is None otherwise).
@@ -157,9 +163,10 @@ def _varlen_kernel(
     kv_end = tl.minimum(seq_len, context_len + (j + 1) * BLOCK_Q)  # keys past the block's last query token
     out_rows = out_ptr + tok[:, None] * stride_out_t + heads[:, None] * stride_out_h + dims[None, :]
     if splits == 1:
+        m_i, l_i = softmax_start(sinks_ptr, heads, row_mask, BLOCK_M)
         o = _attend_causal(q, q_pos, context_len + j * BLOCK_Q, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
-                           head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
-                           BLOCK_M, HEAD_P2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, KV_FP8)
+                           head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok, m_i, l_i,
+                           BLOCK_M, HEAD_P2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, KV_FP8, SLIDING_WINDOW, SOFT_CAP)
         if KV_FP8:
             o = o * v_scale
         tl.store(out_rows, o.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -168,21 +175,33 @@ def _varlen_kernel(
     # Split: this program's whole key tiles before the query (visible to every row), and the last split the
     # causal tail too. An empty split (rounding) leaves l_i 0: it writes weight -inf.
     full_end = context_len // BLOCK_N * BLOCK_N
-    chunk = tl.cdiv(tl.cdiv(full_end, splits), BLOCK_N) * BLOCK_N
-    n_lo = split * chunk
+    if SLIDING_WINDOW:  # only the window's tiles are split, each masked (rows may see none of a tile)
+        n_base = tl.maximum(context_len - SLIDING_WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+        chunk = tl.cdiv(tl.cdiv(full_end - n_base, splits), BLOCK_N) * BLOCK_N
+        n_lo = n_base + split * chunk
+    else:
+        chunk = tl.cdiv(tl.cdiv(full_end, splits), BLOCK_N) * BLOCK_N
+        n_lo = split * chunk
     n_hi = tl.minimum(n_lo + chunk, full_end)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    m_i, l_i = softmax_start(sinks_ptr, heads, tl.where(split == 0, row_mask, False), BLOCK_M)
     acc = tl.zeros([BLOCK_M, HEAD_P2], tl.float32)
     for n0 in range(n_lo, n_hi, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
-                                     head_off, dims, dim_mask, scale_log2, stride_cache_block, stride_cache_tok,
-                                     BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION, KV_FP8)
+        if SLIDING_WINDOW:
+            acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
+                                         head_off, dims, dim_mask, scale_log2, stride_cache_block,
+                                         stride_cache_tok, BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION, KV_FP8,
+                                         SLIDING_WINDOW, SOFT_CAP)
+        else:
+            acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
+                                         head_off, dims, dim_mask, scale_log2, stride_cache_block,
+                                         stride_cache_tok, BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION, KV_FP8, 0,
+                                         SOFT_CAP)
     if split == splits - 1:
         for n0 in range(full_end, kv_end, BLOCK_N):
             acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
                                          head_off, dims, dim_mask, scale_log2, stride_cache_block,
-                                         stride_cache_tok, BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION, KV_FP8)
+                                         stride_cache_tok, BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION, KV_FP8,
+                                         SLIDING_WINDOW, SOFT_CAP)
     has_any = l_i > 0
     first_slot = tl.load(plan_ptr + 2 * num_reqs + 1 + req)
     mid_rows = ((first_slot + split) * NUM_KV_HEADS + kv_head).to(tl.int64) * BLOCK_M + m  # [M]
@@ -325,7 +344,9 @@ def _check_operands(query: torch.Tensor, kv_cache: torch.Tensor, block_table: to
 def varlen_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      query_start_loc: torch.Tensor, out: torch.Tensor, *, num_reqs: int, scale: float,
                      tile: tuple[int, int, int, int] | None = None, split: VarlenSplit = DEFAULT_SPLIT,
-                     plan: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+                     plan: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+                     sliding_window: int | None = None, logits_soft_cap: float | None = None,
+                     sinks: torch.Tensor | None = None) -> None:
     """Causal paged attention for every request of a step (decodes and prefills in any order), in one launch.
 
     Request ``r`` has query rows ``query_start_loc[r] .. query_start_loc[r + 1] - 1``; its row ``i`` sits at
@@ -356,39 +377,40 @@ def varlen_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
             ``0 < q_len <= seq_len``, in its own dtype; every other row is left untouched.
         num_reqs: requests in the step, padding requests included (sizes the grid: keep it fixed for a graph).
         scale: softmax scale (usually head_size ** -0.5).
-        tile: optional ``(block_m, block_n, num_warps, num_stages)`` overriding the defaults (benchmarks);
-            see ``varlen_tile``.
+        tile: optional ``(block_m, block_n, num_warps, num_stages)`` overriding ``varlen_tile``'s defaults.
         split: how long contexts split (``VarlenSplit``; the default suits the H200).
         plan: this step's ``varlen_plan`` for the same tile and split (computed here when None).
+        sliding_window, logits_soft_cap, sinks: the layer's variants (``variants.py``; sinks [num_heads]).
 
     Raises:
-        ValueError: on mismatched shapes or dtypes, num_heads not a multiple of num_kv_heads, a
-            non-contiguous last dimension (query, out, cache, block-table rows), tables shorter than
-            ``num_reqs``, a bad ``tile`` or ``split``. Lengths on the device are not checked (that would
-            synchronize).
-        RuntimeError: the first call for this device and layout is made inside a CUDA-graph capture (the
-            split buffers are allocated by an eager call first; a capture's warm-up is one).
+        ValueError: on mismatched shapes or dtypes, num_heads not a multiple of num_kv_heads, a non-contiguous
+            last dimension (query, out, cache, block-table rows), tables shorter than ``num_reqs``, a bad ``tile``,
+            ``split`` or variant. Lengths on the device are not checked (that would synchronize).
+        RuntimeError: the first call for this device and layout is inside a CUDA-graph capture (an eager call
+            allocates the split buffers first; a capture's warm-up is one).
     """
     if num_reqs < 0:
         raise ValueError(f"num_reqs must be non-negative, got {num_reqs}")
     if num_reqs == 0:
         return
     _check_operands(query, kv_cache, block_table, seq_lens, query_start_loc, out, num_reqs)
-    group = query.shape[1] // kv_cache.shape[3]
-    tile_config = varlen_tile(query.dtype, kv_cache.shape[4], group, tile)
+    tile_config = varlen_tile(query.dtype, kv_cache.shape[4], query.shape[1] // kv_cache.shape[3], tile)
     if plan is None:
         plan = varlen_plan(query_start_loc, seq_lens, num_reqs=num_reqs, block_q=tile_config[0],
                            block_n=tile_config[2], split=split)
     _launch(query, kv_cache, block_table, seq_lens, query_start_loc, out, plan, num_reqs=num_reqs, scale=scale,
-            tile_config=tile_config, split=split, kv_scales=(k_scale, v_scale))
+            tile_config=tile_config, split=split, kv_scales=(k_scale, v_scale), sinks=sinks,
+            constexprs=variant_constexprs(sliding_window, logits_soft_cap))
 
 
 def _launch(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
             query_start_loc: torch.Tensor, out: torch.Tensor, plan: torch.Tensor, *, num_reqs: int, scale: float,
             tile_config: tuple[int, int, int, int, int], split: VarlenSplit,
-            kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:
+            kv_scales: tuple[float, float] = (1.0, 1.0), sinks: torch.Tensor | None = None,
+            constexprs: dict | None = None) -> None:
     """Launch ``_varlen_kernel`` on checked operands (``varlen_attention``) with ``varlen_tile``'s
-    ``(block_q, block_m, block_n, num_warps, num_stages)`` and the step's ``plan``."""
+    ``(block_q, block_m, block_n, num_warps, num_stages)``, the step's ``plan``, the layer's ``sinks`` and
+    variant ``constexprs`` (``variants.variant_constexprs``)."""
     _, _, block_size, num_kv_heads, head_size = kv_cache.shape
     num_tokens, num_heads, _ = query.shape
     group = num_heads // num_kv_heads
@@ -403,11 +425,11 @@ def _launch(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tens
         plan, mid_o, mid_lse, counters,
         scale * LOG2E * k_fold, num_reqs,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0), v_mul,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0), v_mul, sinks,
         NUM_KV_HEADS=num_kv_heads, BLOCK_SIZE=block_size, GROUP=group, GROUP_P2=triton.next_power_of_2(group),
         HEAD_SIZE=head_size, HEAD_P2=head_p2,
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8, **(constexprs or {}),
         num_warps=num_warps, num_stages=num_stages,
     )
 
