@@ -126,7 +126,7 @@ def _decode_split_kernel(
                 tl.extra.cuda.gdc_wait()
                 q, k_new, v_new = _load_step(q_rows, q_mask, k_row, v_row, dims, dim_mask, cos, sin, partner, ROPE)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [G, N], log2 units
-        if SOFT_CAP:
+        if SOFT_CAP > 0.0:
             s = soft_cap(s, SOFT_CAP)
         s = tl.where(pos_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -146,7 +146,7 @@ def _decode_split_kernel(
             v_new = quantize_fp8(v_new, v_inv_scale).to(v_cache_ptr.dtype.element_ty)
         if (last >= start) & (last < end):  # the split that owns the new token attends to it from registers
             s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale_log2  # [G]
-            if SOFT_CAP:
+            if SOFT_CAP > 0.0:
                 s_new = soft_cap(s_new, SOFT_CAP)
             m_new = tl.maximum(m_i, s_new)
             alpha = tl.exp2(m_i - m_new)

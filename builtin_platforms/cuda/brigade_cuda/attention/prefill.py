@@ -45,7 +45,7 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, n0, kv_end, bt_row, k_cache_ptr, v_cac
     if KV_FP8:
         k = k.to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [M, N], log2 units
-    if SOFT_CAP:
+    if SOFT_CAP > 0.0:
         s = soft_cap(s, SOFT_CAP)
     if MASKED:
         visible = (pos[None, :] <= q_pos[:, None]) & pos_mask[None, :]
