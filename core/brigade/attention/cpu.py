@@ -3,10 +3,11 @@
 Prefill routes are the reference backend's (PyTorch SDPA over the step's own K/V, or over the gathered
 context). Decode rows, most of a CPU step's attention time, go to ``csrc/cpu_attention.c``, which reads
 K/V in place through the block tables instead of gathering them, with an online softmax in fp32
-(``brigade.attention.cpu_kernels``). A float8 e4m3 cache (``--kv-cache-dtype fp8``) decodes with the
+(``brigade.attention.cpu_kernels``). It takes the attention variants too: a sliding window (reading only the
+window's blocks), a logit soft cap and sinks. A float8 e4m3 cache (``--kv-cache-dtype fp8``) decodes with the
 reference route, which dequantizes the gathered blocks in PyTorch. When the kernels cannot be built (no C
-compiler, say) the backend
-logs one warning with the reason and decodes with the reference route, so results never depend on it.
+compiler, say) the backend logs one warning with the reason and decodes with the reference route, so results
+never depend on it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
 
     name = "cpu"
     supported_devices = ("cpu",)
+    supports_sliding_window = True
+    supports_logits_soft_cap = True
+    supports_sinks = True
     _kernel_error: str | None = None  # why the kernels are unavailable ("" when they loaded), once known
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int, scale: float, **variants):
@@ -53,4 +57,5 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
                                                    kv_cache.shape[2])):
             return super()._decode(query, kv_cache, block_table, seq_lens_cpu)
         return cpu_kernels.decode_attention(query, kv_cache, block_table, seq_lens_cpu, self.scale,
-                                            self.num_kv_heads)
+                                            self.num_kv_heads, sliding_window=self.sliding_window,
+                                            logits_soft_cap=self.logits_soft_cap, sinks=self.sinks)

@@ -35,7 +35,7 @@ LIMITS = {"MAX_GROUP": 16, "MAX_HEAD": 256, "MAX_BLOCK": 128}
 COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11",
                  *(f"-D{name}={value}" for name, value in LIMITS.items())]
 LINK_FLAGS = ["-shared", "-fopenmp"]
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 
 class KernelBuildError(RuntimeError):
@@ -104,7 +104,8 @@ def load() -> ctypes.CDLL:
     for name in ("brigade_decode_attention_f32", "brigade_decode_attention_bf16"):
         fn = getattr(lib, name)
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
+        fn.argtypes = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
+                       + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float])
     return lib
 
 
@@ -119,8 +120,13 @@ def decode_supports(num_heads: int, num_kv_heads: int, head_size: int, block_siz
 
 
 def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                     seq_lens: torch.Tensor, scale: float, num_kv_heads: int) -> torch.Tensor:
+                     seq_lens: torch.Tensor, scale: float, num_kv_heads: int, *,
+                     sliding_window: int | None = None, logits_soft_cap: float | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Paged decode attention with one query token per request, reading K/V in place.
+
+    The variants follow ``brigade.attention.variants``; under a sliding window the blocks before the window
+    are not read.
 
     Args:
         query: [R, H, D] float32 or bfloat16 on the CPU.
@@ -128,6 +134,9 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         block_table: [R, >= ceil(max(seq_lens) / block_size)] int32.
         seq_lens: [R] int32, tokens of context including this step's (each >= 1).
         scale: softmax scale (usually D ** -0.5).
+        sliding_window: keys each query sees (its own included), or None for all.
+        logits_soft_cap: ``c`` of ``c * tanh(s / c)`` on the scaled scores, or None.
+        sinks: [H] sink logits (any float dtype; passed as float32), or None.
 
     Returns: [R, H, D] in query's dtype.
 
@@ -147,9 +156,12 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     num_reqs, num_heads, head_size = query.shape
     out = torch.empty_like(query)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
+    if sinks is not None:
+        sinks = sinks.detach().to(torch.float32).contiguous()
     status = fn(out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
                 seq_lens.data_ptr(), num_reqs, num_heads, num_kv_heads, head_size, kv_cache.shape[2],
-                block_table.stride(0), scale)
+                block_table.stride(0), scale, None if sinks is None else sinks.data_ptr(),
+                sliding_window or 0, logits_soft_cap or 0.0)
     if status:
         raise ValueError(f"decode kernel refuses group {num_heads // num_kv_heads}, head size {head_size} or "
                          f"block size {kv_cache.shape[2]} (limits {', '.join(map(str, LIMITS.values()))})")

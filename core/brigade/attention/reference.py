@@ -10,6 +10,9 @@ routes, each a few batched PyTorch calls per layer rather than one per request:
   per group of equal-length prompts; nothing is read back from the cache;
 - **prefill with context** (chunked prefill, prefix-cache hits): the general route, which reads every
   request's context through its block table into a padded batch with a causal mask.
+
+Every route takes the attention variants (``brigade.attention.variants``): a sliding window narrows its mask,
+a soft cap or sinks move it from SDPA to explicit fp32 scores.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch.nn.functional as F
 
 from brigade.attention.backend import AttentionBackend, AttentionMetadata
 from brigade.attention.fp8_kv import dequantize_kv, is_fp8_kv, quantize_kv, round_trip_kv
+from brigade.attention.variants import attend, causal_mask
 
 
 def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
@@ -92,10 +96,14 @@ def gather_blocks(kv_cache: torch.Tensor, block_table: torch.Tensor, num_blocks:
 
 class ReferenceAttentionBackend(AttentionBackend):
     """Paged attention in plain PyTorch; any dtype, block size and head size, on any device; a float8 e4m3
-    cache (``--kv-cache-dtype fp8``) is dequantized where it is read (correctness, not speed)."""
+    cache (``--kv-cache-dtype fp8``) is dequantized where it is read (correctness, not speed). Sliding windows,
+    soft caps and sinks are masks and explicit scores over the same gathered K/V."""
 
     name = "reference"
     supports_fp8_kv_cache = True
+    supports_sliding_window = True
+    supports_logits_soft_cap = True
+    supports_sinks = True
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:
@@ -126,12 +134,28 @@ class ReferenceAttentionBackend(AttentionBackend):
             rows = torch.tensor([qsl[i] for i in reqs], device=query.device)[:, None] \
                 + torch.arange(length, device=query.device)[None, :]  # [Rg, L]
             q, k, v = (t[rows].transpose(1, 2) for t in (query, key, value))  # [Rg, heads, L, D]
-            attn = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True,
-                                                  scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads)
+            attn = self._attend_fresh(q, k.to(q.dtype), v.to(q.dtype))
             out[rows.view(-1)] = attn.transpose(1, 2).reshape(-1, self.num_heads, self.head_size)
         if with_context:
             self._prefill_with_context(query, kv_cache, metadata, with_context, qsl, out)
         return out
+
+    @property
+    def _plain_softmax(self) -> bool:
+        """No soft cap and no sinks: SDPA computes the softmax (a window is only a mask)."""
+        return self.logits_soft_cap is None and self.sinks is None
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``variants.attend`` with this layer's scale, soft cap and sinks. Shapes as there."""
+        return attend(q, k, v, mask, self.scale, logits_soft_cap=self.logits_soft_cap, sinks=self.sinks)
+
+    def _attend_fresh(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Whole prompts attending causally to themselves. q: [Rg, H, L, D]; k, v: [Rg, Hkv, L, D]."""
+        if self.sliding_window is None and self._plain_softmax:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
+                                                  enable_gqa=self.num_heads != self.num_kv_heads)
+        pos = torch.arange(q.shape[2], device=q.device)
+        return self._attend(q, k, v, causal_mask(pos[:, None], pos[None, :], self.sliding_window))
 
     def _read(self, keys: torch.Tensor, values: torch.Tensor, dtype: torch.dtype
               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,11 +175,16 @@ class ReferenceAttentionBackend(AttentionBackend):
         k, v = self._read(kv[0], kv[1], query.dtype)
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # [R, Hkv, S, D]
         group = self.num_heads // self.num_kv_heads
+        # The query sits at position seq_len - 1: it sees every earlier key, or the window's last W.
+        k_pos = torch.arange(num_blocks * block_size)
+        valid = causal_mask(seq_lens_cpu[:, None] - 1, k_pos[None, :], self.sliding_window)
+        valid = valid[:, None, None, :].to(query.device)  # [R, 1, 1, S]
+        if not self._plain_softmax:
+            attn = self._attend(query.view(num_reqs, self.num_heads, 1, self.head_size), k, v, valid)
+            return attn.view(num_reqs, self.num_heads, self.head_size)
         # Query head h reads KV head h // group: the group's query heads become rows of one call.
         q = query.view(num_reqs, self.num_kv_heads, group, self.head_size)
-        valid = torch.arange(num_blocks * block_size) < seq_lens_cpu[:, None]  # [R, S]
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :].to(query.device),
-                                              scale=self.scale)  # [R, Hkv, G, D]
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=valid, scale=self.scale)  # [R, Hkv, G, D]
         return attn.reshape(num_reqs, self.num_heads, self.head_size)
 
     def _prefill_with_context(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
@@ -176,12 +205,11 @@ class ReferenceAttentionBackend(AttentionBackend):
         # Causal mask: query i of a request sits at absolute position seq_len - query_len + i.
         q_pos = (seq_lens - query_lens)[:, None] + q_idx[None, :]  # [R, max_q]
         k_pos = torch.arange(keys.shape[1])
-        mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & valid.cpu()[:, None, :]  # [R, max_q, S]
+        mask = causal_mask(q_pos[:, :, None], k_pos[None, None, :], self.sliding_window)
+        mask = mask & valid.cpu()[:, None, :]  # [R, max_q, S]
         keys, values = self._read(keys, values, query.dtype)
         k, v = keys.transpose(1, 2), values.transpose(1, 2)  # [R, Hkv, S, D]
-        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None].to(device),
-                                              scale=self.scale,
-                                              enable_gqa=self.num_heads != self.num_kv_heads)  # [R, H, max_q, D]
+        attn = self._attend(q.transpose(1, 2), k, v, mask[:, None].to(device))  # [R, H, max_q, D]
         attn = attn.transpose(1, 2)  # [R, max_q, H, D]
         q_valid = q_valid.to(device)
         out[rows[q_valid]] = attn[q_valid]

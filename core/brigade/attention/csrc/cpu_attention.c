@@ -3,6 +3,13 @@
  * through the block table (no gather copy), online softmax over the request's blocks (Milakov &
  * Gimelshein 2018, "Online normalizer calculation for softmax"), fp32 accumulation.
  *
+ * Attention variants (brigade/attention/variants.py has the conventions, transformers'):
+ *   sliding_window > 0: the query (position len - 1) reads only keys [len - sliding_window, len - 1]; the loop
+ *     starts at the window's first key, so the blocks before it are never read;
+ *   soft_cap > 0: each scaled score s becomes soft_cap * tanh(s / soft_cap);
+ *   sinks != NULL: sinks[h] (fp32) joins query head h's softmax denominator as a logit with no value, which
+ *     the online softmax takes as its starting state (max = sink, sum = 1).
+ *
  * Layout, as the attention-backend interface fixes it for one layer:
  *   kv_cache [2][num_blocks][block_size][num_kv_heads][head_size]  (K at index 0, V at index 1)
  *   query    [num_reqs][num_heads][head_size]                      (contiguous)
@@ -41,7 +48,8 @@ static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even; inputs 
 #define DEFINE_DECODE(NAME, T, LOAD, STORE)                                                              \
 int NAME(T *out, const T *query, const T *k_cache, const T *v_cache, const int32_t *block_table,       \
          const int32_t *seq_lens, int64_t num_reqs, int64_t num_heads, int64_t num_kv_heads,          \
-         int64_t head_size, int64_t block_size, int64_t block_table_stride, float scale) {             \
+         int64_t head_size, int64_t block_size, int64_t block_table_stride, float scale,               \
+         const float *sinks, int64_t sliding_window, float soft_cap) {                                 \
     const int64_t group = num_heads / num_kv_heads;                                                    \
     if (group > MAX_GROUP || head_size > MAX_HEAD || block_size > MAX_BLOCK) return 1;                 \
     const int64_t row = num_kv_heads * head_size;          /* elements between consecutive tokens */   \
@@ -55,13 +63,16 @@ int NAME(T *out, const T *query, const T *k_cache, const T *v_cache, const int32
         for (int64_t g = 0; g < group; ++g) {                                                          \
             const T *qp = query + (r * num_heads + kvh * group + g) * head_size;                       \
             for (int64_t d = 0; d < head_size; ++d) { q[g][d] = LOAD(qp[d]) * scale; acc[g][d] = 0.f; } \
-            m[g] = -3.0e38f;                                                                           \
-            l[g] = 0.f;                                                                                \
+            m[g] = sinks ? sinks[kvh * group + g] : -3.0e38f;                                          \
+            l[g] = sinks ? 1.f : 0.f;                                                                  \
         }                                                                                              \
         const int32_t *table = block_table + r * block_table_stride;                                   \
-        for (int64_t start = 0; start < len; start += block_size) {                                    \
-            const int64_t n = (len - start < block_size) ? (len - start) : block_size;                 \
-            const int64_t base = (int64_t)table[start / block_size] * block_elems + kvh * head_size;   \
+        const int64_t first = (sliding_window > 0 && len > sliding_window) ? len - sliding_window : 0; \
+        for (int64_t start = first, n = 0; start < len; start += n) {                                  \
+            const int64_t offset = start % block_size;                                                 \
+            n = (len - start < block_size - offset) ? (len - start) : block_size - offset;             \
+            const int64_t base = (int64_t)table[start / block_size] * block_elems + offset * row       \
+                + kvh * head_size;                                                                     \
             const T *kb = k_cache + base, *vb = v_cache + base;                                        \
             for (int64_t t = 0; t < n; ++t) {                                                          \
                 const T *kp = kb + t * row;                                                            \
@@ -72,7 +83,7 @@ int NAME(T *out, const T *query, const T *k_cache, const T *v_cache, const int32
                     float dot = 0.f;                                                                   \
                     _Pragma("omp simd reduction(+:dot)")                                               \
                     for (int64_t d = 0; d < head_size; ++d) dot += q[g][d] * kf[d];                    \
-                    s[g][t] = dot;                                                                     \
+                    s[g][t] = soft_cap > 0.f ? soft_cap * tanhf(dot / soft_cap) : dot;                 \
                 }                                                                                      \
             }                                                                                          \
             for (int64_t g = 0; g < group; ++g) {                                                      \
@@ -113,4 +124,4 @@ int NAME(T *out, const T *query, const T *k_cache, const T *v_cache, const int32
 DEFINE_DECODE(brigade_decode_attention_f32, float, LOAD_F32, STORE_F32)
 DEFINE_DECODE(brigade_decode_attention_bf16, uint16_t, bf16_to_f32, f32_to_bf16)
 
-int brigade_kernels_abi_version(void) { return 1; }
+int brigade_kernels_abi_version(void) { return 2; }
