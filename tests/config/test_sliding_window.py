@@ -1,5 +1,5 @@
-"""A config that asks for sliding-window attention: Brigade attends to the full context, which is the model's
-attention only within the window, so max_model_len stays within it (vLLM's ``--disable-sliding-window``)."""
+"""A config that asks for sliding-window attention keeps its whole length: the attention layers apply the window
+(``Attention(sliding_window=...)``), so max_model_len is the model's max_position_embeddings as for any model."""
 
 from __future__ import annotations
 
@@ -8,39 +8,33 @@ import logging
 import pytest
 import transformers
 
-from brigade.config import BrigadeConfig, ConfigError, ModelConfig
+from brigade.config import BrigadeConfig, ModelConfig
+from brigade.config.engine_config import sliding_window
 
 
 def mistral(**overrides) -> transformers.MistralConfig:
     return transformers.MistralConfig(**{"max_position_embeddings": 32768, "sliding_window": 4096, **overrides})
 
 
-def test_the_default_length_is_capped_to_the_window_with_one_log_line(caplog):
+def test_a_window_does_not_cap_the_length_and_logs_nothing(caplog):
     config = BrigadeConfig(ModelConfig(model="m"))
     with caplog.at_level(logging.WARNING):
         config.resolve(mistral())
-    assert config.model_config.max_model_len == 4096
-    assert [r.getMessage() for r in caplog.records] == [
-        "the model asks for sliding-window attention (window 4096), which Brigade does not have: max_model_len is "
-        "capped to the window (it would be 32768)"]
+    assert config.model_config.max_model_len == 32768
+    assert caplog.records == []
+    longer = BrigadeConfig(ModelConfig(model="m", max_model_len=8192))
+    longer.resolve(mistral())  # past the window: served with the window
+    assert longer.model_config.max_model_len == 8192
 
 
-def test_a_longer_max_model_len_is_one_line():
-    config = BrigadeConfig(ModelConfig(model="m", max_model_len=8192))
-    with pytest.raises(ConfigError, match=r"^--max-model-len 8192 exceeds the model's sliding window \(4096\): .*"
-                                          r"use at most 4096$"):
-        config.resolve(mistral())
-
-
-@pytest.mark.parametrize("hf_config", [mistral(sliding_window=None),
-                                       transformers.Qwen2Config(max_position_embeddings=32768, sliding_window=4096,
-                                                                use_sliding_window=False),
-                                       mistral(sliding_window=0)],
-                         ids=["no-window", "window-switched-off", "window-0"])
-def test_full_attention_configs_keep_their_length(hf_config):
+@pytest.mark.parametrize("hf_config,window", [
+    (mistral(), 4096),
+    (mistral(sliding_window=None), None),
+    (transformers.Qwen2Config(max_position_embeddings=32768, sliding_window=4096, use_sliding_window=False), None),
+    (mistral(sliding_window=0), None),
+], ids=["window", "no-window", "window-switched-off", "window-0"])
+def test_the_window_a_config_asks_for(hf_config, window):
+    assert sliding_window(hf_config) == window
     config = BrigadeConfig(ModelConfig(model="m", max_model_len=32768))
     config.resolve(hf_config)
     assert config.model_config.max_model_len == 32768
-    within = BrigadeConfig(ModelConfig(model="m", max_model_len=2048))
-    within.resolve(mistral())  # within the window: full attention is the model's
-    assert within.model_config.max_model_len == 2048

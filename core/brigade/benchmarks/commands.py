@@ -75,13 +75,13 @@ def check_lengths_before_loading(args: argparse.Namespace, config) -> None:
     import copy
 
     from brigade.benchmarks.datasets import check_random_lengths
-    from brigade.model_executor.loader import get_hf_config, get_model_class
+    from brigade.model_executor.loader import get_hf_config
 
     if getattr(args, "dataset", "random") != "random":  # sharegpt-like requests are cut to fit
         return
     resolved = copy.deepcopy(config)
     hf_config = get_hf_config(config.model_config.model, config.model_config.trust_remote_code)
-    resolved.resolve(hf_config, model_applies_window=get_model_class(hf_config).capabilities.sliding_window)
+    resolved.resolve(hf_config)
     source = "--max-model-len" if config.model_config.max_model_len is not None else \
         "the model's max_position_embeddings"
     check_random_lengths(args.input_len, args.output_len, resolved.model_config.max_model_len, source)

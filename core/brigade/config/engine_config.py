@@ -3,7 +3,6 @@ settings this build refuses."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 from brigade.config.cache import CacheConfig
@@ -15,8 +14,6 @@ from brigade.config.model import ModelConfig
 from brigade.config.parallel import ParallelConfig
 from brigade.config.scheduler import SchedulerConfig
 from brigade.config.speculative import SpeculativeConfig
-
-logger = logging.getLogger(__name__)
 
 
 def sliding_window(hf_config) -> int | None:
@@ -47,36 +44,23 @@ class BrigadeConfig:
     device: str = "auto"
     """Platform device type, filled in from the active platform."""
 
-    def resolve(self, hf_config, *, model_applies_window: bool = False) -> None:
+    def resolve(self, hf_config) -> None:
         """Fill in what depends on the model's config.json: max_model_len and the step token budget; check the
         parallel layout against it (``check_parallel_model``).
 
-        Unless the model class applies the window itself (``model_applies_window``: its
-        ``ModelCapabilities.sliding_window``, gpt-oss), Brigade's models attend to the whole context: for a config
-        that asks for a window (Mistral v0.1, Mixtral configs that set one) the default max_model_len is then the
-        window, as vLLM's ``--disable-sliding-window`` caps it, so that full attention computes the same function
-        as the model's; a log line says so.
+        A sliding window (``sliding_window``) does not limit max_model_len: the model's attention layers apply it
+        (``Attention(sliding_window=...)``), so a sequence longer than the window is served as the model means.
 
-        Raises ConfigError when --max-model-len exceeds the model's max_position_embeddings or its sliding window,
-        or the layout does not fit the model.
+        Raises ConfigError when --max-model-len exceeds the model's max_position_embeddings, or the layout does not
+        fit the model.
         """
         limit = getattr(hf_config, "max_position_embeddings", None)
-        window = None if model_applies_window else sliding_window(hf_config)
         mc = self.model_config
         if mc.max_model_len is None:
             mc.max_model_len = limit or 2048
-            if window is not None and window < mc.max_model_len:
-                logger.warning("the model asks for sliding-window attention (window %d), which Brigade does not "
-                               "have: max_model_len is capped to the window (it would be %d)", window,
-                               mc.max_model_len)
-                mc.max_model_len = window
         elif limit is not None and mc.max_model_len > limit:
             raise ConfigError(f"--max-model-len {mc.max_model_len} exceeds the model's "
                               f"max_position_embeddings ({limit}); use at most {limit}")
-        elif window is not None and mc.max_model_len > window:
-            raise ConfigError(f"--max-model-len {mc.max_model_len} exceeds the model's sliding window ({window}): "
-                              f"Brigade attends to the full context, which differs from the model's attention past "
-                              f"{window} tokens; use at most {window}")
         sc = self.scheduler_config
         if sc.max_num_batched_tokens is None:
             sc.max_num_batched_tokens = 8192 if sc.enable_chunked_prefill else max(8192, mc.max_model_len)

@@ -35,8 +35,7 @@ def prepare_config(config: BrigadeConfig):
     Raises:
         ConfigError: a setting the platform or the model refuses, or more devices needed than visible.
     """
-    from brigade.model_executor.loader import (check_model_config, check_quantized_layers, get_hf_config,
-                                               get_model_class)
+    from brigade.model_executor.loader import check_model_config, check_quantized_layers, get_hf_config
     from brigade.plugins import current_platform, load_plugins
 
     load_plugins("engine")
@@ -44,7 +43,7 @@ def prepare_config(config: BrigadeConfig):
     platform.check_and_update_config(config)
     check_device_count(config, platform)  # dp x tp x pp in the front end, tp x pp in an engine process
     hf_config = get_hf_config(config.model_config.model, config.model_config.trust_remote_code)
-    config.resolve(hf_config, model_applies_window=get_model_class(hf_config).capabilities.sliding_window)
+    config.resolve(hf_config)
     check_model_config(hf_config, config)
     check_parallel_architecture(config, hf_config)
     tp = config.parallel_config.tensor_parallel_size

@@ -199,7 +199,7 @@ def load_model(model_config: ModelConfig, hf_config: Any, *, dtype: torch.dtype,
     quant_config = get_quant_config(model_config, hf_config)
     with torch.device(device):
         # The default device places parameters and binds CustomOps to the device's kernels.
-        kwargs = {"dtype": dtype, "attn_backend": attn_backend}
+        kwargs = {"dtype": dtype, "attn_backend": attn_backend, "max_model_len": model_config.max_model_len}
         if quant_config is not None:
             kwargs["quant_config"] = quant_config
         if expert_parallel:

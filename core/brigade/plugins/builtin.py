@@ -1,5 +1,6 @@
-"""The core's own plugin: the CPU platform, the reference attention backend, the Llama-family and
-mixture-of-experts models and the built-in logits processors, registered through the same hooks as any outside package.
+"""The core's own plugin: the CPU platform, the reference attention backend, the Llama-family (Gemma 2/3 and
+Phi-3 among them) and mixture-of-experts models and the built-in logits processors, registered through the same
+hooks as any outside package.
 
 Everything is registered as a lazy ``"module:Attr"`` path, so loading this plugin imports nothing heavy
 and does not depend on the import order of the core's modules.
@@ -14,7 +15,12 @@ BRIGADE_HOOKSPEC_VERSION = HOOKSPEC_VERSION
 LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 """HF architectures served by brigade.model_executor.models.llama (same block, different configs)."""
 
-DENSE_FAMILY = {"Qwen3ForCausalLM": "brigade.model_executor.models.qwen3:Qwen3ForCausalLM"}
+DENSE_FAMILY = {
+    "Qwen3ForCausalLM": "brigade.model_executor.models.qwen3:Qwen3ForCausalLM",
+    "Gemma2ForCausalLM": "brigade.model_executor.models.gemma:Gemma2ForCausalLM",
+    "Gemma3ForCausalLM": "brigade.model_executor.models.gemma:Gemma3ForCausalLM",
+    "Phi3ForCausalLM": "brigade.model_executor.models.phi3:Phi3ForCausalLM",
+}
 """Llama-family architectures with a block of their own -> their classes."""
 
 MOE_FAMILY = {

@@ -65,3 +65,34 @@ class RMSNorm(CustomOp):
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.variance_epsilon}, impl={self.impl_name}"
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: ``y = x / sqrt(mean(x**2) + eps) * (1 + weight)``, the weight stored as an offset from one
+    (zeros at initialisation), the product taken in fp32 before rounding to ``x``'s dtype, as transformers'
+    ``Gemma2RMSNorm``/``Gemma3RMSNorm`` do. Its own class without a kernel op: a platform's ``rms_norm`` kernel
+    multiplies by ``weight`` itself, which would be wrong here."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, *, dtype: torch.dtype = torch.float32):
+        super().__init__(hidden_size, eps, dtype=dtype)
+        with torch.no_grad():
+            self.weight.zero_()
+
+    def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                       ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """As ``RMSNorm.forward_native`` (``residual`` added first, in ``x``'s dtype), with ``1 + weight``.
+
+        Args: x, residual [num_tokens, hidden_size]. Returns the normalized tensor, or ``(normalized, x +
+        residual)``, in ``x``'s dtype.
+        """
+        orig_dtype = x.dtype
+        if residual is not None:
+            residual = (x.float() + residual.float()).to(orig_dtype)
+            x = residual
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.variance_epsilon)
+        out = (xf * (1.0 + self.weight.float())).to(orig_dtype)
+        return out if residual is None else (out, residual)
+
+    def mark_weight_folded(self) -> None:
+        raise ValueError("a Gemma norm's weight (an offset from one) cannot be folded into a projection")

@@ -1,4 +1,5 @@
-"""Rotary position embedding (Su et al. 2021, "RoFormer"), with Llama 3.1's and YaRN's frequency scaling.
+"""Rotary position embedding (Su et al. 2021, "RoFormer"), with Llama 3.1's and YaRN's frequency scaling,
+linear position interpolation and Phi-3's LongRoPE.
 
 The cos/sin table is built once for every position up to ``max_position`` and indexed by each token's
 absolute position, so the model never needs to know how a batch is laid out.
@@ -20,7 +21,11 @@ import torch
 
 from brigade.model_executor.layers.custom_op import CustomOp
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+# Older names of the types above, as configs on the hub still spell them (transformers renames them the same way).
+_ROPE_TYPE_ALIASES = {"su": "longrope"}
+# The layer types of configs whose rope_parameters hold one dict per type (transformers 5's Gemma 3).
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,21 +36,30 @@ class RopeParameters:
     rope_type: str = "default"  # one of SUPPORTED_ROPE_TYPES
     partial_rotary_factor: float = 1.0  # fraction of head_size that is rotated
     scaling: dict[str, Any] = field(default_factory=dict)  # type-specific keys (factor, ...)
+    attention_factor: float = 1.0  # multiplies cos and sin (LongRoPE's attention scaling), so q.k by its square
 
 
-def get_rope_parameters(hf_config: Any) -> RopeParameters:
-    """Read RoPE settings from an HF config.
+def get_rope_parameters(hf_config: Any, layer_type: str | None = None) -> RopeParameters:
+    """Read RoPE settings from an HF config, for the layers of ``layer_type`` when they differ by type.
 
-    transformers 5 keeps everything in ``rope_parameters`` (including ``rope_theta``); transformers 4
-    has a top-level ``rope_theta`` and an optional ``rope_scaling`` dict whose type key is ``rope_type``
-    or, in older files, ``type``.
+    transformers 5 keeps everything in ``rope_parameters`` (including ``rope_theta``), one dict per layer type
+    (``"full_attention"``, ``"sliding_attention"``) for Gemma 3; transformers 4 has a top-level ``rope_theta`` and an
+    optional ``rope_scaling`` dict whose type key is ``rope_type`` or, in older files, ``type`` (Gemma 3's local
+    layers there use ``rope_local_base_freq`` and no scaling). LongRoPE also reads
+    ``original_max_position_embeddings`` and ``max_position_embeddings``: their ratio sets its attention factor
+    ``sqrt(1 + ln(factor) / ln(original))`` unless the config gives ``attention_factor`` (transformers'
+    ``_compute_longrope_parameters``).
 
     Raises:
-        ValueError: the rope type is not one Brigade implements.
+        ValueError: the rope type is not one Brigade implements, or LongRoPE lacks its factors.
     """
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    if any(key in params for key in LAYER_TYPES):  # one dict per layer type
+        params = dict(params.get(layer_type or "full_attention") or {})
+    elif layer_type == "sliding_attention" and getattr(hf_config, "rope_local_base_freq", None) is not None:
+        params = {"rope_type": "default", "rope_theta": hf_config.rope_local_base_freq}
     legacy_scaling = getattr(hf_config, "rope_scaling", None)
-    if isinstance(legacy_scaling, dict):
+    if isinstance(legacy_scaling, dict) and layer_type != "sliding_attention":
         params = {**legacy_scaling, **params}
     theta = params.pop("rope_theta", None)
     if theta is None:
@@ -53,6 +67,7 @@ def get_rope_parameters(hf_config: Any) -> RopeParameters:
     if theta is None:
         theta = 10000.0  # the RoFormer/Llama default when a config states nothing
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    rope_type = _ROPE_TYPE_ALIASES.get(rope_type, rope_type)
     params.pop("type", None)
     partial = params.pop("partial_rotary_factor", None)
     if partial is None:
@@ -60,13 +75,34 @@ def get_rope_parameters(hf_config: Any) -> RopeParameters:
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"rope type {rope_type!r} is not supported; Brigade implements "
                          f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+    attention_factor = 1.0
+    if rope_type == "longrope":
+        attention_factor = _longrope_attention_factor(hf_config, params)
     return RopeParameters(rope_theta=float(theta), rope_type=rope_type, partial_rotary_factor=float(partial),
-                          scaling=params)
+                          scaling=params, attention_factor=attention_factor)
 
 
-def compute_inv_freq(rotary_dim: int, rope: RopeParameters, max_position: int | None = None) -> torch.Tensor:
+def _longrope_attention_factor(hf_config: Any, params: dict[str, Any]) -> float:
+    """Check LongRoPE's keys (``params`` gains ``original_max_position_embeddings``) and return its factor."""
+    for key in ("short_factor", "long_factor"):
+        if not isinstance(params.get(key), (list, tuple)):
+            raise ValueError(f"longrope rope scaling needs a {key!r} list in rope_parameters")
+    original = params.get("original_max_position_embeddings") or getattr(
+        hf_config, "original_max_position_embeddings", None)
+    if not original:
+        raise ValueError("longrope rope scaling needs original_max_position_embeddings")
+    params["original_max_position_embeddings"] = int(original)
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    factor = params.get("factor") or hf_config.max_position_embeddings / original
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+
+
+def compute_inv_freq(rotary_dim: int, rope: RopeParameters, max_position: int | None = None, *,
+                     max_len: int | None = None) -> torch.Tensor:
     """Inverse frequencies ``theta ** (-2i / rotary_dim)``, rescaled for the rope type.
 
+    Args: ``max_len``: the longest sequence served (LongRoPE's choice of factors; None: short factors).
     Returns: [rotary_dim // 2] fp32 on the default device.
 
     "linear" divides every frequency by ``factor`` (position interpolation, Chen et al. 2023).
@@ -75,6 +111,8 @@ def compute_inv_freq(rotary_dim: int, rope: RopeParameters, max_position: int | 
     ``... / low_freq_factor`` are divided by ``factor``, and those in between are blended linearly.
     "yarn": ``yarn_parameters`` (``max_position``: the model's ``max_position_embeddings``, which sets the factor
     of a config without one).
+    "longrope" (Phi-3, Ding et al. 2024, "LongRoPE") divides frequency ``i`` by ``long_factor[i]`` when
+    ``max_len`` exceeds ``original_max_position_embeddings``, else by ``short_factor[i]``.
     """
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
     inv_freq = 1.0 / (rope.rope_theta ** exponents)
@@ -84,14 +122,20 @@ def compute_inv_freq(rotary_dim: int, rope: RopeParameters, max_position: int | 
         return _llama3_scale(inv_freq, rope.scaling)
     if rope.rope_type == "yarn":
         return yarn_parameters(rotary_dim, rope, max_position)[0]
+    if rope.rope_type == "longrope":
+        long = max_len is not None and max_len > rope.scaling["original_max_position_embeddings"]
+        factors = torch.tensor(rope.scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
+        if factors.numel() != inv_freq.numel():
+            raise ValueError(f"longrope needs {inv_freq.numel()} factors (rotary_dim / 2), got {factors.numel()}")
+        return inv_freq / factors
     return inv_freq
 
 
 def attention_factor(rotary_dim: int, rope: RopeParameters, max_position: int | None = None) -> float:
-    """The factor on cos and sin (YaRN's ``mscale``; 1.0 for the other rope types)."""
+    """The factor on cos and sin: YaRN's ``mscale``, LongRoPE's ``attention_factor``, 1.0 for the other types."""
     if rope.rope_type == "yarn":
         return yarn_parameters(rotary_dim, rope, max_position)[1]
-    return 1.0
+    return rope.attention_factor
 
 
 def yarn_parameters(rotary_dim: int, rope: RopeParameters, max_position: int | None) -> tuple[torch.Tensor, float]:
@@ -170,15 +214,22 @@ def _llama3_scale(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tens
 class RotaryEmbedding(CustomOp):
     """Rotates the first ``rotary_dim`` channels of every query and key head by ``position * inv_freq``.
 
-    Invariant: ``cos_sin_cache[p]`` holds ``cos(p * inv_freq)`` then ``sin(p * inv_freq)`` for every
-    position ``0 <= p < max_position``. Neox style (Llama, Mistral, Qwen2) pairs channel ``i`` with
-    ``i + rotary_dim / 2``; GPT-J style pairs ``2i`` with ``2i + 1``.
+    Invariant: ``cos_sin_cache[p]`` holds ``a * cos(p * inv_freq)`` then ``a * sin(p * inv_freq)`` for every
+    position ``0 <= p < max_position``, ``a`` the rope's ``attention_factor`` (1 but for LongRoPE). Neox style
+    (Llama, Mistral, Qwen2) pairs channel ``i`` with ``i + rotary_dim / 2``; GPT-J style pairs ``2i`` with ``2i + 1``.
+
+    LongRoPE picks its long or short factors once, from ``max_model_len`` (the longest sequence the engine serves)
+    against ``original_max_position_embeddings``, as vLLM does: every token of every request is rotated the same way
+    whatever the batch or the chunking, so prefix-cache hits stay exact. transformers decides per forward call
+    (long once the call's last position passes the original length), which gives the same rotation when the
+    sequences served all stay within the original length, or all start past it.
     """
 
     op_name = "rotary_embedding"
 
     def __init__(self, head_size: int, rotary_dim: int, max_position: int, rope: RopeParameters, *,
-                 is_neox_style: bool = True):
+                 is_neox_style: bool = True, max_model_len: int | None = None):
+        """``max_model_len``: the longest sequence served (LongRoPE's choice; None: ``max_position``)."""
         super().__init__()
         if rotary_dim % 2 or rotary_dim > head_size:
             raise ValueError(f"rotary_dim must be even and at most head_size {head_size}, got {rotary_dim}")
@@ -187,13 +238,15 @@ class RotaryEmbedding(CustomOp):
         self.max_position = max_position
         self.is_neox_style = is_neox_style
         self.rope = rope
-        inv_freq = compute_inv_freq(rotary_dim, rope, max_position)
-        scale = attention_factor(rotary_dim, rope, max_position)  # YaRN's; 1 otherwise
+        inv_freq = compute_inv_freq(rotary_dim, rope, max_position, max_len=max_model_len or max_position)
+        scale = attention_factor(rotary_dim, rope, max_position)  # YaRN's or LongRoPE's; 1 otherwise
         t = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)  # [max_position, rotary_dim // 2]
+        cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+        if scale != 1.0:
+            cos_sin = cos_sin * scale
         # fp32 even for bf16 models: angles at large positions need the mantissa.
-        self.register_buffer("cos_sin_cache", torch.cat([freqs.cos() * scale, freqs.sin() * scale], dim=-1),
-                             persistent=False)
+        self.register_buffer("cos_sin_cache", cos_sin, persistent=False)
 
     def forward_native(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -56,10 +56,11 @@ class GptOssAttention(LlamaAttention):
         super().__init__(config, **kwargs)
         set_weight_attrs(self.attn.sinks, {"weight_loader": self.load_sinks})
 
-    @staticmethod
-    def attention_options(config: Any, layer_idx: int) -> dict[str, Any]:
+    def attention_options(self, config: Any, layer_idx: int) -> dict[str, Any]:
+        """Llama's options with gpt-oss's window on the layers ``layer_types`` marks sliding, and its sinks."""
         sliding = layer_types(config)[layer_idx] == "sliding_attention"
-        return dict(sliding_window=int(config.sliding_window) if sliding else None, use_sinks=True)
+        return {**super().attention_options(config, layer_idx),
+                "sliding_window": int(config.sliding_window) if sliding else None, "use_sinks": True}
 
     def load_sinks(self, param: torch.Tensor, loaded: torch.Tensor) -> None:
         """Args: param [local heads] fp32; loaded [num_heads] (any float dtype), query head order.
@@ -86,7 +87,7 @@ class GptOssForCausalLM(MoEForCausalLM):
 
     decoder_layer_cls: ClassVar[type[nn.Module]] = GptOssDecoderLayer
     capabilities: ClassVar[ModelCapabilities] = ModelCapabilities(tensor_parallel=True, expert_parallel=True,
-                                                                  fold_norms=True, sliding_window=True)
+                                                                  fold_norms=True)
     dequantized_checkpoint_formats: ClassVar[frozenset[str]] = frozenset({"mxfp4"})
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

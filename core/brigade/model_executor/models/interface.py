@@ -2,7 +2,7 @@
 
 A model is an ``nn.Module`` subclass of ``CausalLM`` registered under its HF architecture name (the
 ``register_models`` hook). The engine builds it as ``cls(hf_config, dtype=..., attn_backend=...,
-quant_config=..., expert_parallel=...)``, loads it with ``load_weights``, asks each of its attention layers for a
+quant_config=..., expert_parallel=..., max_model_len=...)``, loads it with ``load_weights``, asks each of its attention layers for a
 ``KVCacheSpec`` (``kv_cache_specs``) to lay out the KV cache, and per step calls ``forward`` then
 ``compute_logits``. What a model can do beyond that is declared, not probed: ``capabilities``.
 """
@@ -33,7 +33,6 @@ class ModelCapabilities:
     expert_parallel: bool = False  # takes ``expert_parallel=True``: whole experts per rank (--enable-expert-parallel)
     lora: bool = False  # its projections take LoRA slots (--enable-lora)
     fold_norms: bool = False  # ``fold_norm_weights`` folds RMSNorm weights into the projections that read them
-    sliding_window: bool = False  # its attention layers apply the config's ``sliding_window`` (per layer) themselves
 
 
 class CausalLM(nn.Module):
@@ -52,13 +51,15 @@ class CausalLM(nn.Module):
     dequantized_checkpoint_formats: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type[AttentionBackend],
-                 quant_config: Any = None, expert_parallel: bool = False):
+                 quant_config: Any = None, expert_parallel: bool = False, max_model_len: int | None = None):
         """Args:
             hf_config: the transformers config of the checkpoint.
             dtype: the parameters' and activations' dtype.
             attn_backend: the attention backend class every ``Attention`` layer instantiates.
             quant_config: a ``QuantizationConfig`` (its linear methods own the quantized layers), or None.
             expert_parallel: spread whole experts over the expert-parallel group (MoE models only).
+            max_model_len: the longest sequence (prompt and output, tokens) the engine serves; None when unknown
+                (a build that only checks shapes). Phi-3's LongRoPE picks its factors from it.
         """
         super().__init__()
         # An MoE model's per-layer routed-token counts (``ExpertLoad``), reported in /metrics; None without experts.

@@ -5,8 +5,9 @@ One code path serves the three architectures; they differ only in config values:
 * Qwen2 has biases on q/k/v (and never on o_proj); Llama has ``attention_bias`` (all four) and
   ``mlp_bias``; Mistral has neither.
 * ``head_dim`` is read from the config when present (Mistral-Nemo, Qwen), else hidden / heads.
-* ``sliding_window`` (Mistral v0.1, some Qwen2): attention is full, and ``BrigadeConfig.resolve`` keeps
-  max_model_len within the window, where full attention is the model's.
+* ``sliding_window`` (Mistral v0.1, Qwen2 with ``use_sliding_window``): each layer ``config.layer_types`` marks
+  ``"sliding_attention"`` (every layer when the config has no ``layer_types``) attends to the last
+  ``sliding_window`` tokens only (``layer_sliding_window``); the attention backend applies the window.
 
 Tokens of all requests of a step are concatenated in one dimension (``[num_tokens, ...]``); the
 attention backend alone knows where each request starts, through ``ctx.metadata``.
@@ -22,12 +23,14 @@ import torch
 from torch import nn
 
 from brigade.attention.backend import AttentionBackend, AttentionContext
+from brigade.config.engine_config import sliding_window
+from brigade.config.errors import ConfigError
 from brigade.model_executor.layers.activation import SiluAndMul
 from brigade.model_executor.layers.attention import Attention
 from brigade.model_executor.layers.layernorm import RMSNorm
 from brigade.model_executor.layers.linear import MergedColumnLinear, QKVLinear, RowParallelLinear
 from brigade.model_executor.layers.linear_method import QuantizationConfig, get_linear_method
-from brigade.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope_parameters
+from brigade.model_executor.layers.rotary_embedding import RopeParameters, RotaryEmbedding, get_rope_parameters
 from brigade.model_executor.kv_scales import kv_scale_target, load_kv_scale
 from brigade.model_executor.layers.vocab import LMHead, VocabEmbedding
 from brigade.model_executor.models.interface import CausalLM, ModelCapabilities
@@ -45,6 +48,25 @@ _STACKED_PARAMS: tuple[tuple[str, str, str | int], ...] = (
 )
 # Checkpoint tensors that are not weights: precomputed RoPE tables some exporters save.
 _SKIPPED = re.compile(r"rotary_emb\.(inv_freq|cos_cached|sin_cached)$")
+
+
+def layer_type(config: Any, layer_idx: int) -> str:
+    """Layer ``layer_idx``'s attention type, ``"full_attention"`` or ``"sliding_attention"``: ``config.layer_types``
+    when the config has it (transformers 5 fills it for Qwen2 from ``max_window_layers``, for Gemma from its
+    pattern), else sliding for every layer when the config asks for a window (Mistral, Mixtral, Phi-3)."""
+    types = getattr(config, "layer_types", None)
+    if types:
+        return types[layer_idx]
+    return "full_attention" if sliding_window(config) is None else "sliding_attention"
+
+
+def layer_sliding_window(config: Any, layer_idx: int, kind: str | None = None) -> int | None:
+    """The window of layer ``layer_idx`` (``kind``: its type, default ``layer_type``), or None for full attention:
+    ``config.sliding_window`` on a sliding layer, unless the config switches windows off (``use_sliding_window``
+    false, a window of 0)."""
+    if (kind or layer_type(config, layer_idx)) != "sliding_attention":
+        return None
+    return sliding_window(config)
 
 
 class LlamaMLP(nn.Module):
@@ -92,15 +114,13 @@ class LlamaAttention(nn.Module):
                                         quant_method=get_linear_method(quant_config, f"{prefix}.o_proj"))
         self.rotary_emb = rotary_emb  # shared by all layers: one cos/sin table per model
         # This rank's heads (all of them with one rank): the KV cache holds its KV heads only.
-        self.attn = Attention(self.qkv_proj.num_heads, head_size, self.qkv_proj.num_kv_heads,
-                              scale=head_size ** -0.5, layer_idx=layer_idx, backend_cls=attn_backend,
-                              **self.attention_options(config, layer_idx))
+        self.attn = Attention(self.qkv_proj.num_heads, head_size, self.qkv_proj.num_kv_heads, layer_idx=layer_idx,
+                              backend_cls=attn_backend, **self.attention_options(config, layer_idx))
 
-    @staticmethod
-    def attention_options(config: Any, layer_idx: int) -> dict[str, Any]:
-        """``Attention``'s variant arguments for layer ``layer_idx`` (``sliding_window``, ``use_sinks``...): none
-        here; gpt-oss's attention sets its window per layer and its sinks."""
-        return {}
+    def attention_options(self, config: Any, layer_idx: int) -> dict[str, Any]:
+        """The ``Attention`` variant of this layer: ``scale`` (``head_size ** -0.5``) and ``sliding_window``
+        (``layer_sliding_window``); Gemma adds its query scale and soft-capping."""
+        return {"scale": self.head_size ** -0.5, "sliding_window": layer_sliding_window(config, layer_idx)}
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, rest: torch.Tensor | None, ctx: AttentionContext,
                 norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -167,18 +187,33 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     """Embedding and decoder layers; the final norm is applied by ``LlamaForCausalLM.compute_logits`` to the
-    rows it scores only, which lets a platform fuse it into the LM head."""
+    rows it scores only, which lets a platform fuse it into the LM head.
+
+    Subclasses change the final norm (``norm_cls``), the embedding (``embed``: Gemma scales it) and the layer types
+    (``layer_type``: each type gets its rotary embedding, from ``get_rope_parameters(config, type)``)."""
+
+    norm_cls: ClassVar[type[nn.Module]] = RMSNorm
 
     def __init__(self, config: Any, *, dtype: torch.dtype, attn_backend: type[AttentionBackend],
                  quant_config: QuantizationConfig | None, prefix: str = "model",
-                 layer_cls: Callable[..., nn.Module] = LlamaDecoderLayer):
+                 layer_cls: Callable[..., nn.Module] = LlamaDecoderLayer, max_model_len: int | None = None):
         """``layer_cls``: the decoder layer, built with ``LlamaDecoderLayer``'s arguments (the MoE models pass
-        theirs, bound to their own options with ``functools.partial``)."""
+        theirs, bound to their own options with ``functools.partial``). ``max_model_len``: the longest sequence
+        served (LongRoPE picks its factors from it)."""
         super().__init__()
         head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        rope = get_rope_parameters(config)
-        rotary_emb = RotaryEmbedding(head_size, int(head_size * rope.partial_rotary_factor),
-                                     config.max_position_embeddings, rope, is_neox_style=True)
+        ropes: list[tuple[RopeParameters, RotaryEmbedding]] = []  # one table per distinct rope of the layers
+
+        def rotary_for(layer_idx: int) -> RotaryEmbedding:
+            rope = get_rope_parameters(config, self.layer_type(config, layer_idx))
+            for known, emb in ropes:
+                if known == rope:
+                    return emb
+            ropes.append((rope, RotaryEmbedding(head_size, int(head_size * rope.partial_rotary_factor),
+                                                config.max_position_embeddings, rope, is_neox_style=True,
+                                                max_model_len=max_model_len)))
+            return ropes[-1][1]
+
         self.stage = StageLayout.of(config.num_hidden_layers)
         self.hidden_size = config.hidden_size
         tied = bool(getattr(config, "tie_word_embeddings", False))
@@ -186,11 +221,11 @@ class LlamaModel(nn.Module):
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=dtype) \
             if self.stage.is_first or (tied and self.stage.is_last) else None
         self.layers = nn.ModuleList([
-            layer_cls(config, layer_idx=i, rotary_emb=rotary_emb, head_size=head_size, dtype=dtype,
+            layer_cls(config, layer_idx=i, rotary_emb=rotary_for(i), head_size=head_size, dtype=dtype,
                       attn_backend=attn_backend, quant_config=quant_config, prefix=f"{prefix}.layers.{i}")
             if self.stage.holds(i) else MissingLayer()
             for i in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.norm = self.norm_cls(config.hidden_size, config.rms_norm_eps, dtype=dtype)
         # This stage's layers as a plain list (not registered twice; no ModuleList built per forward).
         self.stage_layers = list(self.layers)[self.stage.start:self.stage.end]
 
@@ -200,7 +235,7 @@ class LlamaModel(nn.Module):
         the previous stage's stream (later stages). Returns [T, hidden], or on a stage before the last the
         ``IntermediateTensors`` to send on."""
         if self.stage.is_first:
-            h, rest = self.embed_tokens(input_ids), None  # [T, hidden]
+            h, rest = self.embed(input_ids), None  # [T, hidden]
         else:
             h, rest = stage_inputs(intermediate, input_ids.shape[0], self.hidden_size, self.norm.weight.dtype,
                                    input_ids.device)
@@ -209,6 +244,15 @@ class LlamaModel(nn.Module):
         if not self.stage.is_last:
             return {"hidden_states": h} if rest is None else {"hidden_states": h, "residual": rest}
         return h if rest is None else h + rest
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] int64 token ids -> [T, hidden] embeddings in the model dtype."""
+        return self.embed_tokens(input_ids)
+
+    @staticmethod
+    def layer_type(config: Any, layer_idx: int) -> str:
+        """Layer ``layer_idx``'s attention type (``llama.layer_type``), which picks its rope parameters."""
+        return layer_type(config, layer_idx)
 
 
 class LlamaForCausalLM(CausalLM):
@@ -231,22 +275,38 @@ class LlamaForCausalLM(CausalLM):
     }
     decoder_layer_cls: ClassVar[type[nn.Module]] = LlamaDecoderLayer
     """The decoder layer ``LlamaModel`` stacks (subclasses with another block set theirs)."""
+    model_cls: ClassVar[type[LlamaModel]] = LlamaModel
+    """The embedding-and-layers module (Gemma's scales its embedding and uses its own norm)."""
 
     def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type[AttentionBackend],
                  quant_config: QuantizationConfig | None = None,
-                 layer_cls: Callable[..., nn.Module] | None = None):
+                 layer_cls: Callable[..., nn.Module] | None = None, max_model_len: int | None = None):
         """Args as ``CausalLM``; ``layer_cls`` builds each decoder layer (default ``decoder_layer_cls``; the MoE
         models pass theirs bound to their own options)."""
-        super().__init__(hf_config, dtype=dtype, attn_backend=attn_backend, quant_config=quant_config)
+        super().__init__(hf_config, dtype=dtype, attn_backend=attn_backend, quant_config=quant_config,
+                         max_model_len=max_model_len)
         self.config = hf_config
         self.dtype = dtype
-        self.model = LlamaModel(hf_config, dtype=dtype, attn_backend=attn_backend, quant_config=quant_config,
-                                layer_cls=layer_cls or self.decoder_layer_cls)
+        self.model = self.model_cls(hf_config, dtype=dtype, attn_backend=attn_backend, quant_config=quant_config,
+                                    layer_cls=layer_cls or self.decoder_layer_cls, max_model_len=max_model_len)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.lm_head = LMHead(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype) \
             if self.model.stage.is_last else None  # only the last pipeline stage scores
         if self.tie_word_embeddings and self.lm_head is not None:
             self.lm_head.tie_to(self.model.embed_tokens)
+
+    @classmethod
+    def check_config(cls, hf_config: Any, config: Any) -> None:
+        """Refuse a rope type Brigade does not implement, on any layer type, in one line naming the architecture.
+
+        Raises:
+            ConfigError: ``get_rope_parameters``'s refusal.
+        """
+        for kind in sorted({cls.model_cls.layer_type(hf_config, i) for i in range(hf_config.num_hidden_layers)}):
+            try:
+                get_rope_parameters(hf_config, kind)
+            except ValueError as e:
+                raise ConfigError(f"{cls.__name__}: {e}") from None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext,
                 intermediate: IntermediateTensors | None = None) -> torch.Tensor | IntermediateTensors:

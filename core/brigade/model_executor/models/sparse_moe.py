@@ -223,8 +223,9 @@ class MoEForCausalLM(LlamaForCausalLM):
         layout is refused when the model is built, ``SparseMoeBlock``).
 
         Raises:
-            ConfigError: naming the unsupported setting and what Brigade runs.
+            ConfigError: naming the unsupported setting and what Brigade runs (a rope type: ``LlamaForCausalLM``'s).
         """
+        super().check_config(hf_config, config)
         check_moe_config(hf_config, config)
 
 
