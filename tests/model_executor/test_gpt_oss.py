@@ -195,11 +195,10 @@ def test_unservable_config_is_refused_in_one_line(checkpoint):
 
     path, _ = checkpoint
     brigade_config = BrigadeConfig(model_config=ModelConfig(model=str(path)))
-    bad_rope = gpt_oss_config(rope_parameters=dict(rope_type="longrope", rope_theta=1e4, short_factor=[1.0] * 8,
-                                                   long_factor=[1.0] * 8, original_max_position_embeddings=64))
+    bad_rope = gpt_oss_config(rope_parameters=dict(rope_type="dynamic", rope_theta=1e4, factor=2.0))
     with pytest.raises(ConfigError) as err:
         GptOssForCausalLM.check_config(bad_rope, brigade_config)
-    assert "longrope" in str(err.value) and "yarn" in str(err.value) and "\n" not in str(err.value)
+    assert "'dynamic'" in str(err.value) and "yarn" in str(err.value) and "\n" not in str(err.value)
     bad_layers = gpt_oss_config()
     bad_layers.layer_types = ["sliding_attention", "chunked_attention", "full_attention", "full_attention"]
     with pytest.raises(ConfigError, match="chunked_attention"):

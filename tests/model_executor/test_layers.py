@@ -55,8 +55,8 @@ def test_rope_parameters_from_transformers_5_and_4_layouts():
         assert (rope.rope_theta, rope.rope_type, rope.scaling["factor"]) == (500000.0, "llama3", 8.0)
     plain = get_rope_parameters(SimpleNamespace(rope_theta=1e5, rope_scaling=None))
     assert (plain.rope_theta, plain.rope_type, plain.scaling) == (1e5, "default", {})
-    with pytest.raises(ValueError, match="longrope"):
-        get_rope_parameters(SimpleNamespace(rope_theta=1e4, rope_scaling={"rope_type": "longrope", "factor": 4.0}))
+    with pytest.raises(ValueError, match="rope type 'dynamic' is not supported"):
+        get_rope_parameters(SimpleNamespace(rope_theta=1e4, rope_scaling={"rope_type": "dynamic", "factor": 4.0}))
 
 
 @pytest.mark.parametrize("rope_parameters", [

@@ -83,9 +83,10 @@ def test_each_layer_gets_its_window_cap_and_scale(family, windows, cap, scale, t
 
 
 @pytest.mark.parametrize("family,overrides,needle", [
-    ("gemma3", {"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6},
+    ("gemma3", {"rope_parameters": {"full_attention": {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e6},
                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
-     "Gemma3ForCausalLM: rope type 'yarn' is not supported; Brigade implements default, linear, llama3, longrope"),
+     "Gemma3ForCausalLM: rope type 'dynamic' is not supported; Brigade implements default, linear, llama3, yarn, "
+     "longrope"),
     ("gemma2", {"hidden_activation": "gelu"}, "Gemma2ForCausalLM: activation 'gelu' is not supported"),
     ("gemma3", {"use_bidirectional_attention": True}, "Gemma3ForCausalLM: bidirectional attention"),
     ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
