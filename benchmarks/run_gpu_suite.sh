@@ -18,6 +18,13 @@
 #   moe-throughput  MoE bench 3: Mixtral-8x7B, 1000 x (1024 in, 128 out)
 #   moe-sharegpt    MoE bench 4: Qwen3-30B-A3B, bench 3's prompts
 #   moe-kernel      MoE bench 5: the fused MoE kernel against the reference path and a dense loop (bench_fused_moe.py)
+# Attention shapes (benchmarks/configs/gemma-2-9b, gpt-oss-20b, gemma-3-12b[-all-full], mistral-7b; dummy bf16):
+#   shape-gemma2    s1: Gemma-2-9B, batch 1, 128 in / 256 out (TPOT against its bandwidth bound)
+#   shape-gpt-oss   s2: gpt-oss-20b in bf16, batch 1, 128 in / 256 out (TPOT against the active-weight bound)
+#   shape-kv-capacity  s3: 8192-token sequences the KV cache holds, Gemma-3-12B against every layer full
+#                   (benchmarks/kv_capacity.py)
+#   shape-long-prompt  s4: Mistral-7B, one 32640-token prompt, 128 out (TTFT, TPOT), and the KV bytes its
+#                   windowed layers hold (kv_capacity.py at 32768 tokens)
 # Every result goes into one folder per run, then benchmarks/suite_summary.py writes summary.json and summary.md
 # there and prints the table. Run from the repository root of a GPU machine set up as benchmarks/gpu_setup.sh says.
 set -uo pipefail
@@ -25,14 +32,16 @@ set -uo pipefail
 usage() {
   cat <<'EOF'
 Usage: benchmarks/run_gpu_suite.sh [options]
-  --part 1|2|3|4|all  part 1: limits latency throughput sharegpt sharegpt-penalty peers (~7 min on an H200);
+  --part 1|2|3|4|5|all  part 1: limits latency throughput sharegpt sharegpt-penalty peers (~7 min on an H200);
                      part 2: peers-sharegpt serve (~7 min); part 3: limits and the FP8 benches (~5 min);
-                     part 4: limits and the MoE benches (~7 min); all: every part (~26 min, over one 10-minute
-                     device call: run the parts as separate calls). Default: all.
+                     part 4: limits and the MoE benches (~7 min); part 5 (or shapes): limits and the
+                     attention-shape benches (~8 min); all: every part (~34 min, over one 10-minute device
+                     call: run the parts as separate calls). Default: all.
   --bench LIST       run only these, comma-separated: limits latency throughput sharegpt sharegpt-penalty peers
                      peers-sharegpt serve fp8-latency fp8-throughput fp8-sharegpt fp8-batch64 moe-latency
-                     moe-throughput moe-sharegpt moe-kernel, or their numbers 0 1 2 3 3p 4 4s 5 f1 f2 f3 f4
-                     m1 (and m2: both latencies) m3 m4 m5 (overrides --part)
+                     moe-throughput moe-sharegpt moe-kernel shape-gemma2 shape-gpt-oss shape-kv-capacity
+                     shape-long-prompt, or their numbers 0 1 2 3 3p 4 4s 5 f1 f2 f3 f4 m1 (and m2: both
+                     latencies) m3 m4 m5 s1 s2 s3 s4 (overrides --part)
   --quick            fewer prompts and iterations everywhere: a smoke test of the whole suite (~8 min)
   --run-name NAME    the result folder's name (default: the UTC start time, e.g. 2026-12-01T1405Z); give part 2
                      part 1's name to fill the same folder
@@ -52,7 +61,7 @@ EOF
 part=all benches="" quick=0 run_name="" out_dir="" baseline="" label="" setup=1 dry=0
 while [ $# -gt 0 ]; do
   case $1 in
-    --part) part=${2:?--part needs 1, 2, 3, 4 or all}; shift 2 ;;
+    --part) part=${2:?--part needs 1, 2, 3, 4, 5 or all}; shift 2 ;;
     --bench) benches=${2:?--bench needs a list}; shift 2 ;;
     --quick) quick=1; shift ;;
     --run-name) run_name=${2:?}; shift 2 ;;
@@ -68,14 +77,17 @@ done
 
 FP8_BENCHES="fp8-latency fp8-throughput fp8-sharegpt fp8-batch64"
 MOE_BENCHES="moe-latency moe-throughput moe-sharegpt moe-kernel"
+SHAPE_BENCHES="shape-gemma2 shape-gpt-oss shape-kv-capacity shape-long-prompt"
 ALL="limits latency throughput sharegpt sharegpt-penalty peers peers-sharegpt serve $FP8_BENCHES $MOE_BENCHES"
+ALL="$ALL $SHAPE_BENCHES"
 case $part in
   1) selected="limits latency throughput sharegpt sharegpt-penalty peers" ;;
   2) selected="peers-sharegpt serve" ;;
   3) selected="limits $FP8_BENCHES" ;;
   4) selected="limits $MOE_BENCHES" ;;
+  5|shapes) part=5 selected="limits $SHAPE_BENCHES" ;;
   all) selected=$ALL ;;
-  *) echo "--part must be 1, 2, 3, 4 or all" >&2; exit 2 ;;
+  *) echo "--part must be 1, 2, 3, 4, 5 (shapes) or all" >&2; exit 2 ;;
 esac
 if [ -n "$benches" ]; then
   selected="" part=custom
@@ -86,13 +98,14 @@ if [ -n "$benches" ]; then
       5) b=serve ;;
       f1) b=fp8-latency ;; f2) b=fp8-throughput ;; f3) b=fp8-sharegpt ;; f4) b=fp8-batch64 ;;
       m1|m2) b=moe-latency ;; m3) b=moe-throughput ;; m4) b=moe-sharegpt ;; m5) b=moe-kernel ;;
+      s1) b=shape-gemma2 ;; s2) b=shape-gpt-oss ;; s3) b=shape-kv-capacity ;; s4) b=shape-long-prompt ;;
     esac
     case " $ALL " in *" $b "*) ;; *) echo "unknown benchmark: $b" >&2; exit 2 ;; esac
     wanted="${wanted:-} $b"
   done
   for b in $ALL; do case " $wanted " in *" $b "*) selected="$selected $b" ;; esac; done   # in the suite's order
 fi
-tag=$(case $part in 1|2|3|4) echo "part$part" ;; *) echo "$part" ;; esac)   # part1 ... part4, all or custom
+tag=$(case $part in 1|2|3|4|5) echo "part$part" ;; *) echo "$part" ;; esac)   # part1 ... part4, all or custom
 
 cd "$(dirname "$0")/.." || exit 1
 if [ "$setup" = 1 ]; then
@@ -113,11 +126,14 @@ echo "results:    $out_dir"
 
 # Sizes: full, or --quick.
 if [ "$quick" = 1 ]; then
-  LAT_ITERS=2 N2=100 N3=100 N4=4 SERVE="16:100 4:20 inf:100" MOE_TOKENS=1,64
+  LAT_ITERS=2 N2=100 N3=100 N4=4 SERVE="16:100 4:20 inf:100" MOE_TOKENS=1,64 LONG_IN=8064 LONG_ITERS=1
 else
   LAT_ITERS=5 N2=1000 N3=1000 N4=64 SERVE=${SERVE_RATES:-"16:500 4:100 inf:500"} MOE_TOKENS=1,8,64,512,4096
+  LONG_IN=32640 LONG_ITERS=3
 fi
 MIXTRAL=benchmarks/configs/mixtral-8x7b QWEN3_MOE=benchmarks/configs/qwen3-30b-a3b
+GEMMA2=benchmarks/configs/gemma-2-9b GPT_OSS=benchmarks/configs/gpt-oss-20b MISTRAL=benchmarks/configs/mistral-7b
+GEMMA3=benchmarks/configs/gemma-3-12b
 PORT=${PORT:-8000}
 steps_file="$out_dir/steps_$tag.tsv"   # one file per part, so that two parts merge into one folder
 [ "$dry" = 1 ] || : > "$steps_file"
@@ -230,6 +246,36 @@ bench_moe_sharegpt() {
 bench_moe_kernel() {
   step moe-kernel 240 env PYTHONPATH="benchmarks/kernels${PYTHONPATH:+:$PYTHONPATH}" \
     python3 benchmarks/kernels/bench_fused_moe.py --tokens $MOE_TOKENS --json "$out_dir/fused_moe.json"
+}
+
+# s1 and s2: batch-1 decode on a shape, the bound from its config (suite_summary.py: weights plus KV read).
+bench_shape_latency() {
+  local name=$1 model=$2
+  step "$name" 240 brigade bench latency $model $C --max-model-len 2048 --max-num-seqs 1 --batch-size 1 \
+    --input-len 128 --output-len 256 --num-iters-warmup 1 --num-iters $LAT_ITERS \
+    --output-json "$out_dir/shape_latency_${model##*/}.json"
+}
+
+bench_shape_gemma2() { bench_shape_latency shape-gemma2 $GEMMA2; }
+
+bench_shape_gpt_oss() { bench_shape_latency shape-gpt-oss $GPT_OSS; }
+
+# s3: one engine per model (kv_capacity.py starts each in its own process), same memory share; a 2048-token step
+# budget, under which a 1024-token window's group holds fewer blocks than the whole 8192 (at 8192 it holds all).
+bench_shape_kv_capacity() {
+  step shape-kv-capacity 360 python3 benchmarks/kv_capacity.py $GEMMA3 --against $GEMMA3-all-full --seq-len 8192 \
+    --json "$out_dir/shape_kv_capacity.json" $C --max-model-len 8192 --max-num-batched-tokens 2048 \
+    --gpu-memory-utilization 0.9 --enforce-eager
+}
+
+# s4: a 32k prompt (max_position_embeddings is 32768: 32640 in + 128 out), TTFT and TPOT from the latency bench;
+# then the KV cache config of the same model at 32768 tokens, for the bytes its windowed layers hold.
+bench_shape_long_prompt() {
+  step shape-long-prompt 300 brigade bench latency $MISTRAL $C --max-model-len 32768 --max-num-seqs 1 \
+    --batch-size 1 --input-len $LONG_IN --output-len 128 --num-iters-warmup 1 --num-iters $LONG_ITERS \
+    --output-json "$out_dir/shape_long_prompt_mistral-7b.json"
+  step shape-long-prompt-kv 180 python3 benchmarks/kv_capacity.py $MISTRAL --seq-len 32768 \
+    --json "$out_dir/shape_kv_mistral-7b.json" $C --max-model-len 32768 --gpu-memory-utilization 0.9 --enforce-eager
 }
 
 healthy() {

@@ -18,10 +18,14 @@ Reads the JSON records the suite writes (any subset of them; missing ones are sk
                            ``latency_b64`` (bf16) beside it
 ``moe_*``, ``fused_moe``   MoE benches 1-5: ``moe_latency_<model>``, ``moe_throughput_1024_128`` (Mixtral),
                            ``moe_throughput_sharegpt`` (Qwen3-30B-A3B), ``fused_moe`` (``bench_fused_moe.py``)
+``shape_*``                attention-shape benches s1-s4: ``shape_latency_gemma-2-9b``,
+                           ``shape_latency_gpt-oss-20b``, ``shape_kv_capacity`` (``kv_capacity.py``, Gemma-3-12B
+                           against its all-full twin), ``shape_long_prompt_mistral-7b`` and ``shape_kv_mistral-7b``
 =========================  ======================================================================
 
-The FP8 and MoE bounds come from the model's ``config.json`` (``model_shapes.py``: the parameters one token reads,
-projections at one byte under FP8) and the copy bandwidth and matmul peak in ``limits.json``.
+The FP8, MoE and shape bounds come from the model's ``config.json`` (``model_shapes.py``: the parameters one token
+reads, projections at one byte under FP8; the shape latencies add the KV cache a decode step reads at the run's
+mean context) and the copy bandwidth and matmul peak in ``limits.json``.
 
 and writes ``summary.json`` (a list of rows: ``bench``, ``name``, ``figure``, ``unit``, ``bound``, ``ratio``,
 ``peer``, ``target``, ``met``, ``source``) and ``summary.md`` (the same as a markdown table) into the folder,
@@ -42,7 +46,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # model_shapes beside this file
-from model_shapes import kv_bytes_per_token, load_config, token_params  # noqa: E402
+from model_shapes import kv_bytes_per_token, kv_bytes_read, load_config, token_params  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -64,6 +68,8 @@ TARGETS = {
     "moe_2": ("max_ratio", 1.4),
     "moe_3": ("min_ratio_of", 0.5, "the compute bound"),
     "moe_5": ("min_ratio_of", 1.0, "the faster of the reference and the dense loop, at every size"),
+    "shape_1": ("max_ratio", 1.15),
+    "shape_2": ("max_ratio", 1.4),
 }
 
 
@@ -302,10 +308,79 @@ def moe_rows(folder: Path, limits: dict) -> list[dict]:
     return rows
 
 
+def _shape_latency_row(bench: str, model: str, record: dict | None, bandwidth: float) -> list[dict]:
+    """A batch-1 decode TPOT against the weights one token reads plus the KV cache it reads at the mean context
+    (prompt + half the output; sliding-window layers read at most their window)."""
+    tpot, config = _tpot(record), _config_of(record) if record else None
+    if not (tpot and config):
+        return []
+    bench_config = record["config"]["benchmark"]
+    batch = bench_config.get("batch_size", 1)
+    context = bench_config.get("input_len", 128) + bench_config.get("output_len", 256) / 2
+    weights, kv = token_params(config).weight_bytes(), batch * kv_bytes_read(config, context)
+    bound = (weights + kv) / bandwidth * 1e3 if bandwidth else None
+    return [_row(bench, f"{model} shape, batch {batch}, {bench_config.get('input_len')} in / "
+                        f"{bench_config.get('output_len')} out: TPOT median", tpot, "ms",
+                 f"shape_latency_{model}.json", bound=bound, ratio=tpot / bound if bound else None,
+                 peer=f"bound reads {weights / 1e9:.2f} GB of weights + {kv / 1e6:.0f} MB of KV cache "
+                      f"({kv / (weights + kv):.1%})", higher_is_better=False)]
+
+
+def _capacity_row(record: dict) -> list[dict]:
+    """s3: sequences that fit, the hybrid model over its all-full twin (``kv_capacity.py --against``)."""
+    if record.get("ratio") is None or len(record.get("models", ())) != 2:
+        return []
+    hybrid, full = record["models"]
+    kinds = ", ".join(f"{g['kind']} {len(g['layers'])}" for g in hybrid["groups"])
+    peer = (f"{hybrid['fit']} against {full['fit']} (budget {hybrid['max_num_batched_tokens']} tokens a step); "
+            f"{hybrid['num_blocks']:,} blocks in groups {kinds} against {full['num_blocks']:,}; while decoding "
+            f"{record['ratio_decoding']:.2f}x")
+    if hybrid.get("groups_source") == "engine without KV cache groups":
+        peer += "; the engine had no KV cache groups"
+    name = f"{Path(hybrid['model']).name} shape: {record['seq_len']}-token sequences that fit, over every layer full"
+    return [_row("shape_3", name, record["ratio"], "x", "shape_kv_capacity.json", ratio=record["ratio"], peer=peer)]
+
+
+def _windowed_bytes_row(record: dict) -> list[dict]:
+    """s4: KV bytes one sequence's sliding-window layers hold at their peak (``kv_capacity.py`` on the model)."""
+    model = record["models"][0]
+    windowed = [g for g in model["groups"] if g["sliding_window"]]
+    if not windowed:
+        return []
+    peak, decoding, full = (sum(g[key] for g in windowed) for key in ("bytes_peak", "bytes_decoding", "bytes_if_full"))
+    layers = sum(len(g["layers"]) for g in windowed)
+    name = (f"{Path(model['model']).name}: KV bytes the {layers} windowed layers hold, one "
+            f"{record['seq_len']}-token sequence")
+    return [_row("shape_4_kv", name, peak / 1e9, "GB", "shape_kv_mistral-7b.json",
+                 ratio=peak / full, higher_is_better=False,
+                 peer=f"while decoding {decoding / 1e9:.2f} GB; every block kept {full / 1e9:.2f} GB")]
+
+
+def shape_rows(folder: Path, limits: dict) -> list[dict]:
+    """Attention-shape benches s1-s4 (docs/benchmarks.md): Gemma 2, gpt-oss, Gemma 3's KV capacity, Mistral's
+    long prompt."""
+    bandwidth = (limits.get("copy_bandwidth_GBps") or 0) * 1e9
+    rows = []
+    for bench, model in (("shape_1", "gemma-2-9b"), ("shape_2", "gpt-oss-20b")):
+        rows += _shape_latency_row(bench, model, _load(folder, f"shape_latency_{model}"), bandwidth)
+    capacity = _load(folder, "shape_kv_capacity")
+    rows += _capacity_row(capacity) if capacity else []
+    record = _load(folder, "shape_long_prompt_mistral-7b")
+    if record is not None:
+        b, bench_config = _brigade(record), record["config"]["benchmark"]
+        what = f"mistral-7b shape, {bench_config.get('input_len')}-token prompt, {bench_config.get('output_len')} out"
+        rows.append(_row("shape_4", f"{what}: TTFT median", b.get("ttft_ms", {}).get("median"), "ms",
+                         "shape_long_prompt_mistral-7b.json", higher_is_better=False))
+        rows.append(_row("shape_4", f"{what}: TPOT median", _tpot(record), "ms", "shape_long_prompt_mistral-7b.json",
+                         higher_is_better=False))
+    kv = _load(folder, "shape_kv_mistral-7b")
+    return rows + (_windowed_bytes_row(kv) if kv and kv.get("models") else [])
+
+
 def summarize(folder: Path) -> list[dict]:
     rows, limits = limits_rows(folder)
     return (rows + latency_row(folder, limits) + throughput_rows(folder, limits) + peer_rows(folder)
-            + serve_rows(folder) + fp8_rows(folder, limits) + moe_rows(folder, limits))
+            + serve_rows(folder) + fp8_rows(folder, limits) + moe_rows(folder, limits) + shape_rows(folder, limits))
 
 
 def _fmt(value: float | None, unit: str = "") -> str:

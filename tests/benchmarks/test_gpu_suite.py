@@ -54,7 +54,7 @@ def test_part_2_runs_the_sharegpt_peers_and_serving_and_quick_cuts_prompts():
     assert "brigade bench latency" not in out
 
 
-@pytest.mark.parametrize("args", [["--bench", "7"], ["--part", "5"], ["--no-such-flag"]])
+@pytest.mark.parametrize("args", [["--bench", "7"], ["--bench", "s5"], ["--part", "6"], ["--no-such-flag"]])
 def test_bad_arguments_are_refused(args):
     assert _dry_run(*args).returncode == 2
 
@@ -136,3 +136,87 @@ def test_summary_of_the_fp8_and_moe_benches():
     assert rows["moe_2"]["ratio"] == pytest.approx(2.841, abs=1e-3) and rows["moe_2"]["met"] is False
     assert rows["moe_3"]["ratio"] == pytest.approx(0.439, abs=1e-3)
     assert "65.6 req/s" in rows["moe_4"]["peer"]
+
+
+def test_part_5_runs_the_attention_shape_benches():
+    out = _dry_run("--part", "5", "--run-name", "check").stdout
+    lines = [line for line in out.splitlines() if line.startswith("+ [")]
+    assert [line.split("]")[0][3:].split(",")[0] for line in lines] == [
+        "limits", "shape-gemma2", "shape-gpt-oss", "shape-kv-capacity", "shape-long-prompt", "shape-long-prompt-kv"]
+    common = "--load-format dummy --dtype bfloat16 --skip-tokenizer-init"
+    for model in ("gemma-2-9b", "gpt-oss-20b"):
+        line = next(line for line in lines if f"configs/{model} " in line)
+        assert "brigade bench latency" in line and common in line and "--batch-size 1 --input-len 128" in line
+        assert "--output-len 256" in line and f"/check/shape_latency_{model}.json" in line
+    capacity = next(line for line in lines if "shape-kv-capacity" in line)
+    assert "kv_capacity.py benchmarks/configs/gemma-3-12b --against benchmarks/configs/gemma-3-12b-all-full" in capacity
+    assert "--seq-len 8192" in capacity and "--max-model-len 8192" in capacity and common in capacity
+    assert "/check/shape_kv_capacity.json" in capacity
+    long_prompt = next(line for line in lines if "[shape-long-prompt," in line)
+    assert "configs/mistral-7b" in long_prompt and "--input-len 32640 --output-len 128" in long_prompt
+    assert "--max-model-len 32768" in long_prompt and "/check/shape_long_prompt_mistral-7b.json" in long_prompt
+    kv = next(line for line in lines if "[shape-long-prompt-kv," in line)
+    assert "kv_capacity.py benchmarks/configs/mistral-7b --seq-len 32768" in kv and "--max-model-len 32768" in kv
+    assert _dry_run("--part", "shapes").stdout == _dry_run("--part", "5").stdout
+    assert _dry_run("--bench", "s1,s4").stdout.count("+ [") == 3  # s4 is the latency and its KV config
+    assert "shape-gemma2" in _dry_run("--part", "all").stdout
+
+
+def test_model_shapes_of_gemma_and_gpt_oss_match_the_models_on_the_meta_device():
+    """gpt-oss against Brigade's model (active experts: 4 of 32), Gemma 2 against transformers' own: every
+    parameter but the norms, the tied embedding counted once (as the LM head every step reads)."""
+    import sys
+
+    import torch
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from device_limits import build_meta_model
+    from model_shapes import kv_bytes_read, layer_windows, load_config, token_params
+
+    configs = ROOT / "benchmarks" / "configs"
+    config = load_config(configs / "gpt-oss-20b")
+    by_kind = {"attention": 0, "router": 0, "experts": 0, "lm_head": 0}
+    for name, param in build_meta_model(str(configs / "gpt-oss-20b"), torch.bfloat16).named_parameters():
+        kind = ("attention" if ".self_attn." in name and ".sinks" not in name else "router" if ".mlp.gate." in name
+                else "experts" if ".experts." in name else "lm_head" if name.startswith("lm_head") else None)
+        if kind:
+            by_kind[kind] += param.numel()
+    oss = token_params(config)
+    assert oss.router == by_kind["router"] and oss.lm_head == by_kind["lm_head"]
+    experts = by_kind["experts"] * config["num_experts_per_tok"] // config["num_local_experts"]
+    assert oss.projections == by_kind["attention"] + experts
+    assert layer_windows(config)[:2] == [128, None]
+
+    gemma_config = load_config(configs / "gemma-2-9b")
+    with torch.device("meta"):
+        gemma = Gemma2ForCausalLM(Gemma2Config(**gemma_config))
+    counted = {id(p): p for n, p in gemma.named_parameters() if "norm" not in n}  # tied: one tensor
+    gemma2 = token_params(gemma_config)
+    assert gemma2.total == sum(p.numel() for p in counted.values())
+    assert gemma2.lm_head == gemma.lm_head.weight.numel() == gemma_config["vocab_size"] * gemma_config["hidden_size"]
+    windows = layer_windows(gemma_config)
+    assert windows == [4096 if t == "sliding_attention" else None for t in gemma.config.layer_types]
+    per_layer_token = 2 * 8 * 256 * 2  # K and V, 8 KV heads of 256, bf16
+    assert kv_bytes_read(gemma_config, 384) == 42 * 384 * per_layer_token  # under the window: every layer whole
+    assert kv_bytes_read(gemma_config, 8192) == (21 * 8192 + 21 * 4096) * per_layer_token
+    assert layer_windows(load_config(configs / "mistral-7b")) == [4096] * 32
+    assert layer_windows(load_config(configs / "llama-3.1-8b")) == [None] * 32
+
+
+def test_shape_latency_bound_adds_the_kv_cache_read():
+    """A kept batch-1 record (Llama-3.1-8B) through the shape row: weights plus KV at the mean context."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from model_shapes import kv_bytes_read, load_config, token_params
+
+    summary = _summary_module()
+    record = json.loads((RESULTS / "latency.json").read_text())
+    bandwidth = json.loads((RESULTS / "limits.json").read_text())["copy_bandwidth_GBps"] * 1e9
+    (row,) = summary._shape_latency_row("shape_1", "llama-3.1-8b", record, bandwidth)
+    config = load_config(ROOT / "benchmarks" / "configs" / "llama-3.1-8b")
+    read = token_params(config).weight_bytes() + kv_bytes_read(config, 128 + 256 / 2)
+    assert row["bound"] == pytest.approx(read / bandwidth * 1e3)
+    assert row["ratio"] == pytest.approx(row["figure"] / row["bound"]) and row["target"] == "<= 1.15x bound"
+    assert row["met"] == (row["ratio"] <= 1.15) and "MB of KV cache" in row["peer"]
