@@ -45,7 +45,7 @@ def test_priority_preempts_the_lowest_priority_request_not_the_tail():
     # low was scheduled earlier in the step (its decode fitted its block): it is taken back out of the step.
     assert out.num_scheduled_tokens == {"high": 1, "mid": 1} and out.total_num_scheduled_tokens == 2
     assert out.scheduled_cached_reqs.req_ids == ["high", "mid"]
-    assert [len(b) for b in out.scheduled_cached_reqs.new_block_ids] == [1, 1]
+    assert [len(b) for (b,) in out.scheduled_cached_reqs.new_block_ids] == [1, 1]
 
 
 def test_fcfs_preempts_the_tail_of_running():

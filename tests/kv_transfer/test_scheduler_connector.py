@@ -74,8 +74,8 @@ def test_external_tokens_are_allocated_counted_and_sent_to_the_worker():
     out, _ = run_step(sched)
     assert out.num_scheduled_tokens == {"a": 3}
     new = out.scheduled_new_reqs[0]
-    assert new.num_computed_tokens == 8 and len(new.block_ids) == 3
-    assert out.kv_connector_metadata.loads == {"a": (0, new.block_ids[:2])}
+    assert new.num_computed_tokens == 8 and len(new.block_ids[0]) == 3
+    assert out.kv_connector_metadata.loads == {"a": (0, new.block_ids[0][:2])}
     request = sched.requests["a"]
     assert request.num_cached_tokens == 8 and sched.num_external_tokens_total == 8
     while sched.has_unfinished_requests():
@@ -99,7 +99,7 @@ def test_local_prefix_hits_come_first_and_the_cap_leaves_a_token_to_compute():
     out, _ = run_step(sched)
     assert out.num_scheduled_tokens["c"] == 1
     first, block_ids = out.kv_connector_metadata.loads["c"]
-    assert first == 12 and block_ids == out.scheduled_new_reqs[0].block_ids[3:4]
+    assert first == 12 and block_ids == out.scheduled_new_reqs[0].block_ids[0][3:4]
 
 
 def test_prompt_logprobs_requests_load_nothing_and_overclaims_are_refused():

@@ -12,6 +12,11 @@ from collections.abc import Iterable
 from brigade.config import ConfigError
 from brigade.core.block_hash import BlockHash
 
+# A prefix-cache key: a block's chained hash and the KV cache group that computed it (vLLM's
+# BlockHashWithGroupId). Groups share the hashes of a request's tokens but not their blocks: a full-attention
+# block and a sliding-window block of the same tokens hold different layers' KV.
+BlockKey = tuple[BlockHash, int]
+
 
 class KVCacheBlock:
     """One block of KV slots. Also a node of the free queue's intrusive linked list."""
@@ -21,7 +26,7 @@ class KVCacheBlock:
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_cnt = 0
-        self.block_hash: BlockHash | None = None
+        self.block_hash: BlockKey | None = None  # set while the block is in the prefix cache
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
         self.is_null = False
@@ -85,7 +90,8 @@ class BlockPool:
     """All KV blocks of the engine. Block 0 is the null block: never allocated, used as padding.
 
     Invariant: a block is in the free queue exactly when its ref_cnt is 0 (the null block excepted), and
-    ``cached`` maps a hash to at most one block carrying that hash.
+    ``cached`` maps a (hash, group id) key to at most one block carrying that key. One pool serves every KV
+    cache group; a block id belongs to one group at a time.
     """
 
     def __init__(self, num_blocks: int, enable_caching: bool):
@@ -97,7 +103,7 @@ class BlockPool:
         self.null_block = self.blocks[0]
         self.null_block.is_null = True
         self.free_queue = FreeBlockQueue(self.blocks[1:])
-        self.cached: dict[BlockHash, KVCacheBlock] = {}
+        self.cached: dict[BlockKey, KVCacheBlock] = {}
 
     @property
     def num_usable_blocks(self) -> int:
@@ -110,8 +116,9 @@ class BlockPool:
         """Fraction of usable blocks held by requests, in [0, 1]."""
         return 1.0 - self.get_num_free_blocks() / self.num_usable_blocks
 
-    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        return self.cached.get(block_hash)
+    def get_cached_block(self, block_hash: BlockHash, group_id: int = 0) -> KVCacheBlock | None:
+        """The block of KV cache group ``group_id`` cached under ``block_hash``, or None."""
+        return self.cached.get((block_hash, group_id))
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take blocks from the head of the free queue, evicting their cached hashes.
@@ -135,27 +142,35 @@ class BlockPool:
             block.block_hash = None
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Take a reference on prefix-cache hits, pulling free ones out of the free queue."""
+        """Take a reference on prefix-cache hits, pulling free ones out of the free queue. The null block (a
+        sliding-window table's entry for tokens out of the window) is shared by all and never counted."""
         for block in blocks:
-            if block.ref_cnt == 0 and not block.is_null:
+            if block.is_null:
+                continue
+            if block.ref_cnt == 0:
                 self.free_queue.remove(block)
             block.ref_cnt += 1
 
-    def cache_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
-        """Record a full block's hash so later requests can hit it. A hash already cached keeps its block."""
-        if not self.enable_caching or block.block_hash is not None:
+    def cache_block(self, block: KVCacheBlock, block_hash: BlockHash, group_id: int = 0) -> None:
+        """Record a full block of group ``group_id`` under its hash so later requests can hit it. A key already
+        cached keeps its block; the null block is never cached."""
+        if not self.enable_caching or block.block_hash is not None or block.is_null:
             return
-        if block_hash in self.cached:
+        key = (block_hash, group_id)
+        if key in self.cached:
             return
-        block.block_hash = block_hash
-        self.cached[block_hash] = block
+        block.block_hash = key
+        self.cached[key] = block
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference on each block; blocks reaching 0 join the free queue's tail in this order."""
+        """Drop one reference on each block; blocks reaching 0 join the free queue's tail in this order. The null
+        block is skipped."""
         for block in ordered_blocks:
+            if block.is_null:
+                continue
             block.ref_cnt -= 1
             assert block.ref_cnt >= 0, f"double free of {block}"
-            if block.ref_cnt == 0 and not block.is_null:
+            if block.ref_cnt == 0:
                 if not self.enable_caching:
                     block.block_hash = None
                 self.free_queue.append(block)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 from brigade.config import CacheConfig, LoRAConfig, SchedulerConfig, SpeculativeConfig
 from brigade.core.external_kv import ExternalKV
@@ -32,6 +33,7 @@ from brigade.core.step_plan import StepPlan
 from brigade.core.stop_conditions import append_until_stop
 from brigade.interfaces import (EngineCoreOutput, EngineCoreOutputs, FinishReason, LogprobsLists, ModelRunnerOutput,
                                 NewRequestData, RequestFailure, SchedulerOutput, SchedulerStats)
+from brigade.interfaces.kv_cache_spec import KVCacheSpec
 from brigade.kv_transfer.base import KVConnectorBase
 
 logger = logging.getLogger("brigade.engine")
@@ -47,7 +49,7 @@ class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, *, max_model_len: int,
                  num_blocks: int, structured_output_manager=None, lora_config: LoRAConfig | None = None,
                  speculative_config: SpeculativeConfig | None = None, kv_connector: KVConnectorBase | None = None,
-                 pipeline: bool = False):
+                 pipeline: bool = False, kv_cache_specs: Sequence[KVCacheSpec] | None = None):
         self.config = scheduler_config
         # Pipeline parallelism: several steps in flight, a request in at most one of them once it samples (its
         # next input is its sample), and its sampled tokens sent to the workers (CachedRequestData.new_token_ids).
@@ -55,9 +57,10 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens or 8192
         assert cache_config.block_size is not None, "the platform must set the block size"
+        # One spec per KV cache group (KVCacheConfig.groups' order); None: one full-attention group.
         self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
                                                cache_config.enable_prefix_caching,
-                                               cache_config.prefix_caching_hash_algo)
+                                               cache_config.prefix_caching_hash_algo, kv_cache_specs)
         self.requests: dict[str, Request] = {}
         self.waiting = make_request_queue(scheduler_config.policy)
         self.running: list[Request] = []
@@ -113,7 +116,7 @@ class Scheduler:
         return finished
 
     def _free_request(self, request: Request) -> None:
-        self.external_kv.check_finished(request, self.kv_cache_manager.get_block_ids(request.request_id))
+        self.external_kv.check_finished(request, self.kv_cache_manager.get_block_ids(request.request_id)[0])
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         self.grammar_gate.remove_request(request.request_id)
@@ -144,7 +147,7 @@ class Scheduler:
                 new_blocks, index = self._allocate_or_preempt(request, num_new, step, index)
             if new_blocks is None:
                 break  # the request itself was preempted
-            step.add_running(request, num_new + len(drafts), [b.block_id for b in new_blocks], drafts)
+            step.add_running(request, num_new + len(drafts), new_blocks, drafts)
             if self.pipeline:
                 step.cached.new_token_ids.append(
                     request.all_token_ids[max(request.num_computed_tokens, request.num_prompt_tokens):])
@@ -224,7 +227,7 @@ class Scheduler:
         hits first, then the KV connector's tokens, then what is left to compute."""
         hit_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
         if request.sampling_params.prompt_logprobs is not None:
-            hit_blocks, num_hit = [], 0  # cached prompt tokens are never computed, so they get no logprobs
+            hit_blocks, num_hit = None, 0  # cached prompt tokens are never computed, so they get no logprobs
         num_external = self.external_kv.num_matched_tokens(request, num_hit)
         num_new = request.num_tokens - num_hit - num_external
         if not self.config.enable_chunked_prefill and num_new > step.budget:
@@ -238,7 +241,7 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = num_hit
         block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
-        self.external_kv.allocated(request, block_ids, num_external)
+        self.external_kv.allocated(request, block_ids[0], num_external)  # connectors serve one group only
         request.num_computed_tokens = num_hit + num_external
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_hit + num_external

@@ -23,8 +23,10 @@ class StepPlan:
     preempted_req_ids: set[str] = field(default_factory=set)
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)  # request id -> drafts it runs
 
-    def add_running(self, request: Request, num_new: int, new_block_ids: list[int], drafts: list[int]) -> None:
-        """Schedule a running request for ``num_new`` tokens (drafts included), with the blocks it got."""
+    def add_running(self, request: Request, num_new: int, new_block_ids: tuple[list[int], ...],
+                    drafts: list[int]) -> None:
+        """Schedule a running request for ``num_new`` tokens (drafts included), with the blocks it got (per KV
+        cache group)."""
         self.num_scheduled[request.request_id] = num_new
         self.budget -= num_new
         self.cached.req_ids.append(request.request_id)

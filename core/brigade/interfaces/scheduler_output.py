@@ -26,7 +26,7 @@ class NewRequestData:
     num_prompt_tokens: int
     sampling_params: SamplingParams
     eos_token_id: int | None
-    block_ids: list[int]
+    block_ids: tuple[list[int], ...]  # its block table per KV cache group (KVCacheConfig.groups' order)
     num_computed_tokens: int  # tokens already in the KV cache (prefix-cache hits)
     lora_int_id: int | None = None  # the request's LoRA adapter (its lora_int_id); None: the base model
 
@@ -36,7 +36,8 @@ class CachedRequestData:
     """Requests the runner already holds: per request, blocks added this step and computed tokens."""
 
     req_ids: list[str] = field(default_factory=list)
-    new_block_ids: list[list[int]] = field(default_factory=list)
+    # Per request, the blocks appended to its table this step, one list per KV cache group.
+    new_block_ids: list[tuple[list[int], ...]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
     # Under pipeline parallelism only (empty otherwise): per request, its output tokens not computed yet (the
     # token sampled last). The stages before the last never sample, so this is how they learn them.

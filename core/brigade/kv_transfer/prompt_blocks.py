@@ -59,7 +59,7 @@ class PromptBlocks:
         for req_id, new_block_ids in zip(cached.req_ids, cached.new_block_ids):
             state = self._unsaved.get(req_id)
             if state is not None:
-                state.block_ids.extend(new_block_ids)
+                state.block_ids.extend(new_block_ids[0])  # connectors serve single-group models only
         saves: list[tuple[int, str]] = []
         for req_id in scheduler_output.num_scheduled_tokens:
             state = self._unsaved.get(req_id)
