@@ -25,6 +25,7 @@ import torch
 
 from brigade import LLM
 from brigade.attention.backend import AttentionContext
+from brigade.interfaces.kv_cache_spec import KVCacheConfig
 from brigade.worker.input_batch import CachedRequestState, build_step_inputs
 
 
@@ -65,12 +66,12 @@ def main() -> None:
             blocks = -(-length // runner.block_size)
             states.append(CachedRequestState(
                 req_id=str(i), token_ids=torch.randint(0, vocab, (length,), generator=gen).tolist(),
-                num_prompt_tokens=length, block_ids=list(range(first, first + blocks)),
+                num_prompt_tokens=length, block_ids=(list(range(first, first + blocks)),),
                 num_computed_tokens=computed, sampling=None))
             first += blocks
         scheduled = [length - computed for length, computed in requests]
         inputs = build_step_inputs(states, scheduled, block_size=runner.block_size, device=runner.device)
-        kv = runner.kv_cache.allocate(first, runner.device)
+        kv = runner.kv_cache.allocate(KVCacheConfig(first, runner.kv_cache_config.groups), runner.device)
         ctx = AttentionContext(metadata=inputs.metadata, kv_caches=kv)
 
         def step():

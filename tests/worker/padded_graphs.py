@@ -30,6 +30,7 @@ class PaddedGraphDispatch(GraphDispatch):
         super().__init__(graphs.config, graphs.attn_backend, graphs.device)
         self.decode, self.verify, self.mixed = graphs.decode, graphs.verify, graphs.mixed
         self.model, self.kv_caches = runner.model, runner.kv_caches
+        self.layer_groups = graphs.layer_groups
         self.pad_mixed_steps = False
         self.pad_mixed_steps_graphs: MixedGraphs | None = None  # the uncaptured MixedGraphs those steps run through
         self.num_padded_mixed_steps = 0

@@ -24,7 +24,7 @@ def _state(i: int, context: int, blocks: list[int]) -> CachedRequestState:
     tokens = list(range(100 * i, 100 * i + context + 1))
     sampling = SamplingRequestState(params=SamplingParams(), prompt_token_ids=tokens, output_token_ids=[],
                                     generator=None, eos_token_id=None)
-    return CachedRequestState(req_id=f"r{i}", token_ids=tokens, num_prompt_tokens=len(tokens), block_ids=blocks,
+    return CachedRequestState(req_id=f"r{i}", token_ids=tokens, num_prompt_tokens=len(tokens), block_ids=(blocks,),
                               num_computed_tokens=context, sampling=sampling)
 
 

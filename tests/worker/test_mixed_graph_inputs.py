@@ -27,7 +27,7 @@ def _state(i: int, length: int, computed: int, blocks: list[int]) -> CachedReque
     tokens = list(range(100 * i, 100 * i + length))
     sampling = SamplingRequestState(params=SamplingParams(), prompt_token_ids=tokens, output_token_ids=[],
                                     generator=None, eos_token_id=None)
-    return CachedRequestState(req_id=f"r{i}", token_ids=tokens, num_prompt_tokens=len(tokens), block_ids=blocks,
+    return CachedRequestState(req_id=f"r{i}", token_ids=tokens, num_prompt_tokens=len(tokens), block_ids=(blocks,),
                               num_computed_tokens=computed, sampling=sampling)
 
 

@@ -17,10 +17,10 @@ class CudaWorker(Worker):
         compile_watch.watch()
         super().init_device(hf_config)
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
+    def initialize_kv_cache(self, config) -> None:
         """The core step (KV cache, decode graphs, warm-ups), then every Triton compile is logged as a
         WARNING: the start-up is over, and a kernel variant compiled now stalls running requests."""
         from brigade_cuda import compile_watch
 
-        super().initialize_kv_cache(num_blocks)
+        super().initialize_kv_cache(config)
         compile_watch.mark_serving()

@@ -17,6 +17,7 @@ from brigade.engine.placement import check_device_count
 from brigade.executor.abstract import Executor
 from brigade.interfaces import (AsyncModelRunnerOutput, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
                                 FinishReason, SchedulerOutput, UtilityMethod)
+from brigade.interfaces.kv_cache_spec import FullAttentionSpec, KVCacheConfig, KVCacheGroup, cdiv, group_layers
 from brigade.kv_transfer import KVConnectorRole, make_kv_connector
 from brigade.lora.request import lora_module_requests
 from brigade.structured_output import StructuredOutputManager
@@ -79,29 +80,63 @@ def check_parallel_architecture(config: BrigadeConfig, hf_config) -> None:
                               f"pipeline parallelism (-pp {pp}); serve it with -pp 1")
 
 
-def check_kv_capacity(num_blocks: int, block_size: int, max_model_len: int) -> None:
+def check_kv_capacity(num_blocks: int, block_size: int, max_model_len: int,
+                      groups: tuple[KVCacheGroup, ...] | None = None, max_num_batched_tokens: int = 8192) -> int:
     """Refuse a KV cache that cannot hold one request of ``max_model_len`` tokens (as vLLM does at start-up).
 
     Such a request could never be scheduled, even with every other request preempted, and would wait at the
     head of the queue forever, holding everyone behind it (or, once running, preempt itself at every step).
-    Block 0 is the pool's null block (``BlockPool``), so ``num_blocks - 1`` blocks hold tokens.
+    Block 0 is the pool's null block (``BlockPool``), so ``num_blocks - 1`` blocks hold tokens. The request
+    holds at most ``spec.max_blocks_per_request`` blocks in each KV cache group at once (a sliding-window group
+    about its window plus one step's chunk of ``max_num_batched_tokens``), all from the one pool.
 
+    Args:
+        groups: the model's KV cache groups; None: one full-attention group (what serve checks before the model
+            loads: no hybrid model needs fewer blocks).
+    Returns:
+        The blocks one request of ``max_model_len`` tokens holds at most, every group together.
     Raises:
         ConfigError: naming the capacity and both ways out.
     """
     usable = num_blocks - 1
-    capacity = usable * block_size
     if usable < 1:  # no --max-model-len fits: only more memory helps
         raise ConfigError(f"the KV cache has no usable block ({num_blocks} blocks of {block_size} tokens; block 0 is "
                           f"the null block, which never holds tokens), and it needs at least {MIN_KV_BLOCKS} blocks; "
                           f"give the cache more memory (--kv-cache-memory, --gpu-memory-utilization, "
                           f"--num-gpu-blocks-override {MIN_KV_BLOCKS} or more)")
-    if capacity < max_model_len:
-        blocks = f"{usable} usable block{'' if usable == 1 else 's'} of {block_size}"
-        raise ConfigError(f"the KV cache holds {capacity} tokens ({blocks}), fewer than "
+    single = groups is None or (len(groups) == 1 and isinstance(groups[0].spec, FullAttentionSpec))
+    if single:
+        needed = cdiv(max_model_len, block_size)
+    else:
+        needed = sum(g.spec.max_blocks_per_request(max_model_len, max_num_batched_tokens) for g in groups)
+    if needed <= usable:
+        return needed
+    blocks = f"{usable} usable block{'' if usable == 1 else 's'} of {block_size}"
+    if single:
+        raise ConfigError(f"the KV cache holds {usable * block_size} tokens ({blocks}), fewer than "
                           f"one request of --max-model-len {max_model_len}; give the cache more memory "
                           f"(--kv-cache-memory, --gpu-memory-utilization, --num-gpu-blocks-override) or set "
-                          f"--max-model-len {capacity} or less")
+                          f"--max-model-len {usable * block_size} or less")
+    kinds = ", ".join(f"{g.spec.kind} {len(g.layer_ids)} layers" for g in groups)
+    raise ConfigError(f"the KV cache has {blocks} tokens, fewer than the {needed} one request of --max-model-len "
+                      f"{max_model_len} holds across the model's {len(groups)} KV cache groups ({kinds}); give the "
+                      f"cache more memory (--kv-cache-memory, --gpu-memory-utilization, --num-gpu-blocks-override "
+                      f"{needed + 1} or more) or set a smaller --max-model-len")
+
+
+def log_kv_cache(num_blocks: int, groups: tuple[KVCacheGroup, ...], max_model_len: int, per_request: int) -> None:
+    """One INFO line: the pool, and how many requests of ``max_model_len`` tokens it holds at once."""
+    block_size = groups[0].spec.block_size
+    if len(groups) == 1 and isinstance(groups[0].spec, FullAttentionSpec):
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens); maximum concurrency %.2fx at %d tokens "
+                    "per request", num_blocks, block_size, num_blocks * block_size,
+                    num_blocks * block_size / max_model_len, max_model_len)
+        return
+    kinds = collections.Counter(g.spec.kind for g in groups)
+    logger.info("KV cache: %d blocks of %d tokens shared by %d groups (%s); a request of %d tokens holds at most %d "
+                "blocks; maximum concurrency %.2fx", num_blocks, block_size, len(groups),
+                ", ".join(f"{n} {kind}" for kind, n in kinds.items()), max_model_len, per_request,
+                (num_blocks - 1) / per_request)
 
 
 class EngineCore:
@@ -111,14 +146,14 @@ class EngineCore:
         self.config = config
         hf_config = prepare_config(config)
         self.executor = Executor.get_class(config)(config, hf_config)
-        num_blocks = self.executor.determine_num_kv_blocks()
+        groups = self._kv_cache_groups()
+        num_blocks = self.executor.determine_num_kv_blocks(groups)
         block_size = config.cache_config.block_size
         max_model_len = config.model_config.max_model_len
-        check_kv_capacity(num_blocks, block_size, max_model_len)
-        self.executor.initialize_kv_cache(num_blocks)
-        logger.info("KV cache: %d blocks of %d tokens (%d tokens); maximum concurrency %.2fx at %d tokens "
-                    "per request", num_blocks, block_size, num_blocks * block_size,
-                    num_blocks * block_size / max_model_len, max_model_len)
+        per_request = check_kv_capacity(num_blocks, block_size, max_model_len, groups,
+                                        config.scheduler_config.max_num_batched_tokens or 8192)
+        self.executor.initialize_kv_cache(KVCacheConfig(num_blocks, groups))
+        log_kv_cache(num_blocks, groups, max_model_len, per_request)
         self.structured_output_manager = StructuredOutputManager.from_config(config, hf_config)
         kv_connector = None
         if config.kv_transfer_config is not None:  # its worker-role peer was made with the KV cache
@@ -130,7 +165,8 @@ class EngineCore:
                                    num_blocks=num_blocks, structured_output_manager=self.structured_output_manager,
                                    lora_config=config.lora_config,
                                    speculative_config=config.speculative_config, kv_connector=kv_connector,
-                                   pipeline=config.parallel_config.pipeline_parallel_size > 1)
+                                   pipeline=config.parallel_config.pipeline_parallel_size > 1,
+                                   kv_cache_specs=[group.spec for group in groups])
         self.num_blocks = num_blocks
         from brigade.plugins import current_platform
 
@@ -157,6 +193,24 @@ class EngineCore:
             r.lora_int_id: r.lora_name for r in lora_module_requests(config.lora_config.lora_modules).values()}
         self.loras_to_remove: set[int] = set()
         logger.debug("froze %d start-up objects out of the garbage collector's reach", freeze_gc_heap())
+
+    def _kv_cache_groups(self) -> tuple[KVCacheGroup, ...]:
+        """The model's KV cache groups, from every worker's layer specs (``group_layers``).
+
+        Raises:
+            ConfigError: layers whose blocks differ in size, or several groups with a KV connector (connectors move
+                one block table a request).
+        """
+        try:
+            groups = group_layers(self.executor.kv_cache_specs())
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if len(groups) > 1 and self.config.kv_transfer_config is not None:
+            kinds = ", ".join(sorted({group.spec.kind for group in groups}))
+            raise ConfigError(f"--kv-transfer-config: KV connectors move one block table a request, and this model's "
+                              f"layers form {len(groups)} KV cache groups ({kinds}); serve it without a KV connector, "
+                              "or a model whose attention layers all match")
+        return groups
 
     def add_request(self, request: EngineCoreRequest) -> EngineCoreOutput | None:
         """Queue a request. Returns None, or, for a request on a LoRA adapter that is not registered or is being

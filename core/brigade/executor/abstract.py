@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 
 from brigade.config import BrigadeConfig
 from brigade.interfaces import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
+from brigade.interfaces.kv_cache_spec import KVCacheConfig, KVCacheGroup, KVCacheSpec
 from brigade.kv_transfer import check_kv_transfer_config
 
 
@@ -52,12 +53,18 @@ class Executor(ABC):
                          "ray")
 
     @abstractmethod
-    def determine_num_kv_blocks(self) -> int:
-        """The number of KV blocks every worker can hold (the minimum over workers)."""
+    def kv_cache_specs(self) -> dict[int, KVCacheSpec]:
+        """The KV cache spec of every attention layer of the model: the union of every worker's layers (pipeline
+        stages hold different layers; tensor-parallel ranks agree)."""
 
     @abstractmethod
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate the KV cache on every worker."""
+    def determine_num_kv_blocks(self, groups: tuple[KVCacheGroup, ...]) -> int:
+        """The number of KV blocks every worker can hold under the KV cache ``groups`` (the minimum over
+        workers)."""
+
+    @abstractmethod
+    def initialize_kv_cache(self, config: KVCacheConfig) -> None:
+        """Allocate the KV cache of ``config`` on every worker."""
 
     @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput, *,

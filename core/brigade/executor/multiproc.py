@@ -218,11 +218,18 @@ class MultiprocExecutor(Executor):
         wait([p.sentinel for p in self.procs], timeout=timeout_s)
 
     # ---- the Executor interface -----------------------------------------------------------------
-    def determine_num_kv_blocks(self) -> int:
-        return min(self._call(WorkerCommand.DETERMINE_NUM_KV_BLOCKS))
+    def kv_cache_specs(self):
+        specs = {}
+        for rank_specs in self._call(WorkerCommand.KV_CACHE_SPECS):
+            specs.update(rank_specs)
+        return specs
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        self._call(WorkerCommand.INITIALIZE_KV_CACHE, num_blocks)
+    def determine_num_kv_blocks(self, groups) -> int:
+        return min(self._call(WorkerCommand.DETERMINE_NUM_KV_BLOCKS, groups))
+
+    def initialize_kv_cache(self, config) -> None:
+        num_blocks = config.num_blocks
+        self._call(WorkerCommand.INITIALIZE_KV_CACHE, config)
         if self.world_size > 1:
             parallel = self.config.parallel_config
             dp = parallel.data_parallel_size if parallel.data_parallel_lockstep else 1

@@ -34,11 +34,14 @@ class UniProcExecutor(Executor):
             self._leave_world()
             raise
 
-    def determine_num_kv_blocks(self) -> int:
-        return self.worker.determine_num_kv_blocks()
+    def kv_cache_specs(self):
+        return self.worker.kv_cache_specs()
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        self.worker.initialize_kv_cache(num_blocks)
+    def determine_num_kv_blocks(self, groups) -> int:
+        return self.worker.determine_num_kv_blocks(groups)
+
+    def initialize_kv_cache(self, config) -> None:
+        self.worker.initialize_kv_cache(config)
 
     def kv_cache_layout(self):
         return self.worker.kv_cache_layout()

@@ -27,8 +27,8 @@ from brigade.utils import freeze_gc_heap
 class WorkerCommand(enum.IntEnum):
     """What the executor asks of a worker process."""
 
-    DETERMINE_NUM_KV_BLOCKS = 0  # -> int (the minimum over every rank)
-    INITIALIZE_KV_CACHE = 1  # (num_blocks) -> None
+    DETERMINE_NUM_KV_BLOCKS = 0  # (KV cache groups) -> int (the minimum over every rank)
+    INITIALIZE_KV_CACHE = 1  # (KVCacheConfig) -> None
     EXECUTE_MODEL = 2  # (SchedulerOutput) -> ModelRunnerOutput, from the driver rank only
     DESCRIBE = 3  # -> WorkerInfo
     SHUTDOWN = 4
@@ -36,6 +36,7 @@ class WorkerCommand(enum.IntEnum):
     REMOVE_LORA = 6  # (lora_int_id) -> bool
     KV_CACHE_LAYOUT = 7  # -> KVCacheLayout
     EXECUTE_DUMMY_BATCH = 8  # -> None: a forward pass of one dummy token (lockstep data-parallel engines)
+    KV_CACHE_SPECS = 9  # -> {layer: KVCacheSpec} of the layers this rank holds
 
 
 @dataclass(slots=True)
@@ -176,8 +177,9 @@ def make_device_communicators(state, device: torch.device) -> None:
 def _serve(worker, state, info: WorkerInfo, spec: WorkerSpec, commands, conn) -> None:
     """Answer commands in order until SHUTDOWN (or the executor's pipe closes)."""
     handlers = {
-        WorkerCommand.DETERMINE_NUM_KV_BLOCKS: lambda _: _num_kv_blocks(worker, state),
-        WorkerCommand.INITIALIZE_KV_CACHE: lambda num_blocks: _initialize_kv_cache(worker, num_blocks),
+        WorkerCommand.DETERMINE_NUM_KV_BLOCKS: lambda groups: _num_kv_blocks(worker, state, groups),
+        WorkerCommand.INITIALIZE_KV_CACHE: lambda config: _initialize_kv_cache(worker, config),
+        WorkerCommand.KV_CACHE_SPECS: lambda _: worker.kv_cache_specs(),
         WorkerCommand.EXECUTE_MODEL: worker.execute_model,
         WorkerCommand.DESCRIBE: lambda _: info,
         WorkerCommand.ADD_LORA: lambda request: _add_lora(worker, request),
@@ -203,10 +205,10 @@ def _serve(worker, state, info: WorkerInfo, spec: WorkerSpec, commands, conn) ->
                 return
 
 
-def _num_kv_blocks(worker, state) -> int:
-    """This rank's KV blocks, then the minimum over every rank (all-reduce MIN on the world's CPU group): the
-    scheduler's one pool must fit the tightest rank."""
-    num_blocks = worker.determine_num_kv_blocks()
+def _num_kv_blocks(worker, state, groups) -> int:
+    """This rank's KV blocks under the KV cache ``groups``, then the minimum over every rank (all-reduce MIN on
+    the world's CPU group): the scheduler's one pool must fit the tightest rank."""
+    num_blocks = worker.determine_num_kv_blocks(groups)
     if state is None:
         return num_blocks
     import torch.distributed as dist
@@ -216,9 +218,10 @@ def _num_kv_blocks(worker, state) -> int:
     return int(value.item())
 
 
-def _initialize_kv_cache(worker, num_blocks: int) -> None:
-    """The worker's last start-up command: allocate the cache (and capture graphs), then freeze the heap."""
-    worker.initialize_kv_cache(num_blocks)
+def _initialize_kv_cache(worker, config) -> None:
+    """The worker's last start-up command: allocate the cache of ``config`` (a ``KVCacheConfig``; and capture
+    graphs), then freeze the heap."""
+    worker.initialize_kv_cache(config)
     freeze_gc_heap()
 
 

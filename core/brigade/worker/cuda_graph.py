@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from brigade.attention.backend import AttentionContext, AttentionMetadata
-from brigade.worker.input_batch import HostToDevice, StepInputs, align_up, packed_offsets
+from brigade.worker.input_batch import HostToDevice, StepInputs, align_up, group_key, layer_metadata, packed_offsets
 
 logger = logging.getLogger(__name__)
 
@@ -33,21 +33,26 @@ def default_capture_sizes(max_num_seqs: int, level: int) -> list[int]:
 
 class GraphInputs:
     """The persistent input buffers CUDA graphs read: token rows (input ids, positions, slot mapping, logits
-    indices; int64) and request rows (seq_lens, query_start_loc, block table; int32).
+    indices, then each further KV cache group's slot mapping; int64) and request rows (seq_lens,
+    query_start_loc, then a block table per KV cache group; int32).
 
     They live in one device byte buffer, mirrored by a pinned host buffer, so a step's inputs go in with one
     copy and a replay has nothing left to copy. Every array starts at a 64-byte boundary, as in
     ``HostToDevice`` (Triton specializes on alignment).
     """
 
-    def __init__(self, max_tokens: int, max_reqs: int, max_blocks_per_req: int, device: torch.device):
+    def __init__(self, max_tokens: int, max_reqs: int, max_blocks_per_req: int, device: torch.device,
+                 num_groups: int = 1):
         """Buffers for up to ``max_tokens`` token rows and ``max_reqs`` requests of ``max_blocks_per_req``
-        blocks; slots start at -1 (write nothing), everything else at 0."""
+        blocks in each of ``num_groups`` KV cache groups; slots start at -1 (write nothing), everything else
+        at 0."""
         self.device = device
         self._row64 = align_up(max_tokens, HostToDevice.ALIGN_BYTES // 8)  # int64 elements per token array
-        (_, self.qsl_at, self._table_at), end32 = packed_offsets(
-            [max_reqs, max_reqs + 1, max_reqs * max_blocks_per_req], HostToDevice.ALIGN_BYTES // 4)
-        self._bytes64, bytes32 = 8 * 4 * self._row64, 4 * end32
+        num_rows = 3 + num_groups
+        offsets, end32 = packed_offsets([max_reqs, max_reqs + 1] + [max_reqs * max_blocks_per_req] * num_groups,
+                                        HostToDevice.ALIGN_BYTES // 4)
+        self.qsl_at, self._table_at = offsets[1], offsets[2:]
+        self._bytes64, bytes32 = 8 * num_rows * self._row64, 4 * end32
         pin = device.type == "cuda"
         self._dev = torch.zeros(self._bytes64 + bytes32, dtype=torch.uint8, device=device)
         self._host = torch.zeros(self._bytes64 + bytes32, dtype=torch.uint8, pin_memory=pin)
@@ -55,12 +60,16 @@ class GraphInputs:
         self._host64 = self._host[:self._bytes64].view(torch.int64)
         self._host32 = self._host[self._bytes64:].view(torch.int32)
         self._copied = torch.cuda.Event() if pin else None  # guards the host buffers' reuse
-        self.input_ids, self.positions, self.slot_mapping, self.logits_indices = \
-            dev64.view(4, -1)[:, :max_tokens]
+        rows = dev64.view(num_rows, -1)[:, :max_tokens]
+        self.input_ids, self.positions, self.slot_mapping, self.logits_indices = rows[:4]
         self.seq_lens = dev32[:max_reqs]
         self.query_start_loc = dev32[self.qsl_at:self.qsl_at + max_reqs + 1]
-        self.block_table = dev32[self._table_at:].view(max_reqs, max_blocks_per_req)
-        self.slot_mapping.fill_(-1)
+        table_len = max_reqs * max_blocks_per_req
+        self.block_tables = [dev32[at:at + table_len].view(max_reqs, max_blocks_per_req) for at in self._table_at]
+        self.block_table = self.block_tables[0]
+        self.slot_mappings = [self.slot_mapping, *rows[4:]]  # per KV cache group
+        for slots in self.slot_mappings:
+            slots.fill_(-1)
         self.sync_host()
 
     def sync_host(self) -> None:
@@ -74,12 +83,42 @@ class GraphInputs:
         if self._copied is not None:
             self._copied.synchronize()
         h32 = self._host32.numpy()
-        return (self._host64.numpy().reshape(4, self._row64), h32,
-                h32[self._table_at:].reshape(self.block_table.shape))
+        return (self._host64.numpy().reshape(-1, self._row64), h32,
+                h32[self._table_at[0]:self._table_at[0] + self.block_table.numel()].reshape(self.block_table.shape))
+
+    def fill_groups(self, arrays: dict[str, np.ndarray], num_reqs: int, num_tokens: int, padded_tokens: int
+                    ) -> dict[str, torch.Tensor]:
+        """Put the KV cache groups after the first's slot mappings (padded with -1 up to ``padded_tokens``) and
+        block tables into the host mirror (``host_views`` first); returns their device views by ``group_key``
+        name. Nothing to do with one group."""
+        out: dict[str, torch.Tensor] = {}
+        if len(self.block_tables) == 1:
+            return out
+        h64, h32 = self._host64.numpy().reshape(-1, self._row64), self._host32.numpy()
+        for g in range(1, len(self.block_tables)):
+            table = arrays[group_key("block_table", g)]
+            width = table.shape[1]
+            h64[3 + g, :num_tokens] = arrays[group_key("slot_mapping", g)]
+            h64[3 + g, num_tokens:padded_tokens] = -1
+            at = self._table_at[g]
+            h32[at:at + self.block_table.numel()].reshape(self.block_table.shape)[:num_reqs, :width] = table
+            out[group_key("block_table", g)] = self.block_tables[g][:num_reqs, :width]
+            out[group_key("slot_mapping", g)] = self.slot_mappings[g][:num_tokens]
+        return out
+
+    def group_tensors(self, num_reqs: int, num_tokens: int) -> dict[str, torch.Tensor]:
+        """The device buffers of the KV cache groups after the first, for a graph of ``num_reqs`` requests and
+        ``num_tokens`` token rows, by ``group_key`` name."""
+        out = {}
+        for g in range(1, len(self.block_tables)):
+            out[group_key("block_table", g)] = self.block_tables[g][:num_reqs]
+            out[group_key("slot_mapping", g)] = self.slot_mappings[g][:num_tokens]
+        return out
 
     def copy_to_device(self, num_reqs: int) -> None:
-        """Start the host-to-device copy of every token row and the first ``num_reqs`` block-table rows."""
-        used = self._bytes64 + 4 * (self._table_at + num_reqs * self.block_table.shape[1])
+        """Start the host-to-device copy of every token row and the first ``num_reqs`` rows of the block tables
+        (the rows of every table but the last go whole)."""
+        used = self._bytes64 + 4 * (self._table_at[-1] + num_reqs * self.block_table.shape[1])
         self._dev[:used].copy_(self._host[:used], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
@@ -104,10 +143,13 @@ class DecodeGraphs:
 
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], capture_sizes: list[int], *,
                  max_blocks_per_req: int, max_model_len: int, device: torch.device,
-                 seq_len_buckets: Callable[[int, int], tuple[int, ...]] | None = None, query_len: int = 1):
+                 seq_len_buckets: Callable[[int, int], tuple[int, ...]] | None = None, query_len: int = 1,
+                 layer_groups: list[int] | None = None):
         """``query_len`` > 1: graphs of speculative verification steps, every request with exactly that many
         query tokens (its last sampled token and its drafts, padded; ``build_step_inputs(uniform_query_len=)``),
-        attended as prefill chunks over the cached context, with a logits row for every token."""
+        attended as prefill chunks over the cached context, with a logits row for every token.
+        ``layer_groups``: per layer, its KV cache group when the model has several (each group gets its own
+        persistent block table and slot mapping); None: one group."""
         self.model = model
         self.kv_caches = kv_caches
         self.sizes = sorted(capture_sizes)
@@ -117,7 +159,9 @@ class DecodeGraphs:
         self.query_len = query_len
         self.num_replays = 0
         reqs = self.max_size
-        self.buffers = GraphInputs(reqs * query_len, reqs, max_blocks_per_req, device)
+        self.layer_groups = layer_groups
+        num_groups = 1 + max(layer_groups) if layer_groups else 1
+        self.buffers = GraphInputs(reqs * query_len, reqs, max_blocks_per_req, device, num_groups)
         b = self.buffers
         self.input_ids, self.positions, self.slot_mapping, self.logits_indices = (
             b.input_ids, b.positions, b.slot_mapping, b.logits_indices)
@@ -144,8 +188,12 @@ class DecodeGraphs:
             seq_lens_cpu=torch.full((size,), q, dtype=torch.int32))
 
     def _forward(self, size: int, max_seq_len: int) -> torch.Tensor:
-        ctx = AttentionContext(metadata=self._metadata(size, max_seq_len), kv_caches=self.kv_caches)
         tokens = size * self.query_len
+        md = self._metadata(size, max_seq_len)
+        per_layer = None
+        if self.layer_groups:
+            per_layer = layer_metadata(md, self.buffers.group_tensors(size, tokens), self.layer_groups)
+        ctx = AttentionContext(metadata=md, kv_caches=self.kv_caches, layer_metadata=per_layer)
         return self.model(self.input_ids[:tokens], self.positions[:tokens], ctx)
 
     @torch.inference_mode()
@@ -215,11 +263,12 @@ class DecodeGraphs:
         h32[n:size] = 0 if q == 1 else q
         h32[b.qsl_at:b.qsl_at + n + 1] = arrays["query_start_loc"]
         table[:n, :width] = arrays["block_table"]
+        groups = b.fill_groups(arrays, n, tokens, size * q)
         b.copy_to_device(size)  # rows past the graph size: never read
         return {"input_ids": self.input_ids[:tokens], "positions": self.positions[:tokens],
                 "slot_mapping": self.slot_mapping[:tokens], "logits_indices": self.logits_indices[:num_logits],
                 "query_start_loc": self.query_start_loc[:n + 1], "seq_lens": self.seq_lens[:n],
-                "block_table": self.block_table[:n, :width]}
+                "block_table": self.block_table[:n, :width], **groups}
 
     def run_padding(self, size: int) -> None:
         """Replay the graph of ``size`` requests (a captured size) on padding rows only: token 0 at position 0,
@@ -230,6 +279,7 @@ class DecodeGraphs:
         h64, h32, _ = self.buffers.host_views()
         h64[:2, :size * q] = 0
         h64[2, :size * q] = -1
+        h64[4:, :size * q] = -1  # the other KV cache groups' slots
         h32[:size] = 0 if q == 1 else q
         self.buffers.copy_to_device(size)
         self.graphs[size, self.buckets[size][0]].replay()

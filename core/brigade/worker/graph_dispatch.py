@@ -59,10 +59,14 @@ class GraphDispatch:
         self.decode: DecodeGraphs | None = None
         self.verify: DecodeGraphs | None = None  # verification steps: 1 + k tokens a request
         self.mixed: MixedGraphs | None = None  # every other step of up to 512 tokens (cudagraph_mode FULL)
+        self.layer_groups: list[int] | None = None  # per layer, its KV cache group (several groups only)
 
-    def capture(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], *, lora: bool) -> None:
+    def capture(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], *, lora: bool,
+                layer_groups: list[int] | None = None) -> None:
         """Capture the graphs when the platform declares CUDA graphs (``Platform.supports_cuda_graphs``), the
-        backend allows them and -O/--enforce-eager do (no verification graphs with LoRA)."""
+        backend allows them and -O/--enforce-eager do (no verification graphs with LoRA). ``layer_groups``: per
+        layer, its KV cache group when the model has several (``build_step_inputs``); None: one group."""
+        self.layer_groups = layer_groups
         comp = self.config.compilation_config
         mode = comp.resolved_cudagraph_mode(bool(self.config.model_config.enforce_eager))
         graphs = current_platform().supports_cuda_graphs() and self.attn_backend.supports_cuda_graphs
@@ -73,7 +77,8 @@ class GraphDispatch:
         max_len = self.config.model_config.max_model_len
         self.decode = DecodeGraphs(model, kv_caches, [s for s in sizes if s <= max(max_seqs, 1)],
                                    max_blocks_per_req=self.max_blocks_per_req, max_model_len=max_len,
-                                   device=self.device, seq_len_buckets=self.attn_backend.decode_graph_seq_lens)
+                                   device=self.device, seq_len_buckets=self.attn_backend.decode_graph_seq_lens,
+                                   layer_groups=layer_groups)
         self.decode.capture()
         if self.config.parallel_config.data_parallel_lockstep:
             logger.info("lockstep data-parallel engines: decode CUDA graphs only, each step replayed at one size by "
@@ -87,7 +92,7 @@ class GraphDispatch:
             spec_sizes = [s for s in self.decode.sizes if s <= SPEC_GRAPH_MAX_BATCH]
             self.verify = DecodeGraphs(model, kv_caches, spec_sizes, max_blocks_per_req=self.max_blocks_per_req,
                                        max_model_len=max_len, device=self.device,
-                                       query_len=1 + spec.num_speculative_tokens)
+                                       query_len=1 + spec.num_speculative_tokens, layer_groups=layer_groups)
             self.verify.capture()
         if mode == "FULL" and self.attn_backend.supports_mixed_cuda_graphs:
             self.mixed = self.make_mixed_graphs(model, kv_caches)
@@ -100,7 +105,8 @@ class GraphDispatch:
         sizes = [n for n in (comp.mixed_capture_sizes or default_mixed_sizes(budget, comp.level)) if n <= budget]
         return MixedGraphs(model, kv_caches, sizes or [8], max_reqs=sched.max_num_seqs,
                            max_blocks_per_req=self.max_blocks_per_req,
-                           max_model_len=self.config.model_config.max_model_len, device=self.device)
+                           max_model_len=self.config.model_config.max_model_len, device=self.device,
+                           layer_groups=self.layer_groups)
 
     def plan(self, batch: StepBatch, *, lora: bool) -> StepPlan:
         """The graph a step replays: a decode graph for a pure-decode step that fits a captured size (it returns

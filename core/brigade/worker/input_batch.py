@@ -7,6 +7,7 @@ attention metadata can split decode and prefill work by a single count.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,7 +25,7 @@ class CachedRequestState:
     req_id: str
     token_ids: list[int]  # prompt + output; the runner appends each sampled token
     num_prompt_tokens: int
-    block_ids: list[int]
+    block_ids: tuple[list[int], ...]  # its block table per KV cache group
     num_computed_tokens: int  # tokens whose KV is in the cache before this step
     sampling: SamplingRequestState
     num_pending: int = 0  # sampled by a step in flight: on the device, not yet in token_ids
@@ -53,11 +54,34 @@ class StepInputs:
     # Input rows whose token is the previous step's sample, still on the device (overlapped scheduling).
     pending_rows: list[int]
     pending_req_ids: list[str]
+    # Several KV cache groups: each layer's metadata (its group's block table and slot mapping); None: one group.
+    layer_metadata: list[AttentionMetadata] | None = None
+
+
+def group_key(name: str, group: int) -> str:
+    """The ``Transfer`` array name of KV cache group ``group``'s ``block_table`` or ``slot_mapping`` (group 0's
+    keep the plain names)."""
+    return name if group == 0 else f"{name}.{group}"
+
+
+def layer_metadata(base: AttentionMetadata, tensors: dict[str, torch.Tensor], layer_groups: list[int]
+                   ) -> list[AttentionMetadata]:
+    """Each layer's metadata for a model with several KV cache groups: ``base`` (group 0's) with the block table
+    and slot mapping of the layer's group (``tensors`` by ``group_key`` name); every other field is shared.
+
+    Args:
+        layer_groups: per layer index, its KV cache group (0 for a layer without KV cache).
+    """
+    per_group = [base] + [dataclasses.replace(base, block_table=tensors[group_key("block_table", g)],
+                                              slot_mapping=tensors[group_key("slot_mapping", g)])
+                          for g in range(1, 1 + max(layer_groups))]
+    return [per_group[g] for g in layer_groups]
 
 
 class Transfer(Protocol):
     """Moves a step's named host arrays to the device: ``input_ids``, ``positions``, ``slot_mapping``,
-    ``logits_indices`` (int64) and ``query_start_loc``, ``seq_lens``, ``block_table`` (int32). Returns
+    ``logits_indices`` (int64) and ``query_start_loc``, ``seq_lens``, ``block_table`` (int32), and with several
+    KV cache groups each further group's ``slot_mapping.g`` and ``block_table.g`` (``group_key``). Returns
     device tensors of the same shapes and values by name (``HostToDevice``; the decode graphs' own buffers,
     ``DecodeGraphs.transfer``)."""
 
@@ -67,7 +91,7 @@ class Transfer(Protocol):
 def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int], *, block_size: int,
                       device: torch.device, transfer: Transfer | None = None,
                       spec_token_ids: list[list[int]] | None = None,
-                      uniform_query_len: int | None = None) -> StepInputs:
+                      uniform_query_len: int | None = None, layer_groups: list[int] | None = None) -> StepInputs:
     """Flatten the scheduled requests into one batch.
 
     Args:
@@ -83,8 +107,11 @@ def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int]
             CUDA graph of a uniform shape, ``DecodeGraphs(query_len=...)``): padding tokens come after a
             request's real ones, write no KV (slot -1) and get no logits row, and ``seq_lens`` counts them, so
             the real tokens' context and causal masks are unchanged. Every request's real query must fit.
+        layer_groups: per layer index, its KV cache group, when the model has several (``layer_metadata``);
+            None: one group, every layer reads ``StepInputs.metadata``.
     Returns:
-        StepInputs with slot_mapping[t] = block_ids[pos // block_size] * block_size + pos % block_size.
+        StepInputs with slot_mapping[t] = block_ids[g][pos // block_size] * block_size + pos % block_size for
+        each group ``g``.
     Raises:
         ValueError: a request has more query tokens than ``uniform_query_len``.
     """
@@ -105,7 +132,8 @@ def build_step_inputs(states: list[CachedRequestState], num_scheduled: list[int]
     return StepInputs(input_ids=dev["input_ids"], positions=dev["positions"], metadata=metadata,
                       logits_indices=dev["logits_indices"], req_ids=[s.req_id for s in states],
                       sampling_req_ids=[states[r].req_id for r in sampling],
-                      pending_rows=step.pending_rows, pending_req_ids=step.pending_req_ids)
+                      pending_rows=step.pending_rows, pending_req_ids=step.pending_req_ids,
+                      layer_metadata=layer_metadata(metadata, dev, layer_groups) if layer_groups else None)
 
 
 @dataclass
@@ -118,8 +146,10 @@ class _HostStep:
     seq_lens: np.ndarray  # [num_reqs] int32, computed + query
     query_start: np.ndarray  # [num_reqs + 1] int32
     positions: np.ndarray  # [num_tokens] int64
-    block_table: np.ndarray  # [num_reqs, max_blocks] int32
-    slot_mapping: np.ndarray  # [num_tokens] int64
+    block_table: np.ndarray  # [num_reqs, max_blocks] int32, KV cache group 0's
+    slot_mapping: np.ndarray  # [num_tokens] int64, group 0's
+    # The other KV cache groups' (block_table, slot_mapping), groups 1.. in order; empty with one group.
+    group_tables: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     input_ids: np.ndarray | None = None  # [num_tokens] int64
     logits_indices: np.ndarray | None = None  # [num_logits] int64
     pending_rows: list[int] = field(default_factory=list)
@@ -131,7 +161,7 @@ class _HostStep:
 
     @classmethod
     def lay_out(cls, states: list[CachedRequestState], num_scheduled: list[int], block_size: int) -> _HostStep:
-        """Positions (request r: computed[r] .. seq_lens[r] - 1, concatenated), block table and slots."""
+        """Positions (request r: computed[r] .. seq_lens[r] - 1, concatenated), block tables and slots."""
         num_reqs = len(states)
         query_lens = np.asarray(num_scheduled, dtype=np.int32)
         computed = np.fromiter((s.num_computed_tokens for s in states), dtype=np.int32, count=num_reqs)
@@ -141,13 +171,10 @@ class _HostStep:
         req_of_token = np.repeat(np.arange(num_reqs), query_lens)
         positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(query_start[:-1], query_lens) \
             + np.repeat(computed, query_lens)
-        block_table = np.zeros((num_reqs, max(len(s.block_ids) for s in states)), dtype=np.int32)
-        for r, s in enumerate(states):
-            block_table[r, :len(s.block_ids)] = s.block_ids
-        slot_mapping = block_table[req_of_token, positions // block_size].astype(np.int64) * block_size \
-            + positions % block_size
+        tables = [_table_and_slots(states, g, req_of_token, positions, block_size)
+                  for g in range(len(states[0].block_ids))]
         return cls(query_lens=query_lens, computed=computed, seq_lens=computed + query_lens, query_start=query_start,
-                   positions=positions, block_table=block_table, slot_mapping=slot_mapping)
+                   positions=positions, block_table=tables[0][0], slot_mapping=tables[0][1], group_tables=tables[1:])
 
     def fill_input_ids(self, states: list[CachedRequestState], spec_token_ids: list[list[int]] | None) -> None:
         """Each request's known tokens then its drafts; a last input that is the sample of the step in flight
@@ -187,6 +214,10 @@ class _HostStep:
         padded_ids, padded_slots = np.zeros(num_reqs * q, dtype=np.int64), np.full(num_reqs * q, -1, dtype=np.int64)
         padded_ids[new_row], padded_slots[new_row] = self.input_ids, self.slot_mapping
         self.input_ids, self.slot_mapping = padded_ids, padded_slots
+        for g, (table, slots) in enumerate(self.group_tables):
+            padded = np.full(num_reqs * q, -1, dtype=np.int64)
+            padded[new_row] = slots
+            self.group_tables[g] = (table, padded)
         self.positions = (np.repeat(self.computed, q) + np.tile(np.arange(q), num_reqs)).astype(np.int64)
         self.logits_indices = new_row[self.logits_indices]
         self.pending_rows = [int(new_row[row]) for row in self.pending_rows]
@@ -196,12 +227,30 @@ class _HostStep:
         width = -(-int(self.seq_lens.max()) // block_size)  # padding positions may reach past the allocated blocks
         if width > self.block_table.shape[1]:
             self.block_table = np.pad(self.block_table, ((0, 0), (0, width - self.block_table.shape[1])))
+        for g, (table, slots) in enumerate(self.group_tables):
+            if width > table.shape[1]:
+                self.group_tables[g] = (np.pad(table, ((0, 0), (0, width - table.shape[1]))), slots)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The arrays a ``Transfer`` moves, by name."""
-        return {"input_ids": self.input_ids, "positions": self.positions, "slot_mapping": self.slot_mapping,
-                "logits_indices": self.logits_indices.astype(np.int64), "query_start_loc": self.query_start,
-                "seq_lens": self.seq_lens, "block_table": self.block_table}
+        arrays = {"input_ids": self.input_ids, "positions": self.positions, "slot_mapping": self.slot_mapping,
+                  "logits_indices": self.logits_indices.astype(np.int64), "query_start_loc": self.query_start,
+                  "seq_lens": self.seq_lens, "block_table": self.block_table}
+        for g, (table, slots) in enumerate(self.group_tables, start=1):
+            arrays[group_key("slot_mapping", g)], arrays[group_key("block_table", g)] = slots, table
+        return arrays
+
+
+def _table_and_slots(states: list[CachedRequestState], group: int, req_of_token: np.ndarray, positions: np.ndarray,
+                     block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """KV cache group ``group``'s block table [num_reqs, max_blocks] int32 and slot mapping [num_tokens] int64."""
+    block_table = np.zeros((len(states), max(len(s.block_ids[group]) for s in states)), dtype=np.int32)
+    for r, s in enumerate(states):
+        ids = s.block_ids[group]
+        block_table[r, :len(ids)] = ids
+    slot_mapping = block_table[req_of_token, positions // block_size].astype(np.int64) * block_size \
+        + positions % block_size
+    return block_table, slot_mapping
 
 
 class HostToDevice:

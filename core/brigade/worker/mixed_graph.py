@@ -15,7 +15,7 @@ import torch
 
 from brigade.attention.backend import AttentionContext, AttentionMetadata
 from brigade.worker.cuda_graph import GraphInputs
-from brigade.worker.input_batch import StepInputs
+from brigade.worker.input_batch import StepInputs, layer_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,10 @@ class MixedGraphs:
     """
 
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], token_sizes: list[int], *,
-                 max_reqs: int, max_blocks_per_req: int, max_model_len: int, device: torch.device):
-        """``max_reqs``: most requests in a step (max_num_seqs)."""
+                 max_reqs: int, max_blocks_per_req: int, max_model_len: int, device: torch.device,
+                 layer_groups: list[int] | None = None):
+        """``max_reqs``: most requests in a step (max_num_seqs); ``layer_groups``: per layer, its KV cache group
+        when the model has several (each group gets its own block table and slot mapping buffers)."""
         self.model = model
         self.kv_caches = kv_caches
         self.sizes = sorted(token_sizes)
@@ -58,7 +60,9 @@ class MixedGraphs:
         self.max_reqs = min(max_reqs, self.max_tokens)
         self.max_model_len = max_model_len
         self.device = device
-        self.buffers = GraphInputs(self.max_tokens, self.max_reqs, max_blocks_per_req, device)
+        self.layer_groups = layer_groups
+        self.buffers = GraphInputs(self.max_tokens, self.max_reqs, max_blocks_per_req, device,
+                                   1 + max(layer_groups) if layer_groups else 1)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # token count -> graph
         self.hidden: dict[int, torch.Tensor] = {}  # token count -> [T, hidden_size], the graph's output
         self.num_replays = 0
@@ -83,7 +87,11 @@ class MixedGraphs:
 
     def _forward(self, size: int) -> torch.Tensor:
         b = self.buffers
-        ctx = AttentionContext(metadata=self._metadata(size), kv_caches=self.kv_caches)
+        md = self._metadata(size)
+        per_layer = None
+        if self.layer_groups:
+            per_layer = layer_metadata(md, b.group_tensors(self.reqs(size), size), self.layer_groups)
+        ctx = AttentionContext(metadata=md, kv_caches=self.kv_caches, layer_metadata=per_layer)
         return self.model(b.input_ids[:size], b.positions[:size], ctx)
 
     @torch.inference_mode()
@@ -138,11 +146,12 @@ class MixedGraphs:
         qsl[:n + 1] = arrays["query_start_loc"]
         qsl[n + 1:] = tokens
         table[:n, :width] = arrays["block_table"]
+        groups = b.fill_groups(arrays, n, tokens, size)
         b.copy_to_device(n)  # padding requests' rows are never read (query length 0)
         return {"input_ids": b.input_ids[:tokens], "positions": b.positions[:tokens],
                 "slot_mapping": b.slot_mapping[:tokens], "logits_indices": b.logits_indices[:num_logits],
                 "query_start_loc": b.query_start_loc[:n + 1], "seq_lens": b.seq_lens[:n],
-                "block_table": b.block_table[:n, :width]}
+                "block_table": b.block_table[:n, :width], **groups}
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """Replay the graph for a step built through ``transfer``; returns the hidden states [num_tokens,

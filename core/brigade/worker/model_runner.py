@@ -17,6 +17,7 @@ from brigade.attention.fp8_kv import FP8_KV_DTYPE
 from brigade.config import BrigadeConfig
 from brigade.distributed import get_pp_group
 from brigade.interfaces import KVConnectorMetadata, ModelRunnerOutput, RequestFailure, SchedulerOutput
+from brigade.interfaces.kv_cache_spec import KVCacheConfig, KVCacheGroup, KVCacheSpec
 from brigade.kv_transfer import KVCacheLayout, KVConnectorBase, KVConnectorRole, make_kv_connector
 from brigade.sample.rejection_sampler import RejectionSampler
 from brigade.worker.async_output import InFlightSamples, ReadyOutput, SampledTokens
@@ -25,7 +26,7 @@ from brigade.worker.draft_verifier import DraftVerifier
 from brigade.worker.expert_counts import ExpertCounts
 from brigade.worker.graph_dispatch import GraphDispatch, StepPlan
 from brigade.worker.input_batch import HostToDevice, StepInputs, build_step_inputs
-from brigade.worker.kv_cache import KVCacheSpec
+from brigade.worker.kv_cache import KVCacheTensors, layer_groups
 from brigade.worker.kv_connector_io import load_kv
 from brigade.worker.prompt_logprobs import prompt_logprobs
 from brigade.worker.request_states import RequestStates, StepBatch
@@ -45,10 +46,9 @@ class ModelRunner:
         self.hf_config = hf_config
         self.block_size = config.cache_config.block_size
         self.pp = get_pp_group()  # one rank (a no-op group) without a pipeline
-        self.kv_cache = KVCacheSpec.for_model(hf_config, attn_backend, self.block_size, dtype,
-                                              tp_size=config.parallel_config.tensor_parallel_size,
-                                              pp_rank=self.pp.rank_in_group, pp_size=self.pp.world_size,
-                                              cache_dtype=FP8_KV_DTYPE if config.cache_config.fp8_kv_cache else None)
+        self.kv_cache: KVCacheTensors | None = None  # from the model's KV cache specs, once it is loaded
+        self.kv_cache_config: KVCacheConfig | None = None  # the engine's blocks and groups (initialize_kv_cache)
+        self.layer_groups: list[int] | None = None  # per layer, its KV cache group; None with one group
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.sampler = plugin_sampler()
@@ -72,6 +72,9 @@ class ModelRunner:
         self.model = load_model(self.config.model_config, self.hf_config, dtype=self.dtype, device=self.device,
                                 attn_backend=self.attn_backend, fold_norms=lora_config is None,
                                 expert_parallel=self.config.parallel_config.enable_expert_parallel)
+        cache_dtype = FP8_KV_DTYPE if self.config.cache_config.fp8_kv_cache else None
+        specs = self.model.kv_cache_specs(self.block_size, cache_dtype or self.dtype)
+        self.kv_cache = KVCacheTensors(self.attn_backend, specs, self.dtype, cache_dtype)
         if self.config.cache_config.fp8_kv_cache:  # where the fp8 KV cache's k/v scales come from, in one line
             from brigade.model_executor.kv_scales import log_kv_scales
 
@@ -113,30 +116,42 @@ class ModelRunner:
         The engine core calls it only once no unfinished request runs on the adapter."""
         return self.lora_manager is not None and self.lora_manager.remove_adapter(lora_int_id)
 
-    def kv_cache_bytes_per_block(self, cache_dtype: torch.dtype | None = None) -> int:
-        """Bytes one block takes across all layers (K and V), in ``cache_dtype`` (default: the cache's)."""
-        return self.kv_cache.bytes_per_block(cache_dtype)
+    def kv_cache_specs(self) -> dict[int, KVCacheSpec]:
+        """The KV cache spec of each attention layer this rank holds (``CausalLM.kv_cache_specs``)."""
+        return dict(self.kv_cache.specs)
+
+    def kv_cache_bytes_per_block(self, groups: tuple[KVCacheGroup, ...], cache_dtype: torch.dtype | None = None
+                                 ) -> int:
+        """Bytes one block id takes on this rank under ``groups`` (``KVCacheTensors.bytes_per_block``), in
+        ``cache_dtype`` (default: the cache's)."""
+        return self.kv_cache.bytes_per_block(groups, cache_dtype)
 
     def kv_cache_layout(self) -> KVCacheLayout:
-        """The layout of this runner's KV blocks, for KV connectors (``KVCacheSpec.layout``)."""
-        return self.kv_cache.layout(self.config.model_config)
+        """The layout of this runner's KV blocks, for KV connectors (``KVCacheTensors.layout``)."""
+        num_layers = sum(len(group.layer_ids) for group in self.kv_cache_config.groups)
+        return self.kv_cache.layout(self.config.model_config, num_layers)
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate one paged KV tensor per layer, make the KV connector, capture the CUDA graphs, warm up."""
-        self.kv_caches = self.kv_cache.allocate(num_blocks, self.device)
+    def initialize_kv_cache(self, config: KVCacheConfig) -> None:
+        """Allocate the KV tensors of ``config`` (one view per layer), make the KV connector, capture the CUDA
+        graphs, warm up."""
+        self.kv_cache_config = config
+        self.layer_groups = layer_groups(config)
+        self.kv_caches = self.kv_cache.allocate(config, self.device)
         if self.config.kv_transfer_config is not None:
             self.kv_connector = make_kv_connector(self.config.kv_transfer_config, KVConnectorRole.WORKER,
                                                   self.kv_cache_layout())
-        self.graphs.capture(self.model, self.kv_caches, lora=self.lora_manager is not None)
+        self.graphs.capture(self.model, self.kv_caches, lora=self.lora_manager is not None,
+                            layer_groups=self.layer_groups)
         if self.device.type != "cpu" and self.pp.world_size == 1:  # nothing is compiled on first use on the CPU
             self.warm_up_mixed_steps()
             self.warm_up_sampler()
         if self.expert_counts is not None:  # only served tokens count
             self.expert_counts.reset()
 
-    def profile_run(self, num_tokens: int, num_reqs: int) -> None:
-        """One forward pass of ``num_reqs`` dummy prompts totalling ``num_tokens`` (``DummySteps.profile``)."""
-        self._dummy_steps().profile(num_tokens, num_reqs)
+    def profile_run(self, num_tokens: int, num_reqs: int, groups: tuple[KVCacheGroup, ...]) -> None:
+        """One forward pass of ``num_reqs`` dummy prompts totalling ``num_tokens`` (``DummySteps.profile``) under
+        the KV cache ``groups`` to come."""
+        self._dummy_steps(groups).profile(num_tokens, num_reqs)
 
     def warm_up_mixed_steps(self) -> None:
         """Compile the kernels of mixed decode and prefill steps now (``DummySteps.warm_up_mixed_steps``)."""
@@ -146,8 +161,9 @@ class ModelRunner:
         """Compile the sampler's kernels now (``warm_up.warm_up_sampler``)."""
         warm_up_sampler(self.sampler, self.vocab_size, self.dtype, self.device)
 
-    def _dummy_steps(self) -> DummySteps:
-        return DummySteps(self.model, self.kv_cache, self.hf_config.vocab_size, self.device, self.lora_manager)
+    def _dummy_steps(self, groups: tuple[KVCacheGroup, ...] | None = None) -> DummySteps:
+        return DummySteps(self.model, self.kv_cache, groups or self.kv_cache_config.groups, self.hf_config.vocab_size,
+                          self.device, self.lora_manager)
 
     @torch.inference_mode()
     def execute_dummy_batch(self) -> None:
@@ -238,7 +254,8 @@ class ModelRunner:
             self.lora_manager.set_batch([s.lora_int_id for s in batch.states], batch.num_scheduled)
         inputs = build_step_inputs(batch.states, batch.num_scheduled, block_size=self.block_size, device=self.device,
                                    transfer=self.transfer if plan.graphs is None else plan.transfer,
-                                   spec_token_ids=batch.drafts, uniform_query_len=plan.uniform_query_len)
+                                   spec_token_ids=batch.drafts, uniform_query_len=plan.uniform_query_len,
+                                   layer_groups=self.layer_groups)
         self.in_flight.fill_inputs(inputs)
         return inputs
 
@@ -254,12 +271,15 @@ class ModelRunner:
             rows = self.graphs.replay(plan, inputs)
             return (self.model.compute_logits(rows) if inputs.sampling_req_ids else None), None
         if plan.graphs is None:
-            hidden = self.model(inputs.input_ids, inputs.positions,
-                                AttentionContext(metadata=inputs.metadata, kv_caches=self.kv_caches))
+            hidden = self.model(inputs.input_ids, inputs.positions, self._context(inputs))
         else:  # a mixed-step graph ends with the hidden states of every token row
             hidden = self.graphs.replay(plan, inputs)
         logits = self.model.compute_logits(hidden[inputs.logits_indices]) if inputs.sampling_req_ids else None
         return logits, (hidden if keep_hidden else None)
+
+    def _context(self, inputs: StepInputs) -> AttentionContext:
+        return AttentionContext(metadata=inputs.metadata, kv_caches=self.kv_caches,
+                                layer_metadata=inputs.layer_metadata)
 
     def _forward_stage(self, inputs: StepInputs, keep_hidden: bool
                        ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -268,8 +288,7 @@ class ModelRunner:
         logits (and hidden states) to return."""
         pp = self.pp
         intermediate = None if pp.is_first_rank else pp.recv_tensor_dict()
-        out = self.model(inputs.input_ids, inputs.positions,
-                         AttentionContext(metadata=inputs.metadata, kv_caches=self.kv_caches), intermediate)
+        out = self.model(inputs.input_ids, inputs.positions, self._context(inputs), intermediate)
         if not pp.is_last_rank:
             pp.send_tensor_dict(out)
             return None, None

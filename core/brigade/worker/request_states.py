@@ -45,7 +45,9 @@ class RequestStates(dict[str, CachedRequestState]):
         self.device = device  # where seeded requests' generators live
 
     def update(self, scheduler_output: SchedulerOutput) -> None:
-        """Drop finished and preempted requests, add the new ones, extend the running ones' blocks."""
+        """Drop finished and preempted requests, add the new ones, extend the running ones' blocks (each KV cache
+        group's table; a sliding-window group's keeps the ids of blocks the scheduler freed once out of the
+        window: the attention kernels never read them)."""
         for req_id in scheduler_output.finished_req_ids | scheduler_output.preempted_req_ids:
             self.pop(req_id, None)
         for new in scheduler_output.scheduled_new_reqs:
@@ -60,13 +62,14 @@ class RequestStates(dict[str, CachedRequestState]):
                                             generator=generator, eos_token_id=new.eos_token_id)
             self[new.req_id] = CachedRequestState(
                 req_id=new.req_id, token_ids=token_ids, num_prompt_tokens=new.num_prompt_tokens,
-                block_ids=list(new.block_ids), num_computed_tokens=new.num_computed_tokens, sampling=sampling,
+                block_ids=tuple(list(ids) for ids in new.block_ids), num_computed_tokens=new.num_computed_tokens, sampling=sampling,
                 lora_int_id=new.lora_int_id)
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(cached.req_ids, cached.new_block_ids,
                                                     cached.num_computed_tokens):
             state = self[req_id]
-            state.block_ids.extend(new_blocks)
+            for ids, new_ids in zip(state.block_ids, new_blocks):  # one list per KV cache group
+                ids.extend(new_ids)
             if state.unverified_drafts is not None:
                 self.apply_accepted_drafts(state, num_computed)
             state.num_computed_tokens = num_computed

@@ -13,17 +13,19 @@ from brigade.sample.metadata import SamplingRequestState, build_sampling_metadat
 from brigade.sample.sampler import Sampler
 from brigade.sampling_params import SamplingParams
 from brigade.worker.input_batch import CachedRequestState, build_step_inputs
-from brigade.worker.kv_cache import KVCacheSpec
+from brigade.interfaces.kv_cache_spec import KVCacheConfig, KVCacheGroup
+from brigade.worker.kv_cache import KVCacheTensors, layer_groups
 
 
 class DummySteps:
-    """Forward passes over random-token requests, for a model and its KV cache spec."""
+    """Forward passes over random-token requests, for a model, its KV cache tensors and KV cache groups."""
 
-    def __init__(self, model: torch.nn.Module, kv_cache: KVCacheSpec, vocab_size: int, device: torch.device,
-                 lora_manager=None):
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCacheTensors, groups: tuple[KVCacheGroup, ...],
+                 vocab_size: int, device: torch.device, lora_manager=None):
         """``lora_manager``: the runner's ``LoRAManager`` (its batch is cleared: the steps run the base model)."""
         self.model = model
         self.kv_cache = kv_cache
+        self.groups = groups
         self.vocab_size = vocab_size
         self.device = device
         self.lora_manager = lora_manager
@@ -52,21 +54,26 @@ class DummySteps:
 
     def run(self, requests: list[tuple[int, int]], num_scheduled: list[int], generator: torch.Generator) -> None:
         """One forward pass (and the logits of each request) over random-token requests given as (length, tokens
-        already computed), decodes first, on a throwaway KV cache just large enough for them."""
+        already computed), decodes first, on a throwaway KV cache just large enough for them. Every KV cache
+        group gets the same block ids (the tensors are shared, so the groups' KV overwrite each other: the
+        outputs are not read), and each its own block table and slot mapping, as in a real step."""
         states, first = [], 0
         for i, (length, computed) in enumerate(requests):
             num_blocks = -(-length // self.kv_cache.block_size)
             states.append(CachedRequestState(
                 req_id=str(i), token_ids=torch.randint(0, self.vocab_size, (length,), generator=generator).tolist(),
-                num_prompt_tokens=length, block_ids=list(range(first, first + num_blocks)),
+                num_prompt_tokens=length,
+                block_ids=tuple(list(range(first, first + num_blocks)) for _ in self.groups),
                 num_computed_tokens=computed, sampling=None))
             first += num_blocks
-        inputs = build_step_inputs(states, num_scheduled, block_size=self.kv_cache.block_size, device=self.device)
+        config = KVCacheConfig(first, self.groups)
+        inputs = build_step_inputs(states, num_scheduled, block_size=self.kv_cache.block_size, device=self.device,
+                                   layer_groups=layer_groups(config))
         if self.lora_manager is not None:
             self.lora_manager.clear_batch()
-        kv = self.kv_cache.allocate(first, self.device)
-        hidden = self.model(inputs.input_ids, inputs.positions,
-                            AttentionContext(metadata=inputs.metadata, kv_caches=kv))
+        kv = self.kv_cache.allocate(config, self.device)
+        ctx = AttentionContext(metadata=inputs.metadata, kv_caches=kv, layer_metadata=inputs.layer_metadata)
+        hidden = self.model(inputs.input_ids, inputs.positions, ctx)
         if isinstance(hidden, torch.Tensor):  # a pipeline stage before the last has no logits to compute
             self.model.compute_logits(hidden[inputs.logits_indices])
 

@@ -11,6 +11,7 @@ import torch
 
 from brigade.config import BrigadeConfig, ConfigError
 from brigade.interfaces import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
+from brigade.interfaces.kv_cache_spec import KVCacheConfig, KVCacheGroup, KVCacheSpec
 from brigade.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -60,21 +61,27 @@ class Worker:
     def load_model(self) -> None:
         self.model_runner.load_model()
 
-    def determine_num_kv_blocks(self) -> int:
-        """Size the KV pool: --num-gpu-blocks-override, else --kv-cache-memory, else profile the device."""
+    def kv_cache_specs(self) -> dict[int, KVCacheSpec]:
+        """The KV cache spec of each attention layer this rank holds, from the loaded model."""
+        return self.model_runner.kv_cache_specs()
+
+    def determine_num_kv_blocks(self, groups: tuple[KVCacheGroup, ...]) -> int:
+        """Size the KV pool for the model's KV cache ``groups`` (every rank's layers): --num-gpu-blocks-override,
+        else --kv-cache-memory, else profile the device. A block id costs one page in each KV tensor this rank
+        allocates (``KVCacheTensors.bytes_per_block``)."""
         cache = self.config.cache_config
-        per_block = self.model_runner.kv_cache_bytes_per_block()
+        per_block = self.model_runner.kv_cache_bytes_per_block(groups)
         if self.rank == 0:
-            self._log_cache_dtype(per_block)
+            self._log_cache_dtype(per_block, groups)
         if cache.num_gpu_blocks_override is not None:
             return cache.num_gpu_blocks_override
         if cache.kv_cache_memory_gib is not None:
             return int(cache.kv_cache_memory_gib * _GIB // per_block)
         if self.device.type == "cpu":
             return int(DEFAULT_CPU_KV_CACHE_GIB * _GIB // per_block)
-        return self._profile_num_blocks(per_block)
+        return self._profile_num_blocks(per_block, groups)
 
-    def _log_cache_dtype(self, per_block: int) -> None:
+    def _log_cache_dtype(self, per_block: int, groups: tuple[KVCacheGroup, ...]) -> None:
         """One INFO line: the KV cache's dtype and block size in bytes; for fp8, how many more blocks that holds
         than the model dtype (and bfloat16) in the same memory."""
         spec = self.model_runner.kv_cache
@@ -83,19 +90,19 @@ class Worker:
             logger.info("KV cache dtype %s: %d bytes per block", name, per_block)
             return
         model = str(spec.dtype).removeprefix("torch.")
-        ratios = [f"{spec.bytes_per_block(spec.dtype) / per_block:.1f}x the blocks of {model}"]
+        ratios = [f"{spec.bytes_per_block(groups, spec.dtype) / per_block:.1f}x the blocks of {model}"]
         if spec.dtype != torch.bfloat16:
-            ratios.append(f"{spec.bytes_per_block(torch.bfloat16) / per_block:.1f}x of bfloat16")
+            ratios.append(f"{spec.bytes_per_block(groups, torch.bfloat16) / per_block:.1f}x of bfloat16")
         logger.info("KV cache dtype %s (--kv-cache-dtype %s): %d bytes per block, %s in the same memory", name,
                     self.config.cache_config.cache_dtype, per_block, ", ".join(ratios))
 
-    def _profile_num_blocks(self, per_block: int) -> int:
+    def _profile_num_blocks(self, per_block: int, groups: tuple[KVCacheGroup, ...]) -> int:
         """Run the largest step once and give the KV pool what is left of the memory budget."""
         sched = self.config.scheduler_config
         num_tokens = sched.max_num_batched_tokens or 8192
         self.platform.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        self.model_runner.profile_run(num_tokens, sched.max_num_seqs)
+        self.model_runner.profile_run(num_tokens, sched.max_num_seqs, groups)
         self.platform.synchronize()
         peak = torch.cuda.max_memory_allocated(self.device)
         free, total = self.platform.mem_get_info()
@@ -111,8 +118,8 @@ class Worker:
         logger.info("profiled peak %.2f GiB; KV cache gets %.2f GiB", peak / _GIB, num_blocks * per_block / _GIB)
         return num_blocks
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        self.model_runner.initialize_kv_cache(num_blocks)
+    def initialize_kv_cache(self, config: KVCacheConfig) -> None:
+        self.model_runner.initialize_kv_cache(config)
 
     def kv_cache_layout(self):
         """The runner's ``KVCacheLayout`` (for the scheduler-role KV connector)."""
