@@ -35,7 +35,9 @@ CONFIG = dict(vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention
                                    truncate=False, original_max_position_embeddings=64))
 PROMPT_LENS = (40, 70, 100, 23, 55)  # 1.5 to 6 windows
 MAX_NEW_TOKENS = 64
-ENGINE = dict(dtype="float32", max_model_len=192, block_size=16, num_gpu_blocks_override=14,
+# 28 blocks: two KV cache groups (sliding, full) of 2 layers share 2 KV tensors, so a block id costs 2 layers' pages:
+# the memory of 14 blocks of all 4 layers.
+ENGINE = dict(dtype="float32", max_model_len=192, block_size=16, num_gpu_blocks_override=28,
               max_num_batched_tokens=32, max_num_seqs=5, enable_prefix_caching=True, skip_tokenizer_init=True)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -124,7 +126,7 @@ def test_greedy_tokens_equal_transformers(checkpoint, prompts):
     again = [list(o.outputs[0].token_ids) for o in llm.generate([{"prompt_token_ids": p} for p in prompts[1:3]],
                                                                  params, use_tqdm=False)]
     assert again == expected[1:3]  # their full prompt blocks come from the prefix cache
-    assert llm.engine.core.scheduler.num_preemptions_total > 0, "the 14-block pool should have forced preemption"
+    assert llm.engine.core.scheduler.num_preemptions_total > 0, "the 28-block pool should have forced preemption"
     stats = llm.get_kv_cache_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"], "KV blocks leaked"
     llm.engine.core.shutdown()
@@ -135,7 +137,7 @@ def test_tp2_and_expert_parallel_greedy_tokens_match_transformers(checkpoint, pr
     short = [p[:40] for p in prompts[:3]]  # 2.5 windows each, 24 new tokens: four 64-token requests' worth
     expected = greedy_reference(hf, short, 24)
     got = run_check(path, "fork", "auto", "2x1,2x1+ep", prompts=short, max_tokens=24, max_model_len=64,
-                    max_num_batched_tokens=16, num_gpu_blocks_override=12, block_size=8)
+                    max_num_batched_tokens=16, num_gpu_blocks_override=24, block_size=8)
     for layout in ("2x1", "2x1+ep"):
         seen = got[layout]
         assert seen["tokens"] == expected, layout
