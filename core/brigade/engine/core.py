@@ -152,7 +152,8 @@ class EngineCore:
         max_model_len = config.model_config.max_model_len
         per_request = check_kv_capacity(num_blocks, block_size, max_model_len, groups,
                                         config.scheduler_config.max_num_batched_tokens or 8192)
-        self.executor.initialize_kv_cache(KVCacheConfig(num_blocks, groups))
+        self.kv_cache_config = KVCacheConfig(num_blocks, groups)  # the pool and its groups (benchmarks read it)
+        self.executor.initialize_kv_cache(self.kv_cache_config)
         log_kv_cache(num_blocks, groups, max_model_len, per_request)
         self.structured_output_manager = StructuredOutputManager.from_config(config, hf_config)
         kv_connector = None

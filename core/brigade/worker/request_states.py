@@ -62,8 +62,8 @@ class RequestStates(dict[str, CachedRequestState]):
                                             generator=generator, eos_token_id=new.eos_token_id)
             self[new.req_id] = CachedRequestState(
                 req_id=new.req_id, token_ids=token_ids, num_prompt_tokens=new.num_prompt_tokens,
-                block_ids=tuple(list(ids) for ids in new.block_ids), num_computed_tokens=new.num_computed_tokens, sampling=sampling,
-                lora_int_id=new.lora_int_id)
+                block_ids=tuple(list(ids) for ids in new.block_ids), num_computed_tokens=new.num_computed_tokens,
+                sampling=sampling, lora_int_id=new.lora_int_id)
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(cached.req_ids, cached.new_block_ids,
                                                     cached.num_computed_tokens):
