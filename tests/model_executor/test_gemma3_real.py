@@ -42,7 +42,9 @@ def test_greedy_tokens_equal_transformers_past_the_sliding_window(gemma3_path):
     expected = out[0, len(prompt):].tolist()
     del hf_model, out
 
-    llm = LLM(str(gemma3_path), dtype="float32", max_model_len=640, block_size=16, num_gpu_blocks_override=48,
+    # 288 blocks: its 18 layers form 6 KV cache groups of 3 (one full, five sliding) sharing 3 KV tensors, so this is
+    # the memory of 48 blocks of every layer; a request of 640 tokens holds up to 240 of them.
+    llm = LLM(str(gemma3_path), dtype="float32", max_model_len=640, block_size=16, num_gpu_blocks_override=288,
               skip_tokenizer_init=True)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
     got = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].outputs[0].token_ids

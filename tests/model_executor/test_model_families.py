@@ -17,9 +17,14 @@ from brigade.model_executor.layers.attention import Attention
 from brigade.model_executor.loader import check_model_config
 
 MAX_NEW_TOKENS = 64
-# 16-token blocks, 14 of them (13 usable: 208 tokens): one request of max_model_len fits, the three together do not.
-ENGINE = {"max_model_len": 192, "block_size": 16, "num_gpu_blocks_override": 14, "max_num_batched_tokens": 32,
-          "max_num_seqs": 3, "enable_prefix_caching": True}
+# 16-token blocks: one request of max_model_len fits, the three together do not. Layers with equal specs share a block
+# table (KV cache groups) and a sliding-window group holds only its window and one chunk a request, so each family
+# gets the pool that still forces preemption: gemma2 (full + sliding group, 2 layers each) and gemma3 (one full and
+# three sliding groups of 1 layer) hold up to 16 and 27 blocks a request; phi3 and mistral (every layer windowed: one
+# sliding group) 5, 3 while decoding.
+ENGINE = {"max_model_len": 192, "block_size": 16, "max_num_batched_tokens": 32, "max_num_seqs": 3,
+          "enable_prefix_caching": True}
+NUM_BLOCKS = {"gemma2": 28, "gemma3": 40, "phi3": 6, "mistral": 6}
 
 
 def _prompts(seed: int = 7) -> list[list[int]]:
@@ -42,7 +47,8 @@ def test_greedy_tokens_equal_transformers_past_the_window(family, tmp_path):
     hf_model = save_family_checkpoint(family_config(family), path)
     prompts = _prompts()
     expected = greedy_reference(hf_model, prompts, MAX_NEW_TOKENS)
-    llm = LLM(str(path), dtype="float32", skip_tokenizer_init=True, **ENGINE)
+    llm = LLM(str(path), dtype="float32", skip_tokenizer_init=True, num_gpu_blocks_override=NUM_BLOCKS[family],
+              **ENGINE)
     assert _generate(llm, prompts, MAX_NEW_TOKENS) == expected
     scheduler = llm.engine.core.scheduler
     assert scheduler.num_preemptions_total > 0, "the small KV pool should have forced preemption"

@@ -118,8 +118,8 @@ def check_kv_capacity(num_blocks: int, block_size: int, max_model_len: int,
                           f"(--kv-cache-memory, --gpu-memory-utilization, --num-gpu-blocks-override) or set "
                           f"--max-model-len {usable * block_size} or less")
     kinds = ", ".join(f"{g.spec.kind} {len(g.layer_ids)} layers" for g in groups)
-    raise ConfigError(f"the KV cache has {blocks} tokens, fewer than the {needed} one request of --max-model-len "
-                      f"{max_model_len} holds across the model's {len(groups)} KV cache groups ({kinds}); give the "
+    raise ConfigError(f"the KV cache has {blocks} tokens, fewer than the {needed} blocks one request of "
+                      f"--max-model-len {max_model_len} holds across the model's {len(groups)} KV cache groups ({kinds}); give the "
                       f"cache more memory (--kv-cache-memory, --gpu-memory-utilization, --num-gpu-blocks-override "
                       f"{needed + 1} or more) or set a smaller --max-model-len")
 
