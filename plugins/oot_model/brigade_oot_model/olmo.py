@@ -71,7 +71,7 @@ class OlmoForCausalLM(CausalLM):
     ``model.layers.{i}.mlp.gate_proj.weight`` is stored as ``model.layers.{i}.gate_proj.weight``)."""
 
     def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type[AttentionBackend],
-                 quant_config: Any = None, expert_parallel: bool = False):
+                 quant_config: Any = None, expert_parallel: bool = False, max_model_len: int | None = None):
         super().__init__(hf_config, dtype=dtype, attn_backend=attn_backend)
         if quant_config is not None:
             raise ValueError("the example OLMo model has no quantized layers; serve it without --quantization")

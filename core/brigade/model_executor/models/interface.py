@@ -2,9 +2,9 @@
 
 A model is an ``nn.Module`` subclass of ``CausalLM`` registered under its HF architecture name (the
 ``register_models`` hook). The engine builds it as ``cls(hf_config, dtype=..., attn_backend=...,
-quant_config=..., expert_parallel=..., max_model_len=...)``, loads it with ``load_weights``, asks each of its attention layers for a
-``KVCacheSpec`` (``kv_cache_specs``) to lay out the KV cache, and per step calls ``forward`` then
-``compute_logits``. What a model can do beyond that is declared, not probed: ``capabilities``.
+quant_config=..., expert_parallel=..., max_model_len=...)``, loads it with ``load_weights``, asks each of its
+attention layers for a ``KVCacheSpec`` (``kv_cache_specs``) to lay out the KV cache, and per step calls
+``forward`` then ``compute_logits``. What a model can do beyond that is declared, not probed: ``capabilities``.
 """
 
 from __future__ import annotations
