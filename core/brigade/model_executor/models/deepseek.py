@@ -30,7 +30,7 @@ from torch import nn
 from brigade.attention.backend import AttentionBackend, AttentionContext
 from brigade.config import ConfigError
 from brigade.interfaces.kv_cache_spec import KVCacheSpec
-from brigade.model_executor.layers.grouped_router import SCORING_FUNCS, GroupedTopKRouter
+from brigade.model_executor.layers.grouped_router import GroupedTopKRouter
 from brigade.model_executor.layers.layernorm import RMSNorm
 from brigade.model_executor.layers.linear import Linear, MergedColumnLinear, RowParallelLinear
 from brigade.model_executor.layers.linear_method import QuantizationConfig
@@ -244,8 +244,8 @@ def _check_router(arch: str, hf_config: Any) -> None:
     scoring, v3 = options["scoring_func"], hf_config.model_type == "deepseek_v3"
     method = getattr(hf_config, "topk_method", None) or ("noaux_tc" if v3 else "greedy")
     known = ("noaux_tc",) if v3 else ("greedy", "group_limited_greedy")
-    if scoring not in SCORING_FUNCS or scoring != ("sigmoid" if v3 else "softmax"):
-        want = "sigmoid" if v3 else "softmax"
+    want = "sigmoid" if v3 else "softmax"
+    if scoring != want:
         raise ConfigError(f"{arch}: router scoring function {scoring!r} is not supported; Brigade runs {arch}'s "
                           f"scoring_func {want!r}")
     if method not in known:
