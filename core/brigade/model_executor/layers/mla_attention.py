@@ -22,6 +22,7 @@ from torch import nn
 
 from brigade.attention.backend import AttentionContext, AttentionMetadata
 from brigade.interfaces.kv_cache_spec import MLAAttentionSpec
+from brigade.model_executor.layers.custom_op import CustomOp
 
 
 def write_latent_cache(latent: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -39,6 +40,40 @@ def write_latent_cache(latent: torch.Tensor, cache: torch.Tensor, slot_mapping: 
         flat.index_copy_(0, slot_mapping, rows.to(flat.dtype))
     else:
         flat.index_copy_(0, slot_mapping[valid], rows[valid].to(flat.dtype))
+
+
+class LatentDecode(CustomOp):
+    """Single-token queries in latent space attending over their requests' cached latents (op ``"mla_decode"``).
+
+    ``forward(q_latent, q_pe, cache, block_table, seq_lens, scale, max_seq_len)``:
+
+    Args:
+        q_latent: [D, H, L], each head's key query moved into latent space (``q_nope W_UK``).
+        q_pe: [D, H, R], each head's rotated query channels.
+        cache: [num_blocks, block_size, L + R], the layer's latents (compressed KV then rotated key).
+        block_table: [D, max_blocks] int32; seq_lens: [D] int32, each request's context, its new token included.
+        scale: the softmax scale; max_seq_len: ``max(seq_lens)`` as a host int.
+
+    Returns:
+        [D, H, L] in q_latent's dtype: ``softmax(scale * (q_latent . c + q_pe . k_pe)) @ c`` per head.
+    """
+
+    op_name = "mla_decode"
+
+    def forward_native(self, q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
+                       block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                       max_seq_len: int) -> torch.Tensor:
+        num_decodes, block_size, rank = q_latent.shape[0], cache.shape[1], q_latent.shape[-1]
+        num_blocks = -(-max_seq_len // block_size)
+        blocks = block_table[:, :num_blocks].long()  # [D, nb]
+        context = cache[blocks].reshape(num_decodes, num_blocks * block_size, -1).to(q_latent.dtype)  # [D, S, L+R]
+        c, k_pe = context[..., :rank], context[..., rank:]
+        scores = (torch.einsum("dhl,dsl->dhs", q_latent, c)
+                  + torch.einsum("dhr,dsr->dhs", q_pe, k_pe)).float() * scale  # [D, H, S]
+        past_end = torch.arange(num_blocks * block_size, device=c.device)[None, :] >= seq_lens[:, None]  # [D, S]
+        scores.masked_fill_(past_end[:, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(q_latent.dtype)
+        return torch.einsum("dhs,dsl->dhl", probs, c)
 
 
 class MLAAttention(nn.Module):
@@ -61,6 +96,7 @@ class MLAAttention(nn.Module):
         self.kv_lora_rank = kv_lora_rank
         self.scale = scale
         self.layer_idx = layer_idx
+        self.decode = LatentDecode()
 
     def kv_cache_spec(self, block_size: int, cache_dtype: torch.dtype) -> MLAAttentionSpec:
         """One latent of ``kv_lora_rank + qk_rope_head_dim`` values per token."""
@@ -118,21 +154,12 @@ class MLAAttention(nn.Module):
     def _decode(self, q: torch.Tensor, cache: torch.Tensor, metadata: AttentionMetadata,
                 w_kv: torch.Tensor) -> torch.Tensor:
         """The first ``D`` requests' single query tokens, with ``W_UK`` absorbed into the query and ``W_UV``
-        applied after attending over the latents. q [D, H, nope + rope] -> [D, H, v]."""
-        num_decodes, block_size, nope = q.shape[0], cache.shape[1], self.qk_nope_head_dim
-        seq_lens = metadata.seq_lens[:num_decodes]
-        max_len = int(metadata.seq_lens_cpu[:num_decodes].max())
-        num_blocks = -(-max_len // block_size)
-        blocks = metadata.block_table[:num_decodes, :num_blocks].long()  # [D, nb]
-        context = cache[blocks].reshape(num_decodes, num_blocks * block_size, -1).to(q.dtype)  # [D, S, L + R]
-        c, k_pe = context[..., :self.kv_lora_rank], context[..., self.kv_lora_rank:]
+        applied after attending over the latents (``LatentDecode``). q [D, H, nope + rope] -> [D, H, v]."""
+        num_decodes, nope = q.shape[0], self.qk_nope_head_dim
         q_latent = torch.einsum("dhn,hnl->dhl", q[..., :nope], w_kv[:, :nope])  # [D, H, L]
-        scores = (torch.einsum("dhl,dsl->dhs", q_latent, c)
-                  + torch.einsum("dhr,dsr->dhs", q[..., nope:], k_pe)).float() * self.scale  # [D, H, S]
-        past_end = torch.arange(num_blocks * block_size, device=q.device)[None, :] >= seq_lens[:, None]  # [D, S]
-        scores.masked_fill_(past_end[:, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(q.dtype)
-        out_latent = torch.einsum("dhs,dsl->dhl", probs, c)  # [D, H, L]
+        max_seq_len = int(metadata.seq_lens_cpu[:num_decodes].max())
+        out_latent = self.decode(q_latent, q[..., nope:], cache, metadata.block_table[:num_decodes],
+                                 metadata.seq_lens[:num_decodes], self.scale, max_seq_len)  # [D, H, L]
         return torch.einsum("dhl,hvl->dhv", out_latent, w_kv[:, nope:])
 
     def extra_repr(self) -> str:
