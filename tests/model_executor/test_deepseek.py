@@ -30,7 +30,7 @@ COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermed
               pad_token_id=None)
 V2 = dict(COMMON, q_lora_rank=48, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
           first_k_dense_replace=1, routed_scaling_factor=1.5, topk_method="group_limited_greedy", n_group=4,
-          topk_group=2)
+          topk_group=1)  # both experts from the best group: group-limiting then changes the choice
 V2_LITE = dict(COMMON, q_lora_rank=None, n_routed_experts=4, n_shared_experts=2, num_experts_per_tok=2,
                first_k_dense_replace=0, routed_scaling_factor=1.0, topk_method="greedy")
 V3 = dict(COMMON, q_lora_rank=48, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=3, n_group=4,
@@ -214,7 +214,8 @@ def test_tp2_and_expert_parallel_greedy_tokens_match_transformers(v3_checkpoint,
     ("v3", dict(V3, scoring_func="softmax"), "scoring function 'softmax' is not supported"),
     ("v3", dict(V3, topk_method="group_limited_greedy"), "topk_method 'group_limited_greedy' is not supported"),
     ("v2", dict(V2, topk_method="noaux_tc"), "topk_method 'noaux_tc' is not supported"),
-    ("v2", dict(V2, n_group=3), "n_group 3 and topk_group 2 do not fit 8 experts"),
+    ("v2", dict(V2, n_group=3), "n_group 3 and topk_group 1 do not fit 8 experts"),
+    ("v2", dict(V2, num_experts_per_tok=3), "num_experts_per_tok 3 must be between 1 and the experts"),
     ("v3", dict(V3, rope_parameters=dict(rope_type="dynamic", rope_theta=1e4, factor=2.0)), "rope type 'dynamic'"),
 ])
 def test_unservable_config_is_refused_in_one_line(kind, fields, message, v3_checkpoint):
