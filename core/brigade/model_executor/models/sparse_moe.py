@@ -1,4 +1,4 @@
-"""What the mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss) share: the sparse MoE block, the
+"""What the mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek) share: the sparse MoE block, the
 decoder layer around it, the causal LM base that maps expert checkpoint names, and the start-up check of the config.
 
 The attention half of each layer is the Llama family's (``llama.LlamaAttention``, or Qwen3-MoE's subclass with
