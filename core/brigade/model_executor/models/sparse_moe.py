@@ -1,11 +1,13 @@
-"""What the mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek) share: the sparse MoE block, the
-decoder layer around it, the causal LM base that maps expert checkpoint names, and the start-up check of the config.
+"""What the mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek) share: the sparse MoE
+block, the decoder layer around it, the causal LM base that maps expert checkpoint names, and the start-up check of
+the config.
 
 The attention half of each layer is the Llama family's (``llama.LlamaAttention``, or Qwen3-MoE's subclass with
 q/k norms); only the feed-forward half changes: a router picks each token's ``top_k`` experts
 (``layers/moe_router.py``), the experts run as one ``FusedMoE`` op (``layers/fused_moe.py``), and Qwen2-MoE adds a
 shared expert whose output is scaled by a sigmoid gate. Layers a config keeps dense (Qwen's ``mlp_only_layers``
-and ``decoder_sparse_step``) use ``llama.LlamaMLP``.
+and ``decoder_sparse_step``) use ``llama.LlamaMLP``. DeepSeek (``deepseek``) brings its own attention, router and
+ungated shared experts.
 """
 
 from __future__ import annotations
