@@ -3,9 +3,9 @@ random-weight checkpoints (fp32, CPU): V2 with and without ``q_lora_rank`` (V2-L
 group-limited routing; V3 with sigmoid routing over 4 groups of 2 experts, a non-zero random balancing bias, a dense
 first layer and YaRN rope with DeepSeek's ``mscale``/``mscale_all_dim``. Greedy tokens are transformers' for
 batched prompts under chunked prefill, preemption and prefix caching, with every KV block back at the end, on one
-rank and over two gloo ranks (``-tp 2``, and ``-tp 2 --enable-expert-parallel``). Also: the latent cache spec's
-size, the grouped router and the whole MoE block against transformers', the latent attention's decode (weight
-absorption) against its prefill (expansion), and the one-line refusals."""
+rank and over two gloo ranks (V3 under ``-tp 2`` and ``-tp 2 --enable-expert-parallel``, V2-Lite under ``-tp 2``).
+Also: the latent cache spec's size, the grouped router and the whole MoE block against transformers', the latent
+attention's decode (weight absorption) against its prefill (expansion), and the one-line refusals."""
 
 from __future__ import annotations
 
@@ -195,13 +195,15 @@ def test_greedy_tokens_equal_transformers(name, request, prompts):
     llm.engine.core.shutdown()
 
 
-def test_tp2_and_expert_parallel_greedy_tokens_match_transformers(v3_checkpoint, prompts):
-    path, hf = v3_checkpoint
+@pytest.mark.parametrize("name,layouts", [("v3", "2x1,2x1+ep"), ("v2_lite", "2x1")])
+def test_tp2_and_expert_parallel_greedy_tokens_match_transformers(name, layouts, request, prompts):
+    """V3 under -tp 2 with and without expert parallelism; V2-Lite's full-rank q_proj split by heads under -tp 2."""
+    path, hf = request.getfixturevalue(f"{name}_checkpoint")
     short = [p[:24] for p in prompts[:3]]
     expected = greedy_reference(hf, short, 16)
-    got = run_check(path, "fork", "auto", "2x1,2x1+ep", prompts=short, max_tokens=16, max_model_len=64,
+    got = run_check(path, "fork", "auto", layouts, prompts=short, max_tokens=16, max_model_len=64,
                     max_num_batched_tokens=16, num_gpu_blocks_override=10, block_size=8)
-    for layout in ("2x1", "2x1+ep"):
+    for layout in layouts.split(","):
         seen = got[layout]
         assert seen["tokens"] == expected, layout
         assert seen["again"] == expected[2:], layout
