@@ -12,6 +12,7 @@ the KV tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # Bytes an element takes, by the storage dtype's name (``str(torch_dtype).removeprefix("torch.")``); the scheduler
 # reads specs without importing a tensor library.
@@ -58,6 +59,11 @@ class AttentionSpec(KVCacheSpec):
     def page_size_bytes(self) -> int:
         return 2 * self.block_size * self.num_kv_heads * self.head_size * DTYPE_BYTES[self.dtype]
 
+    def tensor_shape(self, attn_backend: Any, num_blocks: int) -> tuple[int, ...]:
+        """One layer's KV tensor shape for ``num_blocks`` blocks: the attention backend's paged K/V layout
+        (``attn_backend.kv_cache_shape``, an ``AttentionBackend`` class)."""
+        return tuple(attn_backend.kv_cache_shape(num_blocks, self.block_size, self.num_kv_heads, self.head_size))
+
 
 @dataclass(frozen=True)
 class FullAttentionSpec(AttentionSpec):
@@ -66,6 +72,28 @@ class FullAttentionSpec(AttentionSpec):
     @property
     def kind(self) -> str:
         return "full"
+
+
+@dataclass(frozen=True)
+class MLAAttentionSpec(FullAttentionSpec):
+    """Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434): one latent vector of ``head_size`` values per
+    token, the compressed KV (``kv_lora_rank``) then the decoupled rotary key (``qk_rope_head_dim``), shared by
+    every query head: ``num_kv_heads`` is 1, and nothing is stored twice (no separate K and V: vLLM's
+    ``MLAAttentionSpec``). Blocks are kept as for full attention. DeepSeek-V3: 512 + 64 = 576 values a token.
+    """
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.block_size * self.num_kv_heads * self.head_size * DTYPE_BYTES[self.dtype]
+
+    @property
+    def kind(self) -> str:
+        return "mla"
+
+    def tensor_shape(self, attn_backend: Any, num_blocks: int) -> tuple[int, ...]:
+        """``[num_blocks, block_size, head_size]``, whatever the backend: the latent attention
+        (``layers/mla_attention.py``) reads and writes this layout itself."""
+        return (num_blocks, self.block_size, self.head_size)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ MOE_FAMILY = {
     "Qwen2MoeForCausalLM": "brigade.model_executor.models.qwen_moe:Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM": "brigade.model_executor.models.qwen_moe:Qwen3MoeForCausalLM",
     "GptOssForCausalLM": "brigade.model_executor.models.gpt_oss:GptOssForCausalLM",
+    "DeepseekV2ForCausalLM": "brigade.model_executor.models.deepseek:DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM": "brigade.model_executor.models.deepseek:DeepseekV3ForCausalLM",
 }
 """HF mixture-of-experts architectures -> their classes (brigade.model_executor.models.sparse_moe's block)."""
 

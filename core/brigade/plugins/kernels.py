@@ -41,6 +41,8 @@ KERNEL_OPS: dict[str, str] = {
                      "(brigade.sample.fused)",
     "moe_topk_router": "TopKRouter: impl(layer, router_logits [T, E], counts [E] int64 or None, num_tokens 0-d or "
                        "None) -> (topk_weights [T, k] fp32, topk_ids [T, k] int64), the contract of its forward_native",
+    "mla_decode": "LatentDecode: impl(layer, q_latent [D, H, L], q_pe [D, H, R], cache [N, B, L + R], block_table, "
+                  "seq_lens, scale, max_seq_len) -> [D, H, L], the contract of its forward_native",
     "fused_moe": "FusedMoE: impl(layer, x [T, H], topk_weights [T, k] fp32, topk_ids [T, k]) -> [T, H], "
                  "the contract of FusedMoE.forward_native",
 }

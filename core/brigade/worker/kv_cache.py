@@ -3,7 +3,8 @@
 The model reports one ``KVCacheSpec`` per attention layer this rank holds (``CausalLM.kv_cache_specs``); the engine
 core groups the layers of every rank (``group_layers``) and sends a ``KVCacheConfig``. There are
 ``num_tensors`` KV tensors of ``num_blocks`` blocks, laid out as the attention backend asks
-(``AttentionBackend.kv_cache_shape``), and layer ``groups[g].layer_ids[i]`` reads and writes tensor ``i`` (vLLM's
+(``AttentionSpec.tensor_shape``: ``AttentionBackend.kv_cache_shape``, or a latent attention layer's own
+``[num_blocks, block_size, latent]``), and layer ``groups[g].layer_ids[i]`` reads and writes tensor ``i`` (vLLM's
 hybrid allocator: a block id belongs to one group at a time, so groups share tensors). Model code and kernels
 still see one tensor per layer (``kv_caches[layer]``). KV connectors share blocks only between equal ``layout``s.
 """
@@ -54,8 +55,7 @@ class KVCacheTensors:
     def shape(self, num_blocks: int, spec: AttentionSpec | None = None) -> tuple[int, ...]:
         """One layer's tensor shape for ``num_blocks`` blocks (``spec``: that layer's; default: any of this rank's)."""
         spec = spec or next(iter(self.specs.values()))
-        return tuple(self.attn_backend.kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads,
-                                                      spec.head_size))
+        return spec.tensor_shape(self.attn_backend, num_blocks)
 
     def tensor_ids(self, groups: tuple[KVCacheGroup, ...]) -> list[int]:
         """The KV tensors this rank allocates: index ``i`` where some group's ``i``-th layer is one of this rank's."""

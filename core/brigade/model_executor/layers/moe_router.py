@@ -64,8 +64,14 @@ class TopKRouter(CustomOp):
                        num_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize, self.softmax_after_topk)
         if counts is not None:
-            rows, top_k = topk_ids.shape
-            real = (torch.arange(rows, device=topk_ids.device) < num_tokens).to(torch.int64)  # [T]
-            ones = real[:, None].expand(rows, top_k).reshape(-1)  # [T * k], graph-safe (no host sync)
-            counts.scatter_add_(0, topk_ids.reshape(-1), ones)
+            count_routing(topk_ids, counts, num_tokens)
         return topk_weights, topk_ids
+
+
+def count_routing(topk_ids: torch.Tensor, counts: torch.Tensor, num_tokens: torch.Tensor) -> None:
+    """Add every expert assignment of the first ``num_tokens`` rows of ``topk_ids`` [T, k] to ``counts``
+    ([num_experts] int64, in place), with no host sync (later rows are CUDA-graph padding)."""
+    rows, top_k = topk_ids.shape
+    real = (torch.arange(rows, device=topk_ids.device) < num_tokens).to(torch.int64)  # [T]
+    ones = real[:, None].expand(rows, top_k).reshape(-1)  # [T * k], graph-safe
+    counts.scatter_add_(0, topk_ids.reshape(-1), ones)

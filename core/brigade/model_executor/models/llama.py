@@ -189,8 +189,9 @@ class LlamaModel(nn.Module):
     """Embedding and decoder layers; the final norm is applied by ``LlamaForCausalLM.compute_logits`` to the
     rows it scores only, which lets a platform fuse it into the LM head.
 
-    Subclasses change the final norm (``norm_cls``), the embedding (``embed``: Gemma scales it) and the layer types
-    (``layer_type``: each type gets its rotary embedding, from ``get_rope_parameters(config, type)``)."""
+    Subclasses change the final norm (``norm_cls``), the embedding (``embed``: Gemma scales it), the layer types
+    (``layer_type``: each type gets its rotary embedding, from ``get_rope_parameters(config, type)``) and the
+    rotary layout (``is_neox_style``)."""
 
     norm_cls: ClassVar[type[nn.Module]] = RMSNorm
 
@@ -210,7 +211,8 @@ class LlamaModel(nn.Module):
                 if known == rope:
                     return emb
             ropes.append((rope, RotaryEmbedding(head_size, int(head_size * rope.partial_rotary_factor),
-                                                config.max_position_embeddings, rope, is_neox_style=True,
+                                                config.max_position_embeddings, rope,
+                                                is_neox_style=self.is_neox_style(config),
                                                 max_model_len=max_model_len)))
             return ropes[-1][1]
 
@@ -253,6 +255,12 @@ class LlamaModel(nn.Module):
     def layer_type(config: Any, layer_idx: int) -> str:
         """Layer ``layer_idx``'s attention type (``llama.layer_type``), which picks its rope parameters."""
         return layer_type(config, layer_idx)
+
+    @staticmethod
+    def is_neox_style(config: Any) -> bool:
+        """Whether the rotary embedding pairs channel ``i`` with ``i + rotary_dim / 2`` (Llama's layout) rather than
+        ``2i`` with ``2i + 1`` (GPT-J's, DeepSeek's)."""
+        return True
 
 
 class LlamaForCausalLM(CausalLM):

@@ -1,11 +1,13 @@
-"""What the mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss) share: the sparse MoE block, the
-decoder layer around it, the causal LM base that maps expert checkpoint names, and the start-up check of the config.
+"""What the mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek) share: the sparse MoE
+block, the decoder layer around it, the causal LM base that maps expert checkpoint names, and the start-up check of
+the config.
 
 The attention half of each layer is the Llama family's (``llama.LlamaAttention``, or Qwen3-MoE's subclass with
 q/k norms); only the feed-forward half changes: a router picks each token's ``top_k`` experts
 (``layers/moe_router.py``), the experts run as one ``FusedMoE`` op (``layers/fused_moe.py``), and Qwen2-MoE adds a
 shared expert whose output is scaled by a sigmoid gate. Layers a config keeps dense (Qwen's ``mlp_only_layers``
-and ``decoder_sparse_step``) use ``llama.LlamaMLP``.
+and ``decoder_sparse_step``) use ``llama.LlamaMLP``. DeepSeek (``deepseek``) brings its own attention, router and
+ungated shared experts.
 """
 
 from __future__ import annotations
@@ -106,11 +108,19 @@ class SparseMoeBlock(nn.Module):
             out = self.experts(x, topk_weights, topk_ids)  # this rank's experts' share
         else:  # every DP rank's tokens through this rank's experts, and this DP rank's rows back, summed
             out = self.dispatch(self.experts, x, topk_weights, topk_ids)
-        if self.shared_expert is not None:
-            shared = self.shared_expert
-            shared_out = shared.down_proj.forward_partial(shared.act_fn(shared.gate_up_proj(x)))
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * shared_out
+        shared_out = self.shared_output(x)
+        if shared_out is not None:
+            out = out + shared_out
         return self.group.all_reduce(out)  # a no-op with one rank
+
+    def shared_output(self, x: torch.Tensor) -> torch.Tensor | None:
+        """This rank's partial of the shared expert's output ([T, hidden], before the TP all-reduce) scaled by its
+        sigmoid gate (Qwen2-MoE), or None without a shared expert. DeepSeek's ungated shared experts override it."""
+        if self.shared_expert is None:
+            return None
+        shared = self.shared_expert
+        shared_out = shared.down_proj.forward_partial(shared.act_fn(shared.gate_up_proj(x)))
+        return torch.sigmoid(self.shared_expert_gate(x)) * shared_out
 
     def forward(self, h: torch.Tensor, rest: torch.Tensor | None, norm: RMSNorm
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -157,6 +167,11 @@ def moe_spec(config: Any) -> dict[str, Any]:
         return dict(num_experts=config.num_local_experts, top_k=config.num_experts_per_tok,
                     intermediate_size=config.intermediate_size, renormalize=True, shared_intermediate_size=0,
                     router_bias=True, softmax_after_topk=True, activation=activation, expert_bias=True)
+    if model_type in ("deepseek_v2", "deepseek_v3"):  # the routed experts; the router is DeepSeek's own
+        return dict(num_experts=config.n_routed_experts, top_k=config.num_experts_per_tok,
+                    intermediate_size=config.moe_intermediate_size,
+                    renormalize=bool(getattr(config, "norm_topk_prob", False)),
+                    shared_intermediate_size=config.moe_intermediate_size * (config.n_shared_experts or 0))
     if model_type == "mixtral":
         return dict(num_experts=config.num_local_experts, top_k=config.num_experts_per_tok,
                     intermediate_size=config.intermediate_size, renormalize=True, shared_intermediate_size=0)
@@ -229,18 +244,20 @@ class MoEForCausalLM(LlamaForCausalLM):
         check_moe_config(hf_config, config)
 
 
-def check_moe_config(hf_config: Any, config: Any, *, dequantized: frozenset[str] = frozenset()) -> None:
+def check_moe_config(hf_config: Any, config: Any, *, dequantized: frozenset[str] = frozenset(),
+                     own_router: bool = False) -> None:
     """See ``MoEForCausalLM.check_config``; a checkpoint quantized in one of the ``dequantized`` formats (which the
-    model class dequantizes at load) is accepted."""
+    model class dequantizes at load) is accepted. ``own_router``: the model class checks its router's scoring and
+    expert selection itself (DeepSeek's grouped router)."""
     arch = type(hf_config).__name__.removesuffix("Config") or "this model"
     spec = moe_spec(hf_config)
     num_experts, top_k = spec["num_experts"], spec["top_k"]
     scoring = getattr(hf_config, "scoring_func", None)
-    if scoring not in (None, "softmax"):
+    if not own_router and scoring not in (None, "softmax"):
         raise ConfigError(f"{arch}: router scoring function {scoring!r} is not supported; Brigade's MoE router is "
                           "a softmax over the experts then top-k (scoring_func 'softmax')")
     topk_method = getattr(hf_config, "topk_method", None)
-    if topk_method not in (None, "greedy") or (getattr(hf_config, "n_group", None) or 1) > 1:
+    if not own_router and (topk_method not in (None, "greedy") or (getattr(hf_config, "n_group", None) or 1) > 1):
         raise ConfigError(f"{arch}: grouped or {topk_method!r} expert selection is not supported; Brigade picks "
                           "the top-k experts over all of them (topk_method 'greedy', n_group 1)")
     act = getattr(hf_config, "hidden_act", "silu")
