@@ -156,13 +156,14 @@ class GemmaModel(LlamaModel):
 
     def __init__(self, config: Any, **kwargs: Any):
         super().__init__(config, **kwargs)
-        self.normalizer = float(config.hidden_size) ** 0.5
+        # A Python float already rounded to the model dtype: a tensor made per step would be a host-to-device copy,
+        # which a CUDA graph cannot capture.
+        self.normalizer = torch.tensor(float(config.hidden_size) ** 0.5, dtype=kwargs["dtype"]).item()
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] ids -> [T, hidden]: the rows times ``sqrt(hidden_size)``, the factor first rounded to the model dtype
         (transformers' ``normalizer``: 48.0 not 47.99 in bf16 for hidden 2304)."""
-        rows = self.embed_tokens(input_ids)
-        return rows * torch.tensor(self.normalizer, dtype=rows.dtype, device=rows.device)
+        return self.embed_tokens(input_ids) * self.normalizer
 
     @staticmethod
     def layer_type(config: Any, layer_idx: int) -> str:
