@@ -1,6 +1,7 @@
 """Operator controls over real installs: BRIGADE_PLUGINS and BRIGADE_ENDPOINT_PLUGINS (docs/plugins.md,
 "Operator controls"): each allowlist loads exactly what it names, a name not installed is fatal, and an unset
-endpoint allowlist warns once naming what is installed but disabled while an empty one is silent. Strict mode is in
+endpoint allowlist is noted once, in the INFO summary line, naming what is installed but disabled, while an empty
+one is silent. Strict mode is in
 test_load_failures.py."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from plugin_env import PluginVenv, record, run_script
 
 NON_ENDPOINT = ("probe", "broken", "dup_a", "dup_b", "wrong_version", "typo_hook", "cuda", "rocm", "oot",
                 "detect_a", "detect_b", "structured_text", "jsonl")
-ENDPOINT_WARNING = "endpoint plugins are installed but not enabled"
+ENDPOINT_NOTE = "endpoint plugins off by default: "
 
 
 def test_empty_allowlist_loads_only_the_core_builtin_plugin(plugin_venv: PluginVenv):
@@ -86,14 +87,34 @@ print(json.dumps({"generate": gen, "embed": embed, "routes": [r.path for r in ro
     assert out["routes"] == ["/admin/reset_prefix_cache"]
 
 
-def test_endpoint_allowlist_unset_warns_once_and_empty_is_silent(plugin_venv: PluginVenv, default_run):
+_PLUGIN_LOG = """
+import json, logging
+records = []
+class Held(logging.Handler):
+    def emit(self, record):
+        records.append([record.levelname, record.getMessage()])
+log = logging.getLogger("brigade.plugins")
+log.addHandler(Held())
+log.setLevel(logging.DEBUG)
+from brigade.plugins import load_plugins
+load_plugins("api")
+print(json.dumps(records))
+"""
+
+
+def test_endpoint_allowlist_unset_is_noted_once_at_info_and_empty_is_silent(plugin_venv: PluginVenv, default_run):
     empty = plugin_venv.plugins({"BRIGADE_ENDPOINT_PLUGINS": ""})
     assert empty.returncode == 0, empty.stderr
     for run in (default_run, empty):
         listing = run.json()
         assert listing["registries"]["endpoints"] == []
         assert record(listing, "reset_prefix_cache")["status"] == "disabled by allowlist"
-    assert default_run.stderr.count(ENDPOINT_WARNING) == 1
-    assert ENDPOINT_WARNING not in empty.stderr
+    unset_log = run_script(plugin_venv, _PLUGIN_LOG)
+    empty_log = run_script(plugin_venv, _PLUGIN_LOG, env={"BRIGADE_ENDPOINT_PLUGINS": ""})
+    notes = [(level, text) for level, text in unset_log if ENDPOINT_NOTE in text]
+    assert len(notes) == 1 and notes[0][0] == "INFO" and "reset_prefix_cache" in notes[0][1], unset_log
+    assert not any(ENDPOINT_NOTE in text for _, text in empty_log)
+    summaries = [text for level, text in unset_log if level == "INFO" and text.startswith("plugins: ")]
+    assert len(summaries) == 1 and "structured_text" in summaries[0], unset_log  # one line for the whole load
     assert "BRIGADE_ENDPOINT_PLUGINS is unset" in record(default_run.json(), "reset_prefix_cache")["reason"]
     assert record(empty.json(), "reset_prefix_cache")["reason"] == "not in BRIGADE_ENDPOINT_PLUGINS="

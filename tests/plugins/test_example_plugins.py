@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -47,13 +48,15 @@ def test_jsonl_stat_logger_writes_one_line_per_step(example_paths, tmp_path, mon
     assert lines[1]["iteration_stats"]["finished_requests"][0]["finish_reason"] == "stop"
 
 
-def test_jsonl_stat_logger_without_a_path_warns_and_writes_nothing(example_paths, monkeypatch, caplog):
+def test_jsonl_stat_logger_without_a_path_writes_nothing_and_says_so_at_debug(example_paths, monkeypatch, caplog):
     from brigade_jsonl_stat_logger.logger import JsonlStatLogger
 
     monkeypatch.delenv("BRIGADE_STATS_JSONL", raising=False)
+    caplog.set_level(logging.DEBUG, logger="brigade_jsonl_stat_logger.logger")
     logger = JsonlStatLogger(config=None)
     logger.record(None, IterationStats())
     assert logger.num_steps == 0 and "BRIGADE_STATS_JSONL is unset" in caplog.text
+    assert all(r.levelno < logging.WARNING for r in caplog.records)  # installed by setup: not a misconfiguration
 
 
 def _output(prompt_ids: list[int], text: str, token_ids: list[int], reason: str) -> RequestOutput:

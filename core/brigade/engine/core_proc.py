@@ -37,10 +37,8 @@ def _exit_on_signal(signum, frame) -> None:
 
 
 def _reset_after_fork() -> None:
-    """In a forked engine: the default SIGINT handler (not the front end's asyncio runner's), no signal wake-up fd
-    shared with the front end's event loop, no logging handlers of the front end, and the torch thread count its
+    """In a forked engine: no signal wake-up fd shared with the front end's event loop, no logging handlers of the front end, and the torch thread count its
     placement set in ``OMP_NUM_THREADS`` (torch read the variable in the front end, before the fork)."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.set_wakeup_fd(-1)
     logging.getLogger().handlers.clear()
     threads = os.environ.get("OMP_NUM_THREADS", "").strip()
@@ -66,6 +64,9 @@ def run_engine_core(config: BrigadeConfig, input_address: str, output_address: s
     logging.basicConfig(level=envs.BRIGADE_LOGGING_LEVEL,
                         format=f"%(levelname)s %(asctime)s [{name}] %(message)s")
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    # A terminal's Ctrl-C reaches the whole process group; the front end decides how its engines stop (SIGTERM,
+    # or SIGKILL when interrupted during start-up), so that no engine reports a KeyboardInterrupt of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     watch_parent(name)  # an orphaned engine exits within a second, busy or not
     try:
         core = EngineCore(config)

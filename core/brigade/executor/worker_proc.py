@@ -78,8 +78,11 @@ class WorkerSpec:
 
 def worker_main(config: BrigadeConfig, hf_config, spec: WorkerSpec, conn) -> None:
     """Body of an mp worker process: watch the parent, then ``run_worker``."""
+    import signal
+
     from brigade.parent_watch import watch_parent
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group; the engine stops its workers
     watch_parent(f"worker rank {spec.rank}")  # a worker whose engine (or offline LLM) was killed exits too
     run_worker(config, hf_config, spec, conn)
 

@@ -89,8 +89,32 @@ class PluginManager:
         with self._lock:
             if GENERAL.name not in self._loaded_groups:
                 self._check_allowlist_names()
-            for group in SCOPES[scope]:
+            new_groups = [group for group in SCOPES[scope] if group.name not in self._loaded_groups]
+            for group in new_groups:
                 self._load_group(group)
+            if new_groups:
+                logger.info("%s", self.summary(), extra={SERVER_ONLY_NOTICE: True})
+
+    def summary(self) -> str:
+        """One line on the plugins loaded so far: their names, those that failed, and the endpoint plugins left
+        disabled by default (``brigade plugins`` lists each with its reason)."""
+        loaded = [r.name for r in self._records.values()
+                  if r.status is PluginStatus.LOADED and r.name != BUILTIN_PLUGIN]
+        failed = [r.name for r in self._records.values() if r.status is PluginStatus.FAILED]
+        parts = [f"plugins: {len(loaded)} loaded" + (f" ({', '.join(loaded)})" if loaded else "")]
+        if failed:
+            parts.append(f"{len(failed)} failed ({', '.join(failed)})")
+        denied = [r.name for r in self._records.values()
+                  if r.status is PluginStatus.DISABLED and r.group in self._endpoint_groups()
+                  and self.settings.endpoint_allowlist is None]
+        if denied:
+            parts.append(f"endpoint plugins off by default: {', '.join(denied)} ({ENDPOINT_PLUGINS_ENV}=name "
+                         "enables one)")
+        return "; ".join(parts) + "; `brigade plugins` lists them"
+
+    @staticmethod
+    def _endpoint_groups() -> set[str]:
+        return {g.name for g in ALL_GROUPS if g.endpoint}
 
     def current_platform(self) -> type[Platform]:
         """The platform class of this process, resolved on first call (loads the engine scope first)."""
@@ -197,12 +221,12 @@ class PluginManager:
                            BUILTIN_MODULE, lambda: importlib.import_module(BUILTIN_MODULE), always=True)
         entry_points = discover(group)
         if group.endpoint:
-            self._note_denied_endpoints(entry_points)
+            self._check_endpoint_allowlist(entry_points)
         for ep in entry_points:
             dist, version = distribution_of(ep)
             self._load_one(group, ep.name, dist, version, ep.value, ep.load)
 
-    def _note_denied_endpoints(self, entry_points: list[Any]) -> None:
+    def _check_endpoint_allowlist(self, entry_points: list[Any]) -> None:
         allow = self.settings.endpoint_allowlist
         if allow:
             installed = {ep.name for ep in entry_points}
@@ -227,11 +251,6 @@ class PluginManager:
                                  f"{PLUGINS_ENV} is unset or names it), so remove it from {ENDPOINT_PLUGINS_ENV}")
                 raise PluginLoadError(f"{'; '.join(parts)}; installed endpoint plugins: "
                                       f"{', '.join(sorted(installed)) or 'none'}")
-        elif allow is None and entry_points:
-            listed = ", ".join(f"{ep.name} ({distribution_of(ep)[0]})" for ep in entry_points)
-            logger.warning("endpoint plugins are installed but not enabled (endpoint plugins are denied by "
-                           "default; enable them with %s=name[,name]): %s", ENDPOINT_PLUGINS_ENV, listed,
-                           extra={SERVER_ONLY_NOTICE: True})
 
     def _load_one(self, group: PluginGroup, name: str, dist: str, version: str, value: str,
                   load: Callable[[], Any], *, always: bool = False) -> None:
@@ -256,8 +275,7 @@ class PluginManager:
         except (Exception, SystemExit) as exc:  # plugin code can raise anything, even sys.exit(); reported
             self._report_failure(record.source, exc, required, record=record)
             return
-        log = logger.debug if group is GENERAL else logger.info
-        log("loaded plugin %r from %s %s (%s): %s", name, dist, version, group.name, record.registered)
+        logger.debug("loaded plugin %r from %s %s (%s): %s", name, dist, version, group.name, record.registered)
 
     def _disabled_reason(self, group: PluginGroup) -> str:
         if group.endpoint:

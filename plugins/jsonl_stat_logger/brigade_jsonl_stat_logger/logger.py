@@ -30,7 +30,7 @@ class JsonlStatLogger(StatLoggerBase):
         self.num_steps = 0
         self._file = None
         if not self.path:
-            logger.warning("jsonl stat logger is installed but %s is unset; it writes nothing", PATH_ENV)
+            logger.debug("jsonl stat logger: %s is unset; it writes nothing", PATH_ENV)
             return
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in shutdown()
 

@@ -107,14 +107,24 @@ def normalize_flag_spelling(argv: list[str]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, handle_signals: bool | None = None) -> int:
     """Entry point of the ``brigade`` console script; returns the exit status.
+
+    With ``handle_signals`` (default: when ``argv`` is None, as for the console script), SIGINT and SIGTERM end
+    the process from the first line on with one stderr line and status 130 or 143 (``interrupts.py``), until
+    ``serve``'s server takes them over; ``chat`` and ``plugins`` get Python's default handlers back once parsed.
 
     The plugin loader's log lines are held until the command line parses and, for a command that sets a
     ``check`` default (``serve``), until its flags pass that check: a bad flag or ``--help`` prints only its
     one error line. Then ``serve`` replays them all (which plugins loaded is the server's start-up log);
     other commands replay warnings only.
     """
+    from brigade.entrypoints.cli import interrupts
+
+    if handle_signals is None:
+        handle_signals = argv is None
+    if handle_signals:
+        interrupts.exit_on_interrupt("brigade")
     logging.basicConfig(level=envs.BRIGADE_LOGGING_LEVEL,
                         format="%(levelname)s %(asctime)s %(message)s")
     from brigade.config import ConfigError
@@ -154,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve" or explicit or (record.levelno >= logging.WARNING
                                                    and not getattr(record, SERVER_ONLY_NOTICE, False)):
             plugin_log.handle(record)
+    if handle_signals and args.command in _ENGINE_COMMANDS:
+        interrupts.exit_on_interrupt(f"brigade {args.command}")
+    elif handle_signals:
+        interrupts.restore_default_signals()
     if args.command is None:  # as ``vllm`` with no command: the help, and success
         parser.print_help()
         return 0
