@@ -43,8 +43,7 @@ from brigade.entrypoints.openai.serving_base import max_token_chars
 from brigade.entrypoints.openai.serving_chat import OpenAIServingChat
 from brigade.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from brigade.entrypoints.openai.serving_tokenize import OpenAIServingTokenization
-from brigade.entrypoints.openai.shutdown import (FLUSH_GRACE_S, Drain, DrainingServer,
-                                                 quiet_signals_after_serve)
+from brigade.entrypoints.openai.shutdown import FLUSH_GRACE_S, Drain, DrainingServer
 from brigade.interfaces import LoRARequest, StatLoggerBase
 from brigade.metrics.log_stats import LoggingStatLogger
 from brigade.metrics.prometheus import PrometheusStatLogger
@@ -287,7 +286,6 @@ async def serve_http(config: BrigadeConfig, settings: ServerSettings, sock: sock
                                    timeout_graceful_shutdown=settings.shutdown_timeout_s + FLUSH_GRACE_S,
                                    lifespan="on")
         server = DrainingServer(uv_config, app.state.drain, settings.shutdown_timeout_s)
-        quiet_signals_after_serve()
         port = sock.getsockname()[1]  # the port the system chose for --port 0
         url_host = f"[{settings.host}]" if ":" in settings.host else settings.host
         logger.info("serving %s on http://%s:%d", config.model_config.name, url_host, port)

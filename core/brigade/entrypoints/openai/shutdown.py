@@ -28,7 +28,7 @@ logger = logging.getLogger("brigade.server")
 
 T = TypeVar("T")
 
-__all__ = ["Drain", "DrainingServer", "FLUSH_GRACE_S", "quiet_signals_after_serve"]
+__all__ = ["Drain", "DrainingServer", "FLUSH_GRACE_S"]
 
 FLUSH_GRACE_S = 2.0
 """How long uvicorn waits, past the drain deadline, for the cut requests to send their last bytes."""
@@ -116,30 +116,21 @@ class DrainingServer(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        """uvicorn's, minus handing the captured SIGTERM/SIGINT back to the previous handler on exit: Brigade
-        shuts its engine down after ``serve()`` returns and exits 0, and the handed-back signal read in the log
-        as a second one."""
+        """uvicorn's, except on exit: instead of handing the captured SIGTERM/SIGINT back to the previous handler
+        (which read in the log as a second signal), a later signal only logs, so that the engine's shutdown after
+        ``serve()`` returns finishes and the process exits 0. Before ``serve()``, the previous handlers stay: during
+        start-up a signal ends the command at once (``brigade.entrypoints.cli.interrupts``)."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        original = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        for sig in HANDLED_SIGNALS:
+            signal.signal(sig, self.handle_exit)
         try:
             yield
         finally:
-            for sig, handler in original.items():
-                signal.signal(sig, handler)
+            for sig in HANDLED_SIGNALS:
+                signal.signal(sig, _already_shutting_down)
 
 
 def _already_shutting_down(signum, frame) -> None:
     logger.info("signal %d received while shutting down; shutdown is already under way", signum)
-
-
-def quiet_signals_after_serve() -> None:
-    """Call just before ``DrainingServer.serve()``, from the main thread.
-
-    A SIGTERM/SIGINT that arrives after the HTTP server has stopped, while the engine shuts down, would kill
-    the process with the default handlers (exit -15) before the engine is shut down. These handlers only log,
-    so the shutdown finishes and the process exits 0.
-    """
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _already_shutting_down)
