@@ -18,6 +18,7 @@ from typing import Any
 from brigade.cache_paths import DEFAULT_MODEL_NAME, default_model, default_model_dir
 from brigade.config import (BrigadeConfig, CacheConfig, CompilationConfig, ConfigError, KVTransferConfig,
                             LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig)
+from brigade.entrypoints.model_hub import resolve_model
 from brigade.kv_transfer import check_kv_transfer_config
 from brigade.tokenizer import TOKENIZER_FILES, check_model_has_tokenizer
 
@@ -57,10 +58,9 @@ def _add_model_args(parser: argparse.ArgumentParser, choices: Mapping[str, Seque
     """The "model" group: which model, its tokenizer, dtype, length, weights, quantization and execution mode."""
     m = parser.add_argument_group("model")
     if positional_model:
-        m.add_argument("model_tag", nargs="?", metavar="MODEL",
-                       help=f"HF-format model directory (default: the {DEFAULT_MODEL_NAME} that scripts/setup.sh "
-                            "built)")
-    m.add_argument("--model", help="HF-format model directory (same as the positional MODEL)")
+        m.add_argument("model_tag", nargs="?", metavar="MODEL", help="HF-format model directory or hub id (org/name, "
+                       f"fetched into the cache); default: the {DEFAULT_MODEL_NAME} that scripts/setup.sh built")
+    m.add_argument("--model", help="HF-format model directory or hub id (same as the positional MODEL)")
     m.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
     m.add_argument("--trust-remote-code", action="store_true",
                    help="let transformers run the model folder's own Python code (auto_map in config.json or "
@@ -162,15 +162,16 @@ def _add_parallel_args(parser: argparse.ArgumentParser) -> None:
 
 
 def model_path(args: argparse.Namespace) -> str:
-    """The model directory of parsed engine flags (MODEL or --model).
+    """The model directory of parsed engine flags (MODEL or --model): a local directory, or a hub id's folder in
+    the Hugging Face cache (``brigade.entrypoints.model_hub``), served under the hub id unless named otherwise.
 
     With neither, the model that ``scripts/setup.sh`` built (``brigade.cache_paths.default_model``) when it
     exists: one line on stderr says so, and ``args.model`` is set to it, so later calls (and the flags
     ``bench serve --launch`` passes on) name it without saying so again.
 
     Raises:
-        ConfigError: none given and no set-up model, both given and different, or it does not exist; the
-            message shows the command's own usage (``brigade bench latency MODEL``).
+        ConfigError: none given and no set-up model, both given and different, not a model directory, or
+            neither on disk nor fetchable from the hub; the message shows the command's own usage.
     """
     positional, flag = getattr(args, "model_tag", None), args.model
     if positional and flag and positional != flag:
@@ -199,22 +200,21 @@ def model_path(args: argparse.Namespace) -> str:
                               f"or run ./scripts/setup.sh to build {DEFAULT_MODEL_NAME} in {default_model_dir()}")
         print(f"no model given: using the set-up's {DEFAULT_MODEL_NAME} at {default}", file=sys.stderr, flush=True)
         args.model = model = str(default)
-    if not os.path.exists(model):
-        prompt = getattr(args, "prompt", None)
-        if command == "generate" and isinstance(prompt, str) and os.path.isdir(prompt):
-            raise ConfigError(f"MODEL {model!r} does not exist, but the prompt {prompt!r} is a directory: "
-                              f"the prompt comes first ({usage})")
-        raise ConfigError(f"MODEL {model!r} does not exist; pass a local HF-format directory "
-                          "(config.json, *.safetensors, tokenizer.json); nothing is fetched from a hub")
-    return model
+    prompt = getattr(args, "prompt", None)
+    if not os.path.exists(model) and command == "generate" and isinstance(prompt, str) and os.path.isdir(prompt):
+        raise ConfigError(f"MODEL {model!r} does not exist, but the prompt {prompt!r} is a directory: "
+                          f"the prompt comes first ({usage})")
+    path, hub_id = resolve_model(model)  # a hub id: fetched once, then args name its folder (and it the model)
+    if hub_id is not None:
+        args.model, args.model_tag = path, None
+        args.served_model_name = _served_names(args) or [hub_id]
+    return path
 
 
 def _served_names(args: argparse.Namespace) -> list[str]:
     """``--served-model-name``'s values (a list since it takes several; a string from older callers)."""
     value = getattr(args, "served_model_name", None)
-    if value is None:
-        return []
-    return [value] if isinstance(value, str) else list(value)
+    return [] if value is None else [value] if isinstance(value, str) else list(value)
 
 
 def _check_choice(flag: str, value: str | None, installed: Sequence[str]) -> None:
