@@ -20,6 +20,9 @@ MODEL_DIR=""
 MODEL_ARGS=()  # how the model reaches `brigade serve`: MODEL (the default, or the user's first argument) or --model
 API_KEY=unused
 AUTH=""
+DEFAULT_FLAGS=()  # --host and --port, each unless the user gave it (brigade serve then sees each flag once)
+GIVEN_HOST=0
+GIVEN_PORT=0
 if [ $# -gt 0 ] && [[ "$1" != -* ]]; then  # ./scripts/serve.sh MODEL [flags], as `brigade serve MODEL`
   MODEL_DIR="$1"; MODEL_ARGS=("$1"); shift
 fi
@@ -28,8 +31,8 @@ args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   arg="${args[$i]}"; next="${args[$((i + 1))]:-}"
   case "$arg" in
-    --host) SHOW_HOST="$next" ;; --host=*) SHOW_HOST="${arg#*=}" ;;
-    --port) PORT="$next" ;; --port=*) PORT="${arg#*=}" ;;
+    --host) SHOW_HOST="$next"; GIVEN_HOST=1 ;; --host=*) SHOW_HOST="${arg#*=}"; GIVEN_HOST=1 ;;
+    --port) PORT="$next"; GIVEN_PORT=1 ;; --port=*) PORT="${arg#*=}"; GIVEN_PORT=1 ;;
     --api-key) API_KEY="$next" ;; --api-key=*) API_KEY="${arg#*=}" ;;
     --served-model-name) MODEL_NAME="$next" ;; --served-model-name=*) MODEL_NAME="${arg#*=}" ;;
     --model) MODEL_DIR="$next" ;; --model=*) MODEL_DIR="${arg#*=}" ;;
@@ -42,6 +45,8 @@ fi
 # brigade serve's default name is the model folder's name
 MODEL_NAME="${MODEL_NAME:-$(basename "${MODEL_DIR%/}")}"
 SHOW_HOST="${SHOW_HOST:-$HOST}"
+(( GIVEN_HOST )) || DEFAULT_FLAGS+=(--host "$HOST")
+(( GIVEN_PORT )) || DEFAULT_FLAGS+=(--port "$PORT")
 [ "$SHOW_HOST" = "0.0.0.0" ] && SHOW_HOST=127.0.0.1
 [ "$API_KEY" != unused ] && AUTH=" -H 'Authorization: Bearer $API_KEY'"
 
@@ -60,4 +65,6 @@ cat <<MSG
   print(reply.choices[0].message.content)
 MSG
 
-exec "$ROOT/.venv/bin/brigade" serve ${MODEL_ARGS[@]+"${MODEL_ARGS[@]}"} --host "$HOST" --port "$PORT" "$@"
+COMMAND=(brigade serve ${MODEL_ARGS[@]+"${MODEL_ARGS[@]}"} ${DEFAULT_FLAGS[@]+"${DEFAULT_FLAGS[@]}"} "$@")
+echo "[serve] ${COMMAND[*]}"
+exec "$ROOT/.venv/bin/${COMMAND[0]}" "${COMMAND[@]:1}"

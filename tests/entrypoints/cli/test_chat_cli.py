@@ -83,3 +83,33 @@ def test_chat_input_that_is_not_utf8_is_one_line_and_status_1(encoding):
     assert proc.returncode == 1, stderr[-3000:]
     assert stderr.splitlines() == ["brigade chat: error: the input line is not valid UTF-8; type or pipe UTF-8 "
                                    "text"], stderr[-3000:]
+
+
+def test_chat_refused_for_its_key_hints_at_api_key():
+    """A 401 (a server started with --api-key) names --api-key, not --url; the server here is a stub that answers
+    every request as ``brigade serve --api-key`` answers a wrong key."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Refuses(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = json.dumps({"error": {"message": "Invalid API key", "type": "invalid_request_error",
+                                         "param": None, "code": "invalid_api_key"}}).encode()
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    stub = ThreadingHTTPServer(("127.0.0.1", 0), Refuses)
+    threading.Thread(target=stub.serve_forever, daemon=True).start()
+    try:
+        proc = run_cli("chat", "--url", f"http://127.0.0.1:{stub.server_address[1]}", stdin="hi\n")
+    finally:
+        stub.shutdown()
+    line = assert_one_line(proc, "brigade chat", "Invalid API key (HTTP 401)", status=1)
+    assert "--api-key" in line and "--url" not in line, line

@@ -74,6 +74,8 @@ def test_serve_script_takes_the_model_as_its_first_argument(other_model):
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(f"brigade serve: error: cannot listen on 127.0.0.1:{port}")
     assert "disagree" not in proc.stderr and f'"model": "other-model"' in proc.stdout
+    command = next(line for line in proc.stdout.splitlines() if line.startswith("[serve] brigade serve "))
+    assert command.split().count("--port") == 1 and command.split().count("--host") == 1, command
 
 
 def test_readme_says_where_brigade_serve_listens(server):

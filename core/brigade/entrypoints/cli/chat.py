@@ -74,8 +74,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         model = args.model or client.models.list().data[0].id
     except openai.APIStatusError as exc:
-        print(f"brigade chat: error: GET {args.url}/models answered {_error_line(exc, args.url)}; is --url the "
-              "server's address (http://HOST:PORT) or its /v1 base URL?", file=sys.stderr)
+        hint = ("give the server's key with --api-key KEY (or $BRIGADE_API_KEY)" if exc.status_code == 401 else
+                "is --url the server's address (http://HOST:PORT) or its /v1 base URL?")
+        print(f"brigade chat: error: GET {args.url}/models answered {_error_line(exc, args.url)}; {hint}",
+              file=sys.stderr)
         return 1
     except (openai.APIError, IndexError) as exc:
         what = _error_line(exc, args.url) if isinstance(exc, openai.APIError) else "the server lists no model"
