@@ -274,8 +274,12 @@ def run_serve(args: argparse.Namespace, serve_engine_argv: list[str]) -> int:
              "max_concurrency": args.max_concurrency, "num_prompt_tokens": num_prompt, "num_output_tokens": num_output,
              "sampling": _SAMPLING, "base_url": args.base_url, "launched": args.launch, "model_name": run.model_name,
              "server_version": run.server_version}
-    platform = _platform()
-    record = rec.build_record("serve", device=rec.device_info(platform.device_type, platform.name),
+    if args.launch:  # the server ran on this machine's platform
+        platform = _platform()
+        device = rec.device_info(platform.device_type, platform.name)
+    else:  # a client only: no plugin, no platform (the server's device is its own)
+        device = rec.device_info("remote", "the server at --base-url")
+    record = rec.build_record("serve", device=device,
                               benchmark_config=bench, engine_config=run.engine_config, results={"brigade": metrics})
     status = _finish(record, args.output_json)
     return status if metrics["failed"] == 0 else 1

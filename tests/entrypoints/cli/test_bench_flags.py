@@ -75,3 +75,29 @@ def test_bench_throughput_records_lengths_only_when_used(smollm2_path, tmp_path)
     assert bench["dataset"] == "sharegpt-like" and bench["num_prompts"] == 1, bench
     assert "input_len" not in bench and "output_len" not in bench, bench
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_bench_latency_iterations_are_sized_for_the_device():
+    """vLLM's 10 warm-up and 30 timed batches on an accelerator; on the CPU, where one batch of the default sizes
+    takes seconds, 1 and 3; given values always win."""
+    from brigade.entrypoints.cli.bench import (LATENCY_ITERATIONS, LATENCY_ITERATIONS_CPU,
+                                               resolve_latency_iterations)
+
+    args = parse("bench", "latency")
+    assert (args.num_iters_warmup, args.num_iters) == (None, None)
+    resolve_latency_iterations(args, "cpu")
+    assert (args.num_iters_warmup, args.num_iters) == LATENCY_ITERATIONS_CPU == (1, 3)
+    args = parse("bench", "latency")
+    resolve_latency_iterations(args, "cuda")
+    assert (args.num_iters_warmup, args.num_iters) == LATENCY_ITERATIONS == (10, 30)
+    args = parse("bench", "latency", "--num-iters-warmup", "0", "--num-iters", "7")
+    resolve_latency_iterations(args, "cpu")
+    assert (args.num_iters_warmup, args.num_iters) == (0, 7)
+
+
+def test_bench_serve_is_a_client_that_loads_no_plugin_and_no_platform(smollm2_path):
+    proc = run_cli("bench", "serve", str(smollm2_path), "--base-url", "http://127.0.0.1:9", "--num-prompts", "2",
+                   env={"BRIGADE_LOGGING_LEVEL": "DEBUG"})
+    assert proc.returncode == 1 and "cannot reach a server" in proc.stderr, proc.stderr[-3000:]
+    assert "loaded plugin" not in proc.stderr and "plugins: " not in proc.stderr, proc.stderr[-3000:]
+    assert "platform " not in proc.stderr, proc.stderr[-3000:]

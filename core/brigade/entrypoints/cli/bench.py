@@ -22,6 +22,8 @@ from brigade.entrypoints.cli.arg_types import positive_int as _positive_int
 # --hf-peer: which HF transformers runs ``bench throughput`` measures beside Brigade (brigade.benchmarks.hf_peer).
 # Spelt here, not imported from hf_peer, so that building the parser does not import torch.
 PEER_MODES = ("none", "generate", "generate_batch", "both")
+LATENCY_ITERATIONS = (10, 30)  # bench latency's (warm-up, timed) batches on an accelerator, as in vLLM
+LATENCY_ITERATIONS_CPU = (1, 3)  # on the CPU a batch of the default sizes takes seconds, not milliseconds
 
 
 class _ActionRecorder:
@@ -206,10 +208,12 @@ def _add_latency_parser(commands, plugin_choices: Mapping[str, Sequence[str]] | 
                      help="random prompt tokens per request (default %(default)s)")
     lat.add_argument("--output-len", type=_positive_int, default=128,
                      help="tokens generated per request, ignoring EOS (default %(default)s)")
-    lat.add_argument("--num-iters-warmup", type=_non_negative_int, default=10,
-                     help="untimed batches first (default %(default)s)")
-    lat.add_argument("--num-iters", type=_positive_int, default=30,
-                     help="timed batches; the report gives mean, median and p99 over them (default %(default)s)")
+    (warmup, timed), (cpu_warmup, cpu_timed) = LATENCY_ITERATIONS, LATENCY_ITERATIONS_CPU
+    lat.add_argument("--num-iters-warmup", type=_non_negative_int, default=None,
+                     help=f"untimed batches first (default {warmup}; {cpu_warmup} on the CPU)")
+    lat.add_argument("--num-iters", type=_positive_int, default=None,
+                     help=f"timed batches; the report gives mean, median and p99 over them (default {timed}; "
+                          f"{cpu_timed} on the CPU)")
     lat.add_argument("--hf-peer", choices=("none", "generate"), default="none",
                      help="also time HF generate on the same batches")
     _add_output_args(lat)
@@ -318,9 +322,18 @@ def _run_throughput(args: argparse.Namespace) -> int:
     return run_throughput(args)
 
 
+def resolve_latency_iterations(args: argparse.Namespace, device_type: str) -> None:
+    """Fill in ``--num-iters-warmup`` and ``--num-iters`` not given, sized for ``device_type``'s speed."""
+    warmup, timed = LATENCY_ITERATIONS_CPU if device_type == "cpu" else LATENCY_ITERATIONS
+    args.num_iters_warmup = warmup if args.num_iters_warmup is None else args.num_iters_warmup
+    args.num_iters = timed if args.num_iters is None else args.num_iters
+
+
 def _run_latency(args: argparse.Namespace) -> int:
     from brigade.benchmarks.commands import run_latency
+    from brigade.plugins import current_platform
 
+    resolve_latency_iterations(args, current_platform().device_type)
     return run_latency(args)
 
 

@@ -14,6 +14,13 @@ _COMMANDS = ("serve", "generate", "bench", "plugins", "chat")
 _ENGINE_COMMANDS = ("serve", "generate", "bench")  # may start an engine: BRIGADE_PLATFORM must name a platform
 
 
+def is_client_command(argv: list[str]) -> bool:
+    """Whether ``argv`` runs an HTTP client only (``chat``, ``bench serve`` without ``--launch``), which loads no
+    plugin and resolves no platform: its engine flags, if any, are not checked against installed plugins."""
+    words = [arg for arg in argv if not arg.startswith("-")][:2]
+    return words[:1] == ["chat"] or (words == ["bench", "serve"] and "--launch" not in argv)
+
+
 def build_parser(plugin_choices: dict[str, list[str]]) -> argparse.ArgumentParser:
     """The top-level parser with every subcommand."""
     from brigade.entrypoints.cli import bench, chat, generate, plugins, serve
@@ -137,12 +144,14 @@ def main(argv: list[str] | None = None, *, handle_signals: bool | None = None) -
     plugin_log.addHandler(held)
     plugin_log.propagate = False
     try:
+        client = is_client_command(argv)
         try:
-            load_plugins("api")
+            if not client:
+                load_plugins("api")
         except PluginLoadError as exc:
             print(f"brigade: {exc}", file=sys.stderr)
             return 1
-        parser = build_parser(plugin_choices())
+        parser = build_parser({} if client else plugin_choices())
         args, extra = parser.parse_known_args(argv)
         if extra:  # reported by the subcommand that received them, with its own usage line
             deepest = _deepest_parser(parser, args)
@@ -151,7 +160,7 @@ def main(argv: list[str] | None = None, *, handle_signals: bool | None = None) -
         try:
             if check is not None:
                 check(args)
-            if args.command in _ENGINE_COMMANDS:
+            if args.command in _ENGINE_COMMANDS and not client:
                 process_plugin_manager().check_forced_platform()
         except (ConfigError, PluginLoadError) as exc:
             print(f"brigade {args.command}: error: {exc}", file=sys.stderr)
