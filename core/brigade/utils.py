@@ -35,8 +35,8 @@ def freeze_gc_heap() -> int:
 
     Called once a process has finished starting (the engine core, each worker, the API server). Start-up
     leaves about 300k long-lived objects (imported modules, the model's Python objects, the tokenizer), and
-    each full (generation 2) collection walks all of them: about 250 ms on this project's CPU machine with
-    SmolLM2 (``docs/benchmarks.md``), a stall of every running request whenever one strikes while serving.
+    each full (generation 2) collection walks all of them (``docs/performance-notes.md`` has the cost), a stall
+    of every running request whenever one strikes while serving.
     Frozen objects are never scanned again; objects made later are collected as usual. vLLM freezes its
     start-up heap the same way. At exit the heap is unfrozen and collected once (an ``atexit`` hook): extension
     modules that count their live objects at teardown (Triton's nanobind bindings, imported by torch's meta-device

@@ -15,11 +15,11 @@ inputs that copies staged before the graph, and the KV cache of earlier tokens. 
 i+1 can start only once kernel i has started, so every kernel of a graph starts after the work queued before
 the graph has finished. The RMSNorm kernel reads its weight and the decode kernel (with its in-kernel rotary)
 reads its block table and cached K/V that way, overlapping those loads with the previous kernel's tail.
-(Requesting the skinny GEMM's first weight tile ahead of the wait was measured slower on the H200: 4.54
-against 4.43 ms TPOT, the peeled first iteration costing more than the hidden latency.) Kernels launched without PDL (cuBLAS, PyTorch ops) keep plain stream order. CUDA graphs capture the
-launches as programmatic edges. PDL is used only while a CUDA graph is being captured (the decode steps):
-eager launches with the PDL attribute measured slower (TTFT 24 ms against 13 ms on the H200), and graphs
-are where the per-kernel gaps add up. ``BRIGADE_CUDA_PDL=0`` turns it off (A/B timing).
+(Requesting the skinny GEMM's first weight tile ahead of the wait was slower: the peeled first iteration
+costs more than the hidden latency.) Kernels launched without PDL (cuBLAS, PyTorch ops) keep plain stream
+order. CUDA graphs capture the launches as programmatic edges. PDL is used only while a CUDA graph is being
+captured (the decode steps): eager launches with the PDL attribute were slower, and graphs are where the
+per-kernel gaps add up (``docs/performance-notes.md`` has the timings). ``BRIGADE_CUDA_PDL=0`` turns it off (A/B timing).
 """
 
 from __future__ import annotations

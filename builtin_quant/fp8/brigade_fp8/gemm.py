@@ -7,8 +7,8 @@ per-tensor ``input_scale``. Then, because both scales factor out of the dot prod
 
 * CUDA (compute capability >= 8.9, K and N multiples of 16): the per-token quantization is one Triton launch
   (``triton_quant.per_token_quant_fp8``); decode batches up to ``BRIGADE_FP8_TRITON_GEMM_ROWS`` rows (64) multiply
-  in brigade-fp8's Triton W8A8 GEMM (``triton_gemm.py``: narrow tiles and split-K, 1.5x faster than cuBLASLt at
-  16 to 64 rows on the H200), larger ones in ``torch._scaled_mm`` (cuBLASLt FP8 with rowwise
+  in brigade-fp8's Triton W8A8 GEMM (``triton_gemm.py``: narrow tiles and split-K, faster than cuBLASLt at
+  16 to 64 rows; ``docs/performance-notes.md``), larger ones in ``torch._scaled_mm`` (cuBLASLt FP8 with rowwise
   scaling: ``scale_a`` [M, 1] fp32, ``scale_b`` [1, N] fp32, the weight passed as ``qw.t()``, a column-major
   [K, N] view of the row-major [N, K] matrix, bf16 output). Rowwise scaling constrains only K and N (torch checks
   ``K % 16 == 0`` and both dims of the weight); M needs no padding. The weight is read once, in FP8: half of bf16's

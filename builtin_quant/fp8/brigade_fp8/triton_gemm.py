@@ -1,8 +1,7 @@
 """Triton W8A8 FP8 GEMM for decode batches: ``y = (qx * sx) @ (qw * sw).T + b`` on FP8 tensor cores.
 
-From a few tens of rows up, ``torch._scaled_mm`` (cuBLASLt) reads the FP8 weights of a Llama-3.1-8B decode step at
-only 2.0-2.2x the copy-bandwidth bound on the H200 (``benchmarks/results/h200/2026-12-02-fp8-small-batch``): its
-128x128 output tiles leave most SMs idle when the batch is a fraction of a tile. This kernel gives each program a
+Below a few tens of rows, ``torch._scaled_mm`` (cuBLASLt) reads the FP8 weights of a Llama-3.1-8B decode step
+well below copy bandwidth (``docs/performance-notes.md``): its 128x128 output tiles leave most SMs idle when the batch is a fraction of a tile. This kernel gives each program a
 narrow ``BLOCK_N`` column slice and, where the tiles still underfill the SMs, a slice of K (split-K, partial tiles
 summed in order by brigade-cuda's ``split_k_sum``), multiplies e4m3 codes on the tensor cores with fp32
 accumulation (``tl.dot`` of two FP8 tiles), and applies the per-token and per-channel scales in the epilogue.

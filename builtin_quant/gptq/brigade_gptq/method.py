@@ -24,7 +24,8 @@ Act-order (``desc_act``) layers are re-stored row-sorted once at load (exllama's
 argsort of ``g_idx``, the packed rows of ``qweight`` are rewritten in that order and ``g_idx`` sorted, so each
 group's rows are contiguous again, and every forward multiplies ``x[:, perm]`` by the sorted matrix (the same
 sum, in another order). Both paths then take one zero/scale row per group instead of gathering one per row
-(on the H200 the Triton kernel's per-row gather made act-order layers 5 to 7 times slower).
+(the Triton kernel's per-row gather made act-order layers several times slower;
+``docs/performance-notes.md``).
 
 Tensor parallelism (vLLM's GPTQ sharding): a column-parallel layer (qkv, gate_up) holds its output columns of
 ``qweight``, ``scales`` and the packed words of ``qzeros`` (each projection's slice must be whole words), with

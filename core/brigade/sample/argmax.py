@@ -13,8 +13,8 @@ _ARGMAX_SEGMENTS = 256
 def argmax_rows(logits: torch.Tensor, *, two_pass: bool | None = None) -> torch.Tensor:
     """``logits.argmax(dim=-1)`` for [B, V] logits, in two passes on accelerators when rows are few.
 
-    PyTorch reduces each row of an argmax in one thread block, so one 128k-vocabulary row costs ~28 us on an
-    H200 (``benchmarks/profile_decode_step.py``), about the time of a whole decoder layer. Splitting the row
+    PyTorch reduces each row of an argmax in one thread block, so one 128k-vocabulary row costs about the time of
+    a whole decoder layer (``docs/performance-notes.md``). Splitting the row
     into S equal segments (S the largest divisor of V up to 256) gives S-fold parallelism: the max of every
     segment, then the best segment. Ties resolve to the lowest index, as ``argmax`` does, because both
     passes return the first maximum. ``two_pass`` forces the choice (default: on accelerators at <= 8 rows).

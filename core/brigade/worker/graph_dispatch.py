@@ -88,7 +88,7 @@ class GraphDispatch:
         if spec is not None and not lora:
             # Verification steps with a uniform 1 + k tokens a request (absent drafts padded), up to
             # SPEC_GRAPH_MAX_BATCH requests: eagerly, a step is bound by ~265 kernel launches from Python
-            # (12.3 ms at batch 1 on the H200 against 5.1 ms replayed; docs/benchmarks.md).
+            # (timings in docs/performance-notes.md).
             spec_sizes = [s for s in self.decode.sizes if s <= SPEC_GRAPH_MAX_BATCH]
             self.verify = DecodeGraphs(model, kv_caches, spec_sizes, max_blocks_per_req=self.max_blocks_per_req,
                                        max_model_len=max_len, device=self.device,

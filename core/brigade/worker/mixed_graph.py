@@ -23,10 +23,9 @@ logger = logging.getLogger(__name__)
 def default_mixed_sizes(max_num_batched_tokens: int, level: int) -> list[int]:
     """Token counts to capture mixed-step graphs for: every 8 up to 256, every 16 up to 512 (-O3: then every 32 up
     to 1024), none above the step budget. A step runs padded to the next size, and from ~256 tokens a step's
-    GEMMs are compute-bound, so coarser sizes would cost what the padding adds (a 257-token step padded to 512
-    took 12.8 ms against 8.0 ms for the same step graphed unpadded on the H200). Above ~512 tokens a step's GPU
-    work outlasts launching it from Python (an eager 256-token prefill took 19-29 ms, 7 ms replayed), so larger
-    steps run eagerly."""
+    GEMMs are compute-bound, so coarser sizes would cost what the padding adds. Above ~512 tokens a step's GPU
+    work outlasts launching it from Python, so larger steps run eagerly (the timings behind both choices are in
+    ``docs/performance-notes.md``)."""
     sizes = list(range(8, 257, 8)) + list(range(272, 513, 16)) + (list(range(544, 1025, 32)) if level >= 3 else [])
     return [n for n in sizes if n <= max_num_batched_tokens] or [8]
 

@@ -42,7 +42,7 @@ from brigade_cuda.pdl import gdc_prologue, pdl_launch, pdl_prefetch
 # Values that change from step to step outside the CUDA graphs (the split count, and with it the strides of the
 # split buffers; the block table's width) are not specialized: Triton would compile a variant for each of 1,
 # multiples of 16 and the rest the first time each appears, a stall of about a second for every running request.
-# (stride_mid_h is the split count: a 16-split step while serving compiled a variant for 0.29 s on an H200.)
+# (stride_mid_h is the split count: a split count first seen while serving would compile a variant then.)
 @triton.jit(do_not_specialize=["num_splits", "stride_bt_r", "stride_mid_r", "stride_mid_h"])
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
@@ -248,9 +248,8 @@ def choose_num_splits(num_decodes: int, num_kv_heads: int, max_seq_len: int, num
     """Pick how many context chunks each decode request is split into.
 
     Enough ``(request, kv head, split)`` programs to give every SM about two, but no split shorter than
-    one ``block_n`` tile. Measured on an H200 (132 SMs, Llama-3-8B heads, graph-replayed; see
-    docs/performance-notes.md) this lands within 3% of the best split count of a sweep for batch
-    1/32/256 at 1k/4k context. Contexts of at most ``single_split_len`` tokens take one split, which
+    one ``block_n`` tile. This lands close to the best split count of a sweep over batch sizes and
+    context lengths (docs/performance-notes.md). Contexts of at most ``single_split_len`` tokens take one split, which
     saves the merge kernel: a short context is read faster by a few programs than the merge costs.
     All inputs are host integers, so this never synchronizes with the device.
     """

@@ -56,9 +56,9 @@ def fused_rope_kv_enabled() -> bool:
 @functools.cache
 def decode_rope_enabled() -> bool:
     """True unless ``BRIGADE_CUDA_DECODE_ROPE=0``: pure-decode steps rotate and write the new K/V inside the
-    decode attention kernel (``decode_attention(rope=...)``), with no rotary/KV-write kernel at all. Batch-1
-    TPOT on the H200: 4.21 against 4.25 ms (``docs/performance-notes.md``); "0" keeps the fused rotary + KV-write
-    kernel for A/B timing."""
+    decode attention kernel (``decode_attention(rope=...)``), with no rotary/KV-write kernel at all, one launch
+    fewer per layer (``docs/performance-notes.md``); "0" keeps the fused rotary + KV-write kernel for A/B
+    timing."""
     return envs.BRIGADE_CUDA_DECODE_ROPE
 
 
@@ -75,8 +75,8 @@ def short_graph_lens() -> tuple[int, ...]:
     """Decode graphs of up to ``SHORT_GRAPH_MAX_BATCH`` requests are also captured for contexts up to each of
     these many tokens, with the split count chosen for that length (``BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN``,
     token counts separated by commas, default "512"; "0" turns it off). At batch 1 the full-length graph
-    splits every context 32 ways, most splits empty for a short one; the 512-token bucket launches 8.
-    Batch-1 TPOT on the H200, 128 in / 256 out: 3.94 against 4.04 ms (``docs/performance-notes.md``).
+    splits every context 32 ways, most splits empty for a short one; the 512-token bucket launches 8
+    (timings in ``docs/performance-notes.md``).
 
     Raises:
         ValueError: the variable is not a comma-separated list of non-negative integers.

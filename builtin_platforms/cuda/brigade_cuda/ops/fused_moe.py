@@ -294,8 +294,8 @@ MOE_SUM_BLOCK = 1024  # hidden columns per program of the top-k sum
 
 
 def moe_sum(out: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
-    """``out.view(T, top_k, H).sum(dim=1)`` in one kernel (PyTorch's reduction launches a generic reduce that took
-    5 us at one token on the H200): [T * top_k, H] contiguous -> a new [T, H] in out's dtype, fp32 accumulation."""
+    """``out.view(T, top_k, H).sum(dim=1)`` in one kernel (PyTorch's reduction launches a slower generic reduce):
+    [T * top_k, H] contiguous -> a new [T, H] in out's dtype, fp32 accumulation."""
     hidden = out.shape[1]
     y = torch.empty(num_tokens, hidden, dtype=out.dtype, device=out.device)
     _moe_sum_kernel[(num_tokens, triton.cdiv(hidden, MOE_SUM_BLOCK))](out, y, hidden, TOP_K=top_k,

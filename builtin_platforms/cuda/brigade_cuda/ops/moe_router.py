@@ -2,8 +2,8 @@
 
 In PyTorch a layer's routing is about eight kernels (the fp32 softmax, ``torch.topk``'s gather and sort, the
 renormalising sum and division) and the ``/metrics`` expert count four more (``ExpertLoad.record``: the real-token
-mask, its casts and a scatter-add); at one token they took about 20 us of an 88 us Qwen3-30B-A3B decode layer on
-the H200 (``benchmarks/results/h200/2026-12-02-profiles/qwen3_b1.json``). Here one program per token loads the
+mask, its casts and a scatter-add); at one token they took almost a quarter of a Qwen3-30B-A3B decode layer
+(``docs/performance-notes.md``). Here one program per token loads the
 token's logits, takes the softmax in fp32, picks the ``top_k`` largest probabilities one after the other (ties to
 the lower expert id), renormalises them when the config says so (with ``SOFTMAX_AFTER``, gpt-oss's router, it
 picks the largest logits and takes the softmax over those alone), stores weights and ids, and adds the token's

@@ -73,12 +73,11 @@ def choose_split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: 
     ``max_rows`` rows) with at least ``min_k`` rows of K whose output tiles leave fewer than two programs per SM
     (doubling while they do), as long as every slice keeps at least ``min_steps`` K steps.
 
-    Measured with ``benchmarks/kernels/bench_awq_gemm.py`` on an H200: at one row split 2 took AWQ's
-    qkv from 45 to 34 us, split 4 o_proj from 33 to 25 and down_proj from 100 to 65. For Llama-3.1-8B decode on an
-    H200 (132 SMs) it gives down_proj (K 14336, N 4096: 128 tiles of 32 columns) 4, o_proj (4096 x 4096) 4 and qkv
-    (6144 columns) 2; gate_up (28672 columns) stays at 1. brigade-gptq passes ``min_k`` 8192: its kernel gained
-    from split-K only on down_proj's tall K (one row: 74 -> 51 us at split 4), and lost at
-    K 4096 (qkv 32 -> 40 us at split 2, o_proj 26 -> 44-101 us at split 4; eager ``do_bench`` timings).
+    For Llama-3.1-8B decode on a 132-SM GPU it gives down_proj (K 14336, N 4096: 128 tiles of 32 columns) 4,
+    o_proj (4096 x 4096) 4 and qkv (6144 columns) 2; gate_up (28672 columns) stays at 1. brigade-gptq passes
+    ``min_k`` 8192: its kernel gained from split-K only on down_proj's tall K and lost at K 4096. The timings of
+    ``benchmarks/kernels/bench_awq_gemm.py`` and ``bench_gptq_gemm.py`` behind these choices are in
+    ``docs/performance-notes.md``.
     """
     if m > max_rows or k < min_k:
         return 1

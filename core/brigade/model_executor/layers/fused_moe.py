@@ -269,7 +269,7 @@ def fused_moe_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
     counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
     flat_weights = topk_weights.reshape(-1)
     # Each assignment's weighted output, then the sum per token. (Not index_add_ into the output: its CPU kernel
-    # measured 45 ms per call on a busy two-core machine, against microseconds for a plain indexed store.)
+    # is orders of magnitude slower than a plain indexed store; docs/performance-notes.md.)
     per_assignment = torch.empty(num_tokens * top_k, x.shape[1], dtype=torch.float32, device=x.device)
     start = 0
     for expert, count in enumerate(counts):
