@@ -147,6 +147,7 @@ def run_throughput(args: argparse.Namespace) -> int:
 def run_latency(args: argparse.Namespace) -> int:
     """``brigade bench latency``; returns the exit status."""
     from brigade.benchmarks.latency import BrigadeLatencyRunner, latency_summary, run_iterations
+    from brigade.entrypoints.cli.bench import resolve_latency_iterations
     from brigade.entrypoints.cli.engine_args import runnable_config_from_args
     from brigade.entrypoints.cli.start_engine import start_llm
     from brigade.model_executor.loader import get_hf_config
@@ -154,6 +155,7 @@ def run_latency(args: argparse.Namespace) -> int:
     config = runnable_config_from_args(args)  # ConfigError: one line from the CLI's main, before the model loads
     check_lengths_before_loading(args, config)
     platform = _platform()
+    resolve_latency_iterations(args, platform.device_type)
     seed = 0 if args.seed is None else args.seed
     hf_config = get_hf_config(config.model_config.model, config.model_config.trust_remote_code)
     llm = start_llm(config)

@@ -98,6 +98,6 @@ def test_bench_latency_iterations_are_sized_for_the_device():
 def test_bench_serve_is_a_client_that_loads_no_plugin_and_no_platform(smollm2_path):
     proc = run_cli("bench", "serve", str(smollm2_path), "--base-url", "http://127.0.0.1:9", "--num-prompts", "2",
                    env={"BRIGADE_LOGGING_LEVEL": "DEBUG"})
-    assert proc.returncode == 1 and "cannot reach a server" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode != 0 and "cannot reach a server" in proc.stderr, proc.stderr[-3000:]
     assert "loaded plugin" not in proc.stderr and "plugins: " not in proc.stderr, proc.stderr[-3000:]
     assert "platform " not in proc.stderr, proc.stderr[-3000:]

@@ -331,9 +331,7 @@ def resolve_latency_iterations(args: argparse.Namespace, device_type: str) -> No
 
 def _run_latency(args: argparse.Namespace) -> int:
     from brigade.benchmarks.commands import run_latency
-    from brigade.plugins import current_platform
 
-    resolve_latency_iterations(args, current_platform().device_type)
     return run_latency(args)
 
 

@@ -117,9 +117,8 @@ def normalize_flag_spelling(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None, *, handle_signals: bool | None = None) -> int:
     """Entry point of the ``brigade`` console script; returns the exit status.
 
-    With ``handle_signals`` (default: when ``argv`` is None, as for the console script), SIGINT and SIGTERM end
-    the process from the first line on with one stderr line and status 130 or 143 (``interrupts.py``), until
-    ``serve``'s server takes them over; ``chat`` and ``plugins`` get Python's default handlers back once parsed.
+    With ``handle_signals`` (default: ``argv`` is None, as for the console script), SIGINT and SIGTERM end it at
+    once with one line and status 130 or 143 (``interrupts.py``) until ``serve``'s server takes them over.
 
     The plugin loader's log lines are held until the command line parses and, for a command that sets a
     ``check`` default (``serve``), until its flags pass that check: a bad flag or ``--help`` prints only its
@@ -128,15 +127,13 @@ def main(argv: list[str] | None = None, *, handle_signals: bool | None = None) -
     """
     from brigade.entrypoints.cli import interrupts
 
-    if handle_signals is None:
-        handle_signals = argv is None
+    handle_signals = argv is None if handle_signals is None else handle_signals
     if handle_signals:
         interrupts.exit_on_interrupt("brigade")
     logging.basicConfig(level=envs.BRIGADE_LOGGING_LEVEL,
                         format="%(levelname)s %(asctime)s %(message)s")
     from brigade.config import ConfigError
     from brigade.plugins import PluginLoadError, load_plugins, plugin_choices, process_plugin_manager
-    from brigade.plugins.manager import SERVER_ONLY_NOTICE
 
     argv = normalize_flag_spelling(sys.argv[1:] if argv is None else list(argv))
     plugin_log = logging.getLogger("brigade.plugins")
@@ -168,11 +165,7 @@ def main(argv: list[str] | None = None, *, handle_signals: bool | None = None) -
     finally:
         plugin_log.removeHandler(held)
         plugin_log.propagate = propagate
-    explicit = envs.VARIABLES["BRIGADE_LOGGING_LEVEL"].is_set() or plugin_log.level != logging.NOTSET
-    for record in held.records:
-        if args.command == "serve" or explicit or (record.levelno >= logging.WARNING
-                                                   and not getattr(record, SERVER_ONLY_NOTICE, False)):
-            plugin_log.handle(record)
+    _replay(held.records, args.command)
     if handle_signals and args.command in _ENGINE_COMMANDS:
         interrupts.exit_on_interrupt(f"brigade {args.command}")
     elif handle_signals:
@@ -181,6 +174,19 @@ def main(argv: list[str] | None = None, *, handle_signals: bool | None = None) -
         parser.print_help()
         return 0
     return _run_command(args)
+
+
+def _replay(records: list[logging.LogRecord], command: str | None) -> None:
+    """Log the plugin loader's held records: all of them for ``serve`` or an explicit log level, else only the
+    warnings that concern any command (not the server-only notices)."""
+    from brigade.plugins.manager import SERVER_ONLY_NOTICE
+
+    plugin_log = logging.getLogger("brigade.plugins")
+    explicit = envs.VARIABLES["BRIGADE_LOGGING_LEVEL"].is_set() or plugin_log.level != logging.NOTSET
+    for record in records:
+        if command == "serve" or explicit or (record.levelno >= logging.WARNING
+                                              and not getattr(record, SERVER_ONLY_NOTICE, False)):
+            plugin_log.handle(record)
 
 
 def _run_command(args: argparse.Namespace) -> int:
