@@ -31,9 +31,14 @@ def use_it_section(text: str) -> str:
 def brigade_commands(shell: str) -> list[list[str]]:
     """Each ``brigade ...`` command of a shell block, as argv after ``brigade`` (continuations joined, comments,
     leading VAR=value assignments and a trailing ``&`` dropped)."""
-    commands = []
+    commands, pending = [], ""
     for line in shell.replace("\\\n", " ").splitlines():
-        words = shlex.split(line, comments=True)
+        pending += ("\n" if pending else "") + line
+        try:
+            words = shlex.split(pending, comments=True)
+        except ValueError:  # a quoted argument (JSON) that goes on over the next line
+            continue
+        pending = ""
         while words and ENV_ASSIGNMENT.match(words[0]):
             words.pop(0)
         if words and words[-1] == "&":
