@@ -23,7 +23,7 @@ def state(req_id: str, token_ids: list[int], block_ids: list[int], num_computed:
     sampling = SamplingRequestState(params=SamplingParams(temperature=0), prompt_token_ids=token_ids[:num_prompt],
                                     output_token_ids=token_ids[num_prompt:], generator=None, eos_token_id=0)
     return CachedRequestState(req_id=req_id, token_ids=list(token_ids), num_prompt_tokens=num_prompt,
-                              block_ids=list(block_ids), num_computed_tokens=num_computed, sampling=sampling,
+                              block_ids=(list(block_ids),), num_computed_tokens=num_computed, sampling=sampling,
                               num_pending=num_pending)
 
 

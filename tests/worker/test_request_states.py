@@ -16,7 +16,7 @@ def new_request(req_id: str, token_ids: list[int], block_ids: list[int], *, num_
     return NewRequestData(req_id=req_id, token_ids=token_ids,
                           num_prompt_tokens=len(token_ids) if num_prompt is None else num_prompt,
                           sampling_params=SamplingParams(temperature=0, **params), eos_token_id=0,
-                          block_ids=block_ids, num_computed_tokens=num_computed)
+                          block_ids=(block_ids,), num_computed_tokens=num_computed)
 
 
 def output(new=(), cached: CachedRequestData | None = None, finished=(), preempted=()) -> SchedulerOutput:
@@ -36,7 +36,7 @@ def states_with(*requests: NewRequestData) -> RequestStates:
 def test_new_requests_are_built_whole():
     states = states_with(new_request("a", [1, 2, 3, 9], [4, 5], num_prompt=3, num_computed=2))
     a = states["a"]
-    assert (a.token_ids, a.num_prompt_tokens, a.block_ids, a.num_computed_tokens) == ([1, 2, 3, 9], 3, [4, 5], 2)
+    assert (a.token_ids, a.num_prompt_tokens, a.block_ids, a.num_computed_tokens) == ([1, 2, 3, 9], 3, ([4, 5],), 2)
     assert a.sampling.prompt_token_ids == [1, 2, 3] and a.sampling.output_token_ids == [9]
     assert a.sampling.generator is None and a.num_pending == 0
 
@@ -50,8 +50,8 @@ def test_a_seeded_request_gets_its_own_generator():
 
 def test_running_requests_grow_their_blocks_and_computed_count():
     states = states_with(new_request("a", [1, 2, 3, 4, 5], [1, 2]))
-    states.update(output(cached=CachedRequestData(req_ids=["a"], new_block_ids=[[6]], num_computed_tokens=[5])))
-    assert states["a"].block_ids == [1, 2, 6] and states["a"].num_computed_tokens == 5
+    states.update(output(cached=CachedRequestData(req_ids=["a"], new_block_ids=[([6],)], num_computed_tokens=[5])))
+    assert states["a"].block_ids == ([1, 2, 6],) and states["a"].num_computed_tokens == 5
 
 
 def test_finished_and_preempted_requests_are_dropped():
@@ -65,7 +65,7 @@ def test_a_preempted_request_comes_back_rebuilt_with_its_outputs():
     states.update(output(preempted=["a"]))
     states.update(output(new=[new_request("a", [1, 2, 8, 9], [3, 4], num_prompt=2)]))
     assert states["a"].token_ids == [1, 2, 8, 9] and states["a"].sampling.output_token_ids == [8, 9]
-    assert states["a"].block_ids == [3, 4]
+    assert states["a"].block_ids == ([3, 4],)
 
 
 def test_the_batch_puts_decodes_first_and_advance_counts_the_tokens():
@@ -102,7 +102,7 @@ def test_verified_drafts_roll_the_computed_count_back_over_the_rejected_ones():
 def test_a_stage_before_the_last_learns_the_sampled_tokens():
     """Pipeline parallelism: a stage that does not sample appends what the scheduler says was sampled."""
     states = states_with(new_request("a", [1, 2, 3], [1]))
-    states.update(output(cached=CachedRequestData(req_ids=["a"], new_block_ids=[[]], num_computed_tokens=[3],
+    states.update(output(cached=CachedRequestData(req_ids=["a"], new_block_ids=[([],)], num_computed_tokens=[3],
                                                   new_token_ids=[[40]])))
     assert states["a"].token_ids == [1, 2, 3, 40] and states["a"].sampling.output_token_ids == [40]
     states.append_unseen(states["a"], [40])  # already there: nothing appended twice
@@ -114,7 +114,17 @@ def test_unverified_drafts_are_kept_as_far_as_the_last_stage_accepted():
     state = states["a"]
     state.unverified_drafts = [50, 51, 52]
     state.num_computed_tokens = 7  # the step ran the last token and three drafts
-    states.update(output(cached=CachedRequestData(req_ids=["a"], new_block_ids=[[]], num_computed_tokens=[6],
+    states.update(output(cached=CachedRequestData(req_ids=["a"], new_block_ids=[([],)], num_computed_tokens=[6],
                                                   new_token_ids=[[60]])))
     assert state.unverified_drafts is None and state.num_computed_tokens == 6
     assert state.token_ids == [1, 2, 3, 4, 50, 51, 60]  # two drafts accepted, then the sampled token
+
+
+def test_each_kv_cache_group_keeps_its_own_block_table():
+    """A model with several KV cache groups (full attention and a sliding window): one table per group."""
+    request = new_request("a", [1, 2, 3, 4, 5], [])
+    request.block_ids = ([1, 2], [7, 8])
+    states = states_with(request)
+    states.update(output(cached=CachedRequestData(req_ids=["a"], new_block_ids=[([3], [9])],
+                                                  num_computed_tokens=[5])))
+    assert states["a"].block_ids == ([1, 2, 3], [7, 8, 9])
