@@ -63,16 +63,17 @@ def _assert_stopped_cleanly(proc: subprocess.Popen, sig: signal.Signals, sent_at
     assert not left, left
 
 
-# brigade serve with -tp 3: a front end, an engine process and three spawned workers; on one core its start-up
-# (imports, plugins, the engine, the workers' spawn and imports, weights, KV cache, uvicorn) lasts over 15 s.
+# brigade serve with -tp 3 -pp 2: a front end, an engine process and six spawned workers; on one core its start-up
+# (imports, plugins, the engine, the workers' spawn and imports, weights, KV cache, uvicorn) lasts about 25 s, so
+# even the last delay falls inside it (-tp 3 alone can be ready in 14 s).
 SERVE_CASES = [(1, signal.SIGINT), (3, signal.SIGINT), (6, signal.SIGINT), (10, signal.SIGINT),
                (15, signal.SIGINT), (8, signal.SIGTERM)]
 
 
 @pytest.mark.parametrize("delay_s,sig", SERVE_CASES, ids=[f"{s.name}-at-{d}s" for d, s in SERVE_CASES])
 def test_serve_start_up_ends_at_once_on_a_signal(smollm2_path, delay_s, sig):
-    proc = _start(["serve", str(smollm2_path), "-tp", "3", "--host", "127.0.0.1", "--port", str(find_free_port()),
-                   "--uvicorn-log-level", "warning"])
+    proc = _start(["serve", str(smollm2_path), "-tp", "3", "-pp", "2", "--host", "127.0.0.1", "--port",
+                   str(find_free_port()), "--uvicorn-log-level", "warning"])
     time.sleep(delay_s)
     assert proc.poll() is None, proc.communicate()[1][-3000:]
     if sig is signal.SIGINT:  # Ctrl-C at a terminal: the whole foreground process group
