@@ -19,7 +19,9 @@ def test_gemma2_tp2_and_pp2_match_transformers(tmp_path):
                                        architectures=["Gemma2ForCausalLM"])
     assert config.layer_types == ["sliding_attention", "full_attention"]
     refs, _ = save_with_greedy_references(config, tmp_path, transformers.Gemma2ForCausalLM)
-    got = run_check(tmp_path, "fork", "auto", "1x1,2x1,1x2")
+    # Two KV cache groups of one layer each: a block id is one layer's page, so 12 ids are the memory of the check's
+    # default 6 blocks of two layers; still few enough that requests are preempted.
+    got = run_check(tmp_path, "fork", "auto", "1x1,2x1,1x2", num_gpu_blocks_override=12)
     for layout in ("1x1", "2x1", "1x2"):
         assert got[layout]["tokens"] == refs, layout
         assert got[layout]["again"] == refs[2:], layout
