@@ -49,6 +49,19 @@ def test_out_of_vocabulary_token_ids_are_a_value_error(llm):
     assert len(llm.generate({"prompt_token_ids": [vocab - 1]}, GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 4
 
 
+
+def test_text_prompt_whose_tokens_outgrow_the_model_vocabulary_is_a_value_error(llm):
+    """A tokenizer larger than the model's embedding (a tokenizer copied from another model): the text prompt's
+    ids are checked as token-id prompts are, instead of failing the engine's step."""
+    from brigade.engine.input_processor import InputProcessor
+    tokenizer = llm.get_tokenizer()
+    ids = tokenizer.encode("The capital of France is")
+    small = InputProcessor(tokenizer, max_model_len=64, vocab_size=max(ids))
+    with pytest.raises(InvalidParamError, match=rf"prompt token ids must be in \[0, {max(ids)}\); got \[{max(ids)}\]"):
+        small.tokenize("The capital of France is")
+    assert InputProcessor(tokenizer, max_model_len=64, vocab_size=max(ids) + 1).tokenize("The capital of France is") \
+        == ("The capital of France is", ids)
+
 @pytest.mark.parametrize("prompts,needle", [
     (None, "got NoneType"),
     (5, "got int"),

@@ -90,15 +90,18 @@ class InputProcessor:
                 raise InvalidParamError("prompt must not be empty", param="prompt")
             if self.tokenizer is None:
                 raise InvalidParamError("this server runs without a tokenizer; send token ids", param="prompt")
-            return prompt, self.tokenizer.encode(prompt)
-        token_ids = list(prompt)
-        if not token_ids:
-            raise InvalidParamError("prompt must not be empty", param="prompt")
+            text, token_ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            text, token_ids = None, list(prompt)
+            if not token_ids:
+                raise InvalidParamError("prompt must not be empty", param="prompt")
+        # A text prompt is checked too: a tokenizer whose vocabulary outgrows the model's embedding would
+        # otherwise fail the engine's step (an IndexError in the embedding) and kill the engine.
         bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise InvalidParamError(f"prompt token ids must be in [0, {self.vocab_size}); got {bad[:5]}",
                                     param="prompt")
-        return None, token_ids
+        return text, token_ids
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Check the request fits the model. Raises InvalidParamError naming the parameter."""
