@@ -83,3 +83,17 @@ def test_sliding_window_group_is_bounded_and_tokens_equal_transformers(checkpoin
     stats = llm.get_kv_cache_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"], "KV blocks leaked"
     llm.engine.core.shutdown()
+
+
+def test_a_kv_connector_is_refused_for_a_hybrid_model_in_one_line(checkpoint, tmp_path):
+    from brigade.config import ConfigError
+
+    path, _ = checkpoint
+    kv_config = {"kv_connector": "SharedMemoryConnector", "kv_role": "kv_both",
+                 "kv_connector_extra_config": {"path": str(tmp_path)}}
+    with pytest.raises(ConfigError) as err:
+        LLM(str(path), dtype="float32", skip_tokenizer_init=True, num_gpu_blocks_override=64,
+            kv_transfer_config=kv_config)
+    assert str(err.value) == ("--kv-transfer-config: KV connectors move one block table a request, and this model's "
+                              "layers form 2 KV cache groups (1 full, 1 sliding_window); serve it without a KV "
+                              "connector, or a model whose attention layers all match")

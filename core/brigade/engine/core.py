@@ -119,8 +119,8 @@ def check_kv_capacity(num_blocks: int, block_size: int, max_model_len: int,
                           f"--max-model-len {usable * block_size} or less")
     kinds = ", ".join(f"{g.spec.kind} {len(g.layer_ids)} layers" for g in groups)
     raise ConfigError(f"the KV cache has {blocks} tokens, fewer than the {needed} blocks one request of "
-                      f"--max-model-len {max_model_len} holds across the model's {len(groups)} KV cache groups ({kinds}); give the "
-                      f"cache more memory (--kv-cache-memory, --gpu-memory-utilization, --num-gpu-blocks-override "
+                      f"--max-model-len {max_model_len} holds across the model's {len(groups)} KV cache groups "
+                      f"({kinds}); give the cache more memory (--kv-cache-memory, --gpu-memory-utilization, --num-gpu-blocks-override "
                       f"{needed + 1} or more) or set a smaller --max-model-len")
 
 
@@ -207,7 +207,8 @@ class EngineCore:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if len(groups) > 1 and self.config.kv_transfer_config is not None:
-            kinds = ", ".join(sorted({group.spec.kind for group in groups}))
+            counts = collections.Counter(group.spec.kind for group in groups)
+            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
             raise ConfigError(f"--kv-transfer-config: KV connectors move one block table a request, and this model's "
                               f"layers form {len(groups)} KV cache groups ({kinds}); serve it without a KV connector, "
                               "or a model whose attention layers all match")
