@@ -23,6 +23,9 @@ VARIABLES = declare(
            "Contexts up to this many tokens decode in one split with no merge kernel; 0 turns it off."),
     EnvVar("BRIGADE_CUDA_DECODE_SHORT_GRAPH_LEN", "str", "512",
            "Comma-separated context lengths that get their own small-batch decode graphs; 0 for none."),
+    EnvVar("BRIGADE_CUDA_MLA_DECODE", "bool", False,
+           "1: DeepSeek's latent-attention decode runs the Triton kernel (checked only under the Triton interpreter "
+           "so far); 0: the PyTorch path."),
     EnvVar("BRIGADE_CUDA_PDL", "bool", True, "0: no programmatic dependent launch between kernels (sm_90+)."),
     EnvVar("BRIGADE_CUDA_PDL_EARLY", "bool", False, "1: trigger the next kernel's launch before waiting."),
     EnvVar("BRIGADE_CUDA_PDL_PREFETCH", "bool", True,

@@ -41,7 +41,8 @@ def register_kernels(register) -> None:
     register("rotary_embedding", "cuda", _OPS + "rotary_embedding_cuda")
     register("fused_moe", "cuda", "brigade_cuda.ops.fused_moe:fused_moe_cuda")
     register("moe_topk_router", "cuda", "brigade_cuda.ops.moe_router:topk_router_cuda")
-    register("mla_decode", "cuda", "brigade_cuda.attention.mla_decode:mla_decode_cuda")
+    if envs.BRIGADE_CUDA_MLA_DECODE:  # off until a GPU has run it: the PyTorch latent decode
+        register("mla_decode", "cuda", "brigade_cuda.attention.mla_decode:mla_decode_cuda")
     if envs.BRIGADE_CUDA_FUSED_SAMPLER:  # off: the Sampler's tensor ops (A/B)
         register("fused_sampler", "cuda", "brigade_cuda.ops.sampling:fused_sample")
     if envs.BRIGADE_CUDA_SKINNY_GEMM:  # off: cuBLAS for every shape (A/B)
