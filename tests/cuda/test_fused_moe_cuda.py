@@ -245,3 +245,27 @@ def test_router_kernel_matches_the_native_router_and_counts_real_rows(name, num_
     want_w, want_ids = router.forward_native(logits, want_counts, real)
     assert torch.equal(out_ids, want_ids) and torch.equal(counts, want_counts)
     torch.testing.assert_close(out_w, want_w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 8, 64, 512])
+def test_triton_fused_moe_with_gpt_oss_experts_matches_the_reference(num_tokens, rel_err):
+    """gpt-oss's experts (clamped SwiGLU, gate/up and down biases) at gpt-oss-20b's shape (32 experts, hidden and
+    intermediate 2880, top 4): the kernels' ``ACTIVATION``/``HAS_BIAS`` variant against the reference (fp32)."""
+    from brigade.model_executor.layers.moe_activation import MoEActivation
+
+    num_experts, hidden, inter, top_k = 32, 2880, 2880, 4
+    gen = torch.Generator(device="cuda").manual_seed(num_tokens)
+    # Weights large enough that the clamp at 7 acts on some activations.
+    w13 = (torch.randn(num_experts, 2 * inter, hidden, device="cuda", generator=gen) * 4 / hidden ** 0.5).bfloat16()
+    w2 = (torch.randn(num_experts, hidden, inter, device="cuda", generator=gen) / inter ** 0.5).bfloat16()
+    b13 = torch.randn(num_experts, 2 * inter, device="cuda", generator=gen).bfloat16()
+    b2 = torch.randn(num_experts, hidden, device="cuda", generator=gen).bfloat16()
+    x = torch.randn(num_tokens, hidden, device="cuda", generator=gen).bfloat16()
+    logits = torch.randn(num_tokens, num_experts, device="cuda", generator=gen)
+    weights, ids = select_experts(logits, top_k, True)
+    act = MoEActivation(name="swigluoai")
+    out = fused_moe(x, w13, w2, weights, ids, w13_bias=b13, w2_bias=b2, activation=act)
+    ref = fused_moe_reference(x.float(), w13.float(), w2.float(), weights, ids, w13_bias=b13.float(),
+                              w2_bias=b2.float(), activation=act)
+    assert out.dtype == torch.bfloat16 and not out.isnan().any()
+    assert rel_err(out, ref) < 1e-2, num_tokens
