@@ -68,11 +68,14 @@ def test_kernel_for_serves_only_the_active_platforms_device_type():
     assert kernel_for("dense_gemm", "cpu") is None
 
 
+# The Triton MLA decode kernel is opt-in (BRIGADE_CUDA_MLA_DECODE=1) until a GPU has run it.
 @pytest.mark.parametrize("env,absent", [
-    ({}, set()),
-    ({"BRIGADE_CUDA_FUSED_SAMPLER": "0"}, {"fused_sampler"}),
-    ({"BRIGADE_CUDA_NORM_FOLD": "0"}, {"rms_norm_gemm"}),
-    ({"BRIGADE_CUDA_SKINNY_GEMM": "0"}, {"dense_gemm", "silu_mul_gemm", "residual_gemm", "rms_norm_gemm"}),
+    ({}, {"mla_decode"}),
+    ({"BRIGADE_CUDA_MLA_DECODE": "1"}, set()),
+    ({"BRIGADE_CUDA_FUSED_SAMPLER": "0"}, {"fused_sampler", "mla_decode"}),
+    ({"BRIGADE_CUDA_NORM_FOLD": "0"}, {"rms_norm_gemm", "mla_decode"}),
+    ({"BRIGADE_CUDA_SKINNY_GEMM": "0"}, {"dense_gemm", "silu_mul_gemm", "residual_gemm", "rms_norm_gemm",
+                                         "mla_decode"}),
 ])
 def test_brigade_cuda_registers_every_op_unless_an_ab_switch_leaves_it_out(monkeypatch, env, absent):
     from brigade_cuda import plugin
